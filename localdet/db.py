@@ -76,6 +76,13 @@ class Experiment:
     submitted_at: str
     ended_at: str | None
     error: str | None
+    kind: str = "experiment"   # or "job"
+    runner: str = "daemon"     # or "foreground" (`localdet run`), "script" (laptop mode)
+
+    @property
+    def managed(self) -> bool:
+        """Whether the daemon schedules it."""
+        return self.runner == "daemon"
 
     @classmethod
     def from_row(cls, row: dict) -> "Experiment":
@@ -193,7 +200,8 @@ class StateDB:
     def create_experiment(self, *, name: str, description: str, config: dict,
                           original_config: str, searcher: str, metric: str,
                           smaller_is_better: bool, experiment_seed: int,
-                          model_dir: str) -> int:
+                          model_dir: str, kind: str = "experiment",
+                          runner: str = "daemon") -> int:
         with self.atomic():
             table = self.db["experiments"].insert({
                 "name": name, "description": description, "state": "ACTIVE",
@@ -201,10 +209,11 @@ class StateDB:
                 "searcher": searcher, "metric": metric,
                 "smaller_is_better": int(smaller_is_better),
                 "experiment_seed": experiment_seed, "model_dir": model_dir,
-                "submitted_at": now(),
+                "submitted_at": now(), "kind": kind, "runner": runner,
             })
             experiment_id = table.last_pk
-            self.log_event("experiment_created", experiment_id=experiment_id, name=name)
+            self.log_event("experiment_created", experiment_id=experiment_id, name=name,
+                           experiment_kind=kind, runner=runner)
         return experiment_id
 
     def experiment(self, experiment_id: int) -> Experiment:
