@@ -15,7 +15,7 @@ from typing import Any, Dict
 
 from determined.core import TrialInfo
 from localdet.config import length_to_batches
-from localdet.db import StateDB, now
+from localdet.db import NotFound, StateDB, now
 from localdet.manifest import build_manifest, files_of
 from localdet.paths import Layout
 from localdet.store import Store, StoreError
@@ -54,6 +54,7 @@ class SQLiteReporter:
             config=experiment.config,
             model_dir=Path(experiment.model_dir),
             trial_dir=self.layout.trial_dir(experiment.id, trial.id),
+            kind=experiment.kind,
         )
 
     def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
@@ -107,8 +108,47 @@ class SQLiteReporter:
             raise StoreError(f"checkpoint files {', '.join(bad)} are corrupt or missing in the "
                              "store; resume from an earlier checkpoint or restart the trial")
 
+    def set_target_batches(self, batches: int) -> None:
+        self.db.update_trial(self.trial_id, target_batches=batches)
+
     def should_pause(self) -> bool:
         return self.db.trial(self.trial_id).stop_requested == "PAUSE"
 
     def heartbeat(self) -> None:
         self.db.update_trial(self.trial_id, heartbeat_at=now())
+
+
+class CheckpointReader:
+    """Find and materialise recorded checkpoints, for `context.load_checkpoint_model`:
+
+        path = CheckpointReader(Layout.from_environment()).materialize(
+            CheckpointReader(...).resolve(trial_id=7), Path("/tmp/ckpt"))
+    """
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def resolve(self, trial_id: int | None = None, uuid: str | None = None) -> str:
+        """The uuid (a unique prefix works) or the latest checkpoint of the trial."""
+        if (trial_id is None) == (uuid is None):
+            raise ValueError("load_checkpoint_model() needs exactly one of trial_id= or "
+                             "checkpoint_uuid=")
+        db = StateDB.open(self.layout.db)
+        try:
+            if uuid is not None:
+                return db.checkpoint(uuid).uuid
+            latest = db.trial(trial_id).latest_checkpoint
+            if latest is None:
+                raise NotFound(f"trial {trial_id} has no checkpoint yet; "
+                               f"`localdet status` shows how far it got")
+            return latest
+        finally:
+            db.close()
+
+    def materialize(self, uuid: str, destination: Path) -> Path:
+        db = StateDB.open(self.layout.db)
+        try:
+            files = files_of(db.checkpoint(uuid).manifest)
+        finally:
+            db.close()
+        return Store(self.layout.store).materialize(files, destination, link=False, verify=True)

@@ -48,7 +48,7 @@ def run(trial_class, tmp_path, target, pause_at=(), **config):
     segments = 0
     while True:
         segments += 1
-        controller = TrialController(trial_class, reporter.trial_info(), pausing)
+        controller = TrialController.for_trial_class(trial_class, reporter.trial_info(), pausing)
         controller.run()
         if not controller.paused:
             break

@@ -42,7 +42,7 @@ class ConstantLossTrial(keras.TFKerasTrial):
 def test_training_metrics_average_each_workload_and_boundaries_follow_the_periods(tmp_path):
     db, trial_id, reporter, info = start_trial(
         tmp_path, target=25, scheduling_unit=10, min_validation_period={"batches": 15})
-    TrialController(ConstantLossTrial, info, reporter).run()
+    TrialController.for_trial_class(ConstantLossTrial, info, reporter).run()
 
     training = {r.batches_trained: r.metrics["loss"] for r in db.metrics(trial_id, "training")}
     # Workloads end at every 10 batches, at the validation every 15, and at the end (25).
@@ -89,7 +89,7 @@ class DigitsLikeTrial(keras.TFKerasTrial):
 def test_numpy_dict_inputs_with_sample_weights_train_exactly_the_requested_batches(tmp_path):
     db, trial_id, reporter, info = start_trial(tmp_path, target=37,
                                                hparams={"global_batch_size": 8})
-    controller = TrialController(DigitsLikeTrial, info, reporter)
+    controller = TrialController.for_trial_class(DigitsLikeTrial, info, reporter)
     controller.run()
     # 50 examples in batches of 8 run past several passes over the data: still 37 steps.
     assert int(controller.model.optimizer.iterations.numpy()) == 37
@@ -113,13 +113,13 @@ def test_a_loader_of_the_wrong_type_is_named_with_the_accepted_forms(tmp_path):
     _, _, reporter, info = start_trial(tmp_path, target=5)
     with pytest.raises(DataLoaderError, match=r"build_training_data_loader returned list; "
                                               r"return one of: \(x, y\)"):
-        TrialController(WrongLoaderTrial, info, reporter).run()
+        TrialController.for_trial_class(WrongLoaderTrial, info, reporter).run()
 
 
 def test_an_unwrapped_model_is_refused_before_training(tmp_path):
     _, _, reporter, info = start_trial(tmp_path, target=5)
     with pytest.raises(TrialError, match=r"wrap the model with self.context.wrap_model"):
-        TrialController(UnwrappedModelTrial, info, reporter)
+        TrialController.for_trial_class(UnwrappedModelTrial, info, reporter)
 
 
 def test_context_answers_from_the_trial_record(tmp_path):
@@ -155,7 +155,7 @@ class MetadataTrial(ConstantLossTrial):
 
 def test_checkpoint_metadata_and_callback_files_are_part_of_the_checkpoint(tmp_path):
     db, trial_id, reporter, info = start_trial(tmp_path, target=10)
-    TrialController(MetadataTrial, info, reporter).run()
+    TrialController.for_trial_class(MetadataTrial, info, reporter).run()
     (checkpoint,) = db.checkpoints(trial_id=trial_id)
     assert checkpoint.metadata["dataset"] == "constant-v1"
     assert checkpoint.metadata["stamped_at"] == trial_id
@@ -198,7 +198,7 @@ def test_callbacks_see_determined_epochs_workloads_and_validations(tmp_path):
     db, trial_id, reporter, info = start_trial(
         tmp_path, target=30, scheduling_unit=4, records_per_epoch=12,
         min_validation_period={"batches": 4})
-    TrialController(EarlyStoppingTrial, info, reporter).run()
+    TrialController.for_trial_class(EarlyStoppingTrial, info, reporter).run()
     assert db.trial(trial_id).batches_trained == 8, "EarlyStopping ended the trial"
     assert [e for e in EVENTS if e[0].startswith("epoch")][:4] == [
         ("epoch_begin", 0, {}), ("epoch_end", 0, {}), ("epoch_begin", 1, {}),
@@ -222,7 +222,7 @@ class SelfStoppingTrial(ConstantLossTrial):
 
 def test_a_trial_can_end_itself_at_the_next_boundary(tmp_path):
     db, trial_id, reporter, info = start_trial(tmp_path, target=30, scheduling_unit=10)
-    controller = TrialController(SelfStoppingTrial, info, reporter)
+    controller = TrialController.for_trial_class(SelfStoppingTrial, info, reporter)
     controller.run()
     assert controller.context.get_stop_requested()
     assert db.trial(trial_id).batches_trained == 6
@@ -237,7 +237,7 @@ def test_tensorboard_callback_writes_into_the_trials_folder(tmp_path):
 
     pytest.importorskip("tensorboard")
     _, _, reporter, info = start_trial(tmp_path, target=8, scheduling_unit=4)
-    TrialController(TensorBoardTrial, info, reporter).run()
+    TrialController.for_trial_class(TensorBoardTrial, info, reporter).run()
     events = list((info.trial_dir / "tensorboard").rglob("events.out.tfevents.*"))
     assert events, "TensorBoard event files land in the trial's own folder"
 
@@ -249,9 +249,9 @@ def test_session_config_is_honoured(tmp_path):
 
     _, _, reporter, info = start_trial(tmp_path, target=2)
     try:
-        TrialController(HardPlacementTrial, info, reporter)
+        TrialController.for_trial_class(HardPlacementTrial, info, reporter)
         assert tf.config.get_soft_device_placement() is False
-        TrialController(ConstantLossTrial, info, reporter)  # the default: soft placement
+        TrialController.for_trial_class(ConstantLossTrial, info, reporter)  # the default: soft placement
         assert tf.config.get_soft_device_placement() is True
     finally:
         tf.config.set_soft_device_placement(True)

@@ -9,7 +9,7 @@ of batches, with the same seed and the same shuffled, repeated tf.data pipeline,
   localdet  experiment and trial rows made as the intake and daemon make them (parse_config,
             StateDB.create_experiment, the `single` searcher's operations, create_trial) in a
             temporary LOCALDET_HOME; then, timed, SQLiteReporter(...).trial_info() and
-            TrialController(BenchTrial, info, reporter).run() in this process: training
+            TrialController.for_trial_class(BenchTrial, info, reporter).run() in this process: training
             metrics every 100 batches, one validation and one checkpoint (real store) at the end.
 
 Timed: everything after the TensorFlow import and data loading, model building, compiling and
@@ -138,7 +138,7 @@ def run_localdet(layout: Layout, batches: int) -> tuple[float, float]:
     with open(log_path, "a") as log, contextlib.redirect_stdout(log):
         start = time.perf_counter()
         reporter = SQLiteReporter(layout, trial_id)
-        TrialController(BenchTrial, reporter.trial_info(), reporter).run()
+        TrialController.for_trial_class(BenchTrial, reporter.trial_info(), reporter).run()
         seconds = time.perf_counter() - start
     last = reporter.db.metrics(trial_id, "validation")[-1].metrics
     reporter.db.close()

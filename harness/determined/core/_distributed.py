@@ -45,6 +45,21 @@ class DistributedContext:
     def get_size(self) -> int:
         return self.size
 
+    def shard_batch_size(self, global_batch_size: int) -> int:
+        """This process's share of a global batch, so that the effective batch size stays
+        the same on any number of slots:
+
+            batch_size = context.distributed.shard_batch_size(128)   # 64 on 2 slots
+        """
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
+                or global_batch_size < 1:
+            raise ValueError(f"shard_batch_size() needs a positive integer global batch size, "
+                             f"got {global_batch_size!r}")
+        if global_batch_size % self.size:
+            raise ValueError(f"the global batch size {global_batch_size} does not split evenly "
+                             f"over {self.size} processes; make it a multiple of {self.size}")
+        return global_batch_size // self.size
+
     def get_num_agents(self) -> int:
         return self.cross_size
 

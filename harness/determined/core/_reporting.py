@@ -28,6 +28,7 @@ class TrialInfo:
     config: Dict[str, Any]   # the validated experiment config, defaults filled
     model_dir: Path          # the snapshot of the submitted model folder
     trial_dir: Path          # the trial's own folder (logs, TensorBoard files)
+    kind: str = "experiment" # "job": a batch job's process, which has no training
 
 
 class TrialReporter(Protocol):
@@ -55,6 +56,11 @@ class TrialReporter(Protocol):
         """Raise if a file of the last restored checkpoint was corrupt."""
         ...
 
+    def set_target_batches(self, batches: int) -> None:
+        """Record the length a script chose (`context.fit(epochs=...)`) when the searcher
+        set none."""
+        ...
+
     def should_pause(self) -> bool:
         """Whether the user asked this trial to checkpoint and stop (`localdet pause`)."""
         ...
@@ -71,3 +77,56 @@ def reporter_from_environment() -> TrialReporter:
     from localdet.reporting import SQLiteReporter  # the only import of localdet by a trial
 
     return SQLiteReporter.from_environment(int(trial_id))
+
+
+def reporter_for_script(script: Path, hparams: Optional[Dict[str, Any]],
+                        config_path: Optional[str], record: bool = True) -> TrialReporter:
+    """The reporter for a training script run on its own (laptop mode): it records itself
+    in localdet's database as an unmanaged experiment with one trial, unless `record` is
+    False."""
+    from localdet.unmanaged import script_run_reporter
+
+    return script_run_reporter(script, hparams, config_path, record)
+
+
+class DiscardingReporter:
+    """A reporter that records nothing: a script run with recording switched off
+    (`det.keras.init(record=False)` or `LOCALDET_RECORD=0`)."""
+
+    def __init__(self, info: TrialInfo):
+        self._info = info
+
+    def trial_info(self) -> TrialInfo:
+        return self._info
+
+    def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        pass
+
+    def report_validation_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        pass
+
+    def save_checkpoint(self, directory: Path, batches_trained: int,
+                        metadata: Dict[str, Any]) -> str:
+        import shutil
+        import uuid
+
+        shutil.rmtree(directory, ignore_errors=True)
+        return str(uuid.uuid4())
+
+    def wait_for_checkpoints(self) -> None:
+        pass
+
+    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
+        raise RuntimeError("this run records nothing, so it has no checkpoints to restore")
+
+    def verify_restored_checkpoint(self) -> None:
+        pass
+
+    def set_target_batches(self, batches: int) -> None:
+        self._info.target_batches = batches
+
+    def should_pause(self) -> bool:
+        return False
+
+    def heartbeat(self) -> None:
+        pass

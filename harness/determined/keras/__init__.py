@@ -1,5 +1,12 @@
 """determined.keras: train a tf.keras model the way Determined did, on one machine.
 
+The New Keras API (a plain training script):
+
+    context = det.keras.init()
+    history = context.fit(model, x, y, validation_data=(x_val, y_val))
+
+or a TFKerasTrial class:
+
     from determined import keras
 
     class MyTrial(keras.TFKerasTrial):
@@ -14,6 +21,8 @@ The Keras line is whatever `tf.keras` is in the process: Keras 3 by default, Ker
 
 from determined.keras import callbacks
 from determined.keras._context import TFKerasExperimentalContext, TFKerasTrialContext
+from determined.keras._init import init
+from determined.keras._keras_context import KerasContext, TrainingContext
 from determined.keras._load import load_model_from_checkpoint_path
 from determined.keras._sequence import KerasDataAdapter, SequenceAdapter
 from determined.keras._trial import TFKerasTrial
@@ -23,6 +32,9 @@ TFKerasContext = TFKerasTrialContext
 
 __all__ = [
     "TFKerasTrial",
+    "init",
+    "KerasContext",
+    "TrainingContext",
     "TFKerasTrialContext",
     "TFKerasContext",
     "TFKerasExperimentalContext",

@@ -16,6 +16,7 @@ import os
 import pickle
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -63,65 +64,103 @@ class _ValidationHooks(tf.keras.callbacks.Callback):
             callback.on_test_batch_end(batch, logs)
 
 
+@dataclass
+class FitOptions:
+    """What `context.fit` adds to a run: Keras's epochs, validation at epoch ends, and the
+    `History` it returns. Epochs count passes over the training data (or
+    `steps_per_epoch` batches); they set the length only when the searcher sets none."""
+
+    epochs: int = 1
+    initial_epoch: int = 0
+    steps_per_epoch: Optional[int] = None
+    validation_freq: int = 1
+    validation_batch_size: Optional[int] = None
+    history: Any = None
+
+
+def prepare_process(info: TrialInfo) -> None:
+    """What every training process needs before the model is built: folders, TensorBoard's
+    place, and seeded random generators."""
+    info.trial_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["LOCALDET_TENSORBOARD_DIR"] = str(info.trial_dir / "tensorboard")
+    if keras_line() == "keras2":
+        # Keras 2 dropout otherwise draws from stateful ops whose state no checkpoint
+        # can hold; generator-backed layers keep it in variables.
+        tf.keras.backend.experimental.enable_tf_random_generator()
+    tf.keras.utils.set_random_seed(info.seed)  # Python, NumPy and TensorFlow
+
+
+def _apply_session_config(config: Any) -> None:
+    if config is None:
+        return
+    tf.config.set_soft_device_placement(config.allow_soft_placement)
+    try:  # only possible before TensorFlow has run anything
+        if config.intra_op_parallelism_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(
+                config.intra_op_parallelism_threads)
+        if config.inter_op_parallelism_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(
+                config.inter_op_parallelism_threads)
+    except RuntimeError as error:
+        log.warning("session_config threading not applied: %s", error)
+
+
 class TrialController:
-    def __init__(self, trial_class: type, info: TrialInfo, reporter: TrialReporter):
+    """Trains one trial's model to its length. Built from a `TFKerasTrial` class
+    (`for_trial_class`) or from what `context.fit` was given (`fit`)."""
+
+    def __init__(self, info: TrialInfo, reporter: TrialReporter, context: TFKerasTrialContext,
+                 model: Any, train_loader: Any, validation_loader: Any,
+                 callbacks: List[Any], *, batch_size: Optional[int] = None,
+                 fit: Optional[FitOptions] = None):
         self.info = info
         self.reporter = reporter
+        self.context = context
+        self.model = model
+        self.train_loader = train_loader
+        self.validation_loader = validation_loader
+        self.user_callbacks = list(callbacks)
+        self.explicit_batch_size = batch_size
+        self.fit = fit
         self.target = info.target_batches
         self.scheduling_unit = info.scheduling_unit
         self.validation_period = info.validation_period
         self.checkpoint_period = info.checkpoint_period
         self.last_validation = -1
+        self.last_validation_metrics: Dict[str, float] = {}
         self.last_checkpoint = -1
         self.batches_trained = 0
-        self.epochs_completed = 0
+        self.epochs_completed = fit.initial_epoch if fit else 0
         self.paused = False
         self.train_stream: Optional[_data.TrainingStream] = None
         self._restore_dir: Optional[Path] = None
-
-        info.trial_dir.mkdir(parents=True, exist_ok=True)
-        os.environ["LOCALDET_TENSORBOARD_DIR"] = str(info.trial_dir / "tensorboard")
-        if keras_line() == "keras2":
-            # Keras 2 dropout otherwise draws from stateful ops whose state no checkpoint
-            # can hold; generator-backed layers keep it in variables.
-            tf.keras.backend.experimental.enable_tf_random_generator()
-        tf.keras.utils.set_random_seed(info.seed)  # Python, NumPy and TensorFlow
-        self.context = TFKerasTrialContext(info)
-        self.trial = trial_class(self.context)
-        self._apply_session_config()
-        self.model = self.trial.build_model()
         self._check_model()
-        self.user_callbacks: List[Any] = list(self.trial.keras_callbacks() or [])
-        self.train_loader = self.trial.build_training_data_loader()
-        self.validation_loader = self.trial.build_validation_data_loader()
         self._check_loaders()
 
-    # -- set-up -------------------------------------------------------------------------
-    def _apply_session_config(self) -> None:
-        config = self.trial.session_config()
-        if config is None:
-            return
-        tf.config.set_soft_device_placement(config.allow_soft_placement)
-        try:  # only possible before TensorFlow has run anything
-            if config.intra_op_parallelism_threads:
-                tf.config.threading.set_intra_op_parallelism_threads(
-                    config.intra_op_parallelism_threads)
-            if config.inter_op_parallelism_threads:
-                tf.config.threading.set_inter_op_parallelism_threads(
-                    config.inter_op_parallelism_threads)
-        except RuntimeError as error:
-            log.warning("session_config threading not applied: %s", error)
-
-    def _check_model(self) -> None:
-        if not isinstance(self.model, tf.keras.Model):
-            raise TrialError(f"build_model() returned {type(self.model).__name__}; it must "
-                             "return a tf.keras.Model")
-        if not any(self.model is wrapped for wrapped in self.context.models):
+    @classmethod
+    def for_trial_class(cls, trial_class: type, info: TrialInfo,
+                        reporter: TrialReporter) -> "TrialController":
+        prepare_process(info)
+        context = TFKerasTrialContext(info)
+        trial = trial_class(context)
+        _apply_session_config(trial.session_config())
+        model = trial.build_model()
+        if isinstance(model, tf.keras.Model) and not any(model is m for m in context.models):
             raise TrialError("build_model() must wrap the model with "
                              "self.context.wrap_model(model) before compiling it")
+        callbacks = list(trial.keras_callbacks() or [])
+        return cls(info, reporter, context, model, trial.build_training_data_loader(),
+                   trial.build_validation_data_loader(), callbacks)
+
+    # -- set-up -------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        where = "context.fit()" if self.fit else "build_model()"
+        if not isinstance(self.model, tf.keras.Model):
+            raise TrialError(f"{where} got {type(self.model).__name__}; it needs a "
+                             "tf.keras.Model")
         if getattr(self.model, "optimizer", None) is None:
-            raise TrialError("build_model() must compile the model (model.compile(...)) "
-                             "before returning it")
+            raise TrialError(f"{where} needs a compiled model: call model.compile(...) "
+                             "first")
 
     def _check_loaders(self) -> None:
         for name, loader in (("training", self.train_loader),
@@ -132,6 +171,8 @@ class TrialController:
 
     def _batch_size(self) -> int:
         """The per-slot batch size, needed only to batch NumPy data."""
+        if self.explicit_batch_size:
+            return self.explicit_batch_size
         if "global_batch_size" in self.info.hparams:
             return self.context.get_per_slot_batch_size()
         if all(isinstance(loader, tf.data.Dataset) or _data.is_sequence(loader)
@@ -147,10 +188,25 @@ class TrialController:
         return optimizers
 
     def _batches_per_epoch(self) -> int:
+        if self.fit and self.fit.steps_per_epoch:
+            return self.fit.steps_per_epoch
         records = int(self.info.config.get("records_per_epoch") or 0)
+        if records and self.explicit_batch_size:
+            global_batch = self.explicit_batch_size * self.context.distributed.size
+            return max(1, math.ceil(records / global_batch))
         if records and "global_batch_size" in self.info.hparams:
             return max(1, math.ceil(records / self.context.get_global_batch_size()))
         return (self.train_stream.batches_per_pass or 0) if self.train_stream else 0
+
+    def _set_length_from_epochs(self) -> None:
+        """The searcher set no length: train the epochs `context.fit` was given."""
+        per_epoch = self._batches_per_epoch()
+        if not per_epoch:
+            raise TrialError("context.fit() cannot count epochs over data of unknown length; "
+                             "pass steps_per_epoch=, or set searcher.max_length in the "
+                             "experiment config")
+        self.target = max(0, self.fit.epochs - self.fit.initial_epoch) * per_epoch
+        self.reporter.set_target_batches(self.target)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -168,8 +224,11 @@ class TrialController:
             self.train_loader, self._batch_size(), self.info.seed,
             start_batch=self.batches_trained, shuffle=fit_config.get("shuffle", True),
             **workers)
+        validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         self.validation_data = _data.validation_stream(
-            self.validation_loader, self._batch_size(), **workers)
+            self.validation_loader, validation_batch_size, **workers)
+        if self.fit and not self.target:
+            self._set_length_from_epochs()
         try:
             self._train(state)
             if not self.paused:
@@ -199,10 +258,18 @@ class TrialController:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()
         remaining = self.target - self.batches_trained
+        per_epoch = self._batches_per_epoch()
         verbose = self.context.fit_config.get("verbose", 0)
-        callbacks = tf.keras.callbacks.CallbackList(
-            self.user_callbacks, add_history=True, add_progbar=bool(verbose),
-            model=self.model, verbose=verbose, epochs=1, steps=max(remaining, 0))
+        if self.fit:  # Keras's own epochs: the progress bar and History count them
+            epochs = self.fit.initial_epoch + math.ceil(self.target / per_epoch) if per_epoch else 1
+            callbacks = tf.keras.callbacks.CallbackList(
+                self.user_callbacks + [self.fit.history], add_history=False,
+                add_progbar=bool(verbose), model=self.model, verbose=verbose, epochs=epochs,
+                steps=per_epoch or None)
+        else:
+            callbacks = tf.keras.callbacks.CallbackList(
+                self.user_callbacks, add_history=True, add_progbar=bool(verbose),
+                model=self.model, verbose=verbose, epochs=1, steps=max(remaining, 0))
         if state:
             for callback, saved in zip(self.user_callbacks, state["callbacks"]):
                 if saved is not None and hasattr(callback, "load_state"):
@@ -211,7 +278,6 @@ class TrialController:
             return
         self.model.make_train_function()
         train_step = self.model.train_function
-        per_epoch = self._batches_per_epoch()
         self.model.stop_training = False
         self.model.reset_metrics()
         callbacks.on_train_begin()
@@ -220,23 +286,40 @@ class TrialController:
             callbacks.on_epoch_begin(self.epochs_completed)
         step = 0
         while self.batches_trained < self.target and not self.model.stop_training:
-            callbacks.on_train_batch_begin(step)
+            batch = self.batches_trained % per_epoch if self.fit and per_epoch else step
+            callbacks.on_train_batch_begin(batch)
             logs = train_step(self.iterator)
-            callbacks.on_train_batch_end(step, logs)
+            callbacks.on_train_batch_end(batch, logs)
             step += 1
             self.batches_trained += 1
             if per_epoch and self.batches_trained % per_epoch == 0:
-                # Determined calls on_epoch_end every records_per_epoch, with empty logs.
-                callbacks.on_epoch_end(self.epochs_completed, {})
+                # Determined calls on_epoch_end every records_per_epoch, with empty logs;
+                # context.fit, like Keras, with the epoch's metrics and validation.
+                epoch_logs = self._epoch_logs(logs) if self.fit else {}
+                callbacks.on_epoch_end(self.epochs_completed, epoch_logs)
                 self.epochs_completed += 1
-                if self.batches_trained < self.target:
+                if self.batches_trained < self.target and not self.model.stop_training:
                     callbacks.on_epoch_begin(self.epochs_completed)
             if self.is_boundary(self.batches_trained):
                 self.end_workload(logs)
                 if self.paused:
                     break
                 self._begin_workload()
+        if self.fit and not self.paused and per_epoch and self.batches_trained % per_epoch:
+            # Training ended inside an epoch: that partial epoch still gets its History row.
+            callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(logs, always=True))
         callbacks.on_train_end()
+
+    def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
+        """An epoch's end as `model.fit` reports it: training metrics, plus validation
+        metrics every `validation_freq` epochs."""
+        epoch_logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+        number = self.epochs_completed + 1
+        if always or number % max(1, self.fit.validation_freq) == 0:
+            if self.last_validation != self.batches_trained:
+                self.validate()
+            epoch_logs.update(self.last_validation_metrics)
+        return epoch_logs
 
     def is_boundary(self, batches_trained: int) -> bool:
         return (batches_trained % self.scheduling_unit == 0
@@ -273,7 +356,8 @@ class TrialController:
               + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         stop = self.context.get_stop_requested()
         finished = batches_trained >= self.target or stop
-        if finished or self._due(batches_trained, self.validation_period):
+        if ((finished or self._due(batches_trained, self.validation_period))
+                and self.last_validation != batches_trained):
             self.validate()
         self.paused = not finished and self.reporter.should_pause()
         if finished or self.paused or self._due(batches_trained, self.checkpoint_period):
@@ -297,6 +381,7 @@ class TrialController:
         print(f"[trial {self.info.trial_id}] validation at {self.batches_trained} "
               + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         self.last_validation = self.batches_trained
+        self.last_validation_metrics = metrics
         return metrics
 
     # -- checkpoints --------------------------------------------------------------------
