@@ -278,15 +278,22 @@ class StateDB:
     # -- metrics ------------------------------------------------------------------------
     def record_metrics(self, trial_id: int, kind: str, batches_trained: int,
                        metrics: dict[str, float]) -> None:
-        """Record one row; a second report for the same (trial, kind, batches) is ignored,
-        so a restarted trial never records a metric twice."""
+        """Record one row. A second report for the same (trial, kind, batches) adds only
+        the metrics not recorded there yet, so a restarted trial never records a metric
+        twice, and `context.evaluate` can add test metrics beside a validation."""
         with self.atomic():
-            # Only the duplicate is ignored; a bad kind still fails its CHECK.
-            self.db.execute(
-                "INSERT INTO metrics (trial_id, kind, batches_trained, metrics, recorded_at) "
-                "VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (trial_id, kind, batches_trained) DO NOTHING",
-                [trial_id, kind, batches_trained, json.dumps(metrics), now()])
+            # Merged in Python: the JSON may hold NaN, which SQLite's JSON functions refuse.
+            existing = list(self.db["metrics"].rows_where(
+                "trial_id = ? AND kind = ? AND batches_trained = ?",
+                [trial_id, kind, batches_trained]))
+            if existing:
+                recorded = json.loads(existing[0]["metrics"])
+                self.db["metrics"].update(existing[0]["id"], {
+                    "metrics": json.dumps({**metrics, **recorded})})
+            else:
+                self.db["metrics"].insert({
+                    "trial_id": trial_id, "kind": kind, "batches_trained": batches_trained,
+                    "metrics": json.dumps(metrics), "recorded_at": now()})
             self.db.execute(
                 "UPDATE trials SET batches_trained = MAX(batches_trained, ?) WHERE id = ?",
                 [batches_trained, trial_id],

@@ -185,11 +185,11 @@ class KerasContext:
         train = _as_loader(x, y, sample_weight, "context.fit()")
         if isinstance(validation_data, (tuple, list)) and not isinstance(
                 validation_data, tf.data.Dataset):
-            validation = _as_loader(*validation_data, what="validation_data") \
-                if 2 <= len(validation_data) <= 3 else None
-            if validation is None:
+            if not 2 <= len(validation_data) <= 3:
                 raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
                                  "tf.data.Dataset or a keras.utils.Sequence")
+            validation = _as_loader(*validation_data, *[None] * (3 - len(validation_data)),
+                                    what="validation_data")
         else:
             validation = validation_data
         numpy_data = isinstance(train, tuple)
@@ -227,7 +227,9 @@ class KerasContext:
                 {f"test_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0})
         if return_dict:
             return results
-        values = list(results.values())
+        # Keras's own order without return_dict: the loss, then the compiled metrics.
+        names = sorted(results, key=lambda name: name != "loss")
+        values = [results[name] for name in names]
         return values[0] if len(values) == 1 else values
 
     def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
