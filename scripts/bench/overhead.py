@@ -21,6 +21,13 @@ iterator, on either side; see README.md). Both sides must print the same val_acc
     python scripts/bench/overhead.py                  # Keras 3, 600 batches, 3 repeats
     python scripts/bench/overhead.py --keras2         # Keras 2 (tf-keras): TF_USE_LEGACY_KERAS=1
     python scripts/bench/overhead.py --batches 2000 --repeats 5
+    python scripts/bench/overhead.py --api fit        # New Keras API: context.fit
+
+With `--api fit` both sides train `--epochs` epochs of the NumPy arrays with validation at
+every epoch end: bare `model.fit(x, y, epochs=E, validation_data=...)` against a script's
+`context.fit(model, x, y, epochs=E, validation_data=...)` (metrics, checkpoint at the end).
+Keras ends each epoch with a short batch where localdet's batches are all full, so the
+val_accuracy of the two sides may differ in the last digits.
 
 Needs `pip install .[test]` (scikit-learn). Timings are printed, never asserted.
 """
@@ -52,6 +59,9 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batches", type=int, default=600, help="batches to train per run")
 parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
 parser.add_argument("--warmup", type=int, default=100, help="batches of the untimed warm-up")
+parser.add_argument("--api", choices=("trial", "fit"), default="trial",
+                    help="TFKerasTrial (default) or the New Keras API's context.fit")
+parser.add_argument("--epochs", type=int, default=15, help="epochs per run with --api fit")
 add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
 select_keras(args)
@@ -62,7 +72,9 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 from determined import keras as det_keras  # noqa: E402
-from determined.keras._trial_controller import TrialController, keras_line  # noqa: E402
+from determined.keras import KerasContext  # noqa: E402
+from determined.keras._trial_controller import (  # noqa: E402
+    TrialController, keras_line, prepare_process)
 from localdet.paths import Layout  # noqa: E402
 from localdet.reporting import SQLiteReporter  # noqa: E402
 
@@ -118,6 +130,37 @@ def run_bare(batches: int, seed: int, out_dir: Path) -> tuple[float, float]:
     return time.perf_counter() - start, float(results["accuracy"])
 
 
+def run_bare_fit(epochs: int, seed: int, out_dir: Path) -> tuple[float, float]:
+    start = time.perf_counter()
+    tf.keras.utils.set_random_seed(seed)
+    model = build_model(LEARNING_RATE)
+    history = model.fit(X_TRAIN, Y_TRAIN, batch_size=BATCH_SIZE, epochs=epochs, verbose=0,
+                        validation_data=(X_VAL, Y_VAL))
+    model.save(out_dir / "model.h5")
+    return time.perf_counter() - start, float(history.history["val_accuracy"][-1])
+
+
+def run_localdet_fit(layout: Layout, epochs: int) -> tuple[float, float]:
+    """A script's context.fit, recorded as the daemon's trial would be."""
+    experiment_id, trial_id = create_trial(layout, raw_config(1), [Path(__file__)])
+    log_path = layout.trial_log(experiment_id, trial_id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
+        start = time.perf_counter()
+        reporter = SQLiteReporter(layout, trial_id)
+        reporter.db.update_trial(trial_id, target_batches=0)  # no max_length: epochs decide
+        info = reporter.trial_info()
+        prepare_process(info)
+        context = KerasContext(info, reporter)
+        model = build_model(LEARNING_RATE)
+        context.wrap_optimizer(model.optimizer)
+        history = context.fit(model, X_TRAIN, Y_TRAIN, batch_size=BATCH_SIZE, epochs=epochs,
+                              verbose=0, validation_data=(X_VAL, Y_VAL))
+        seconds = time.perf_counter() - start
+    reporter.db.close()
+    return seconds, float(history.history["val_accuracy"][-1])
+
+
 def raw_config(batches: int) -> dict:
     return {
         "name": "overhead-bench", "entrypoint": "overhead:BenchTrial",
@@ -153,20 +196,25 @@ def main() -> None:
         bare_dir.mkdir()
         seed = searcher_trial(raw_config(args.batches))[1].seed  # the bare run uses the trial's
 
-        def timed(side: str, batches: int) -> tuple[float, float]:
+        def timed(side: str, length: int) -> tuple[float, float]:
             tf.keras.backend.clear_session()
             gc.collect()
-            return (run_bare(batches, seed, bare_dir) if side == "bare"
-                    else run_localdet(layout, batches))
+            if args.api == "fit":
+                return (run_bare_fit(length, seed, bare_dir) if side == "bare"
+                        else run_localdet_fit(layout, length))
+            return (run_bare(length, seed, bare_dir) if side == "bare"
+                    else run_localdet(layout, length))
 
-        timed("bare", args.warmup)
-        timed("localdet", args.warmup)
+        length = args.epochs if args.api == "fit" else args.batches
+        warmup = 2 if args.api == "fit" else args.warmup
+        timed("bare", warmup)
+        timed("localdet", warmup)
         times: dict[str, list[float]] = {"bare": [], "localdet": []}
         for i in range(args.repeats):
             order = ("bare", "localdet") if i % 2 == 0 else ("localdet", "bare")
             accuracy = {}
             for side in order:
-                seconds, accuracy[side] = timed(side, args.batches)
+                seconds, accuracy[side] = timed(side, length)
                 times[side].append(seconds)
             print(f"run {i + 1}: bare {times['bare'][-1]:.2f} s (val_accuracy "
                   f"{accuracy['bare']:.4f}), localdet {times['localdet'][-1]:.2f} s "
@@ -174,10 +222,13 @@ def main() -> None:
 
     bare, localdet = statistics.median(times["bare"]), statistics.median(times["localdet"])
     devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "?"
+    what = (f"{args.epochs} epochs with validation" if args.api == "fit"
+            else f"{args.batches} batches")
     print(f"{keras_line()} (TensorFlow {tf.__version__}, devices: {devices}), "
-          f"{args.batches} batches of {BATCH_SIZE}")
+          f"{what} of {BATCH_SIZE}")
     print(f"bare model.fit: {bare:.2f} s (median of {args.repeats})")
-    print(f"localdet trial: {localdet:.2f} s (median of {args.repeats})")
+    side = "context.fit" if args.api == "fit" else "localdet trial"
+    print(f"{side}: {localdet:.2f} s (median of {args.repeats})")
     print(f"ratio: {localdet / bare:.3f} (target <= 1.05)")
     print(f"ratio of the fastest runs: {min(times['localdet']) / min(times['bare']):.3f}")
 
