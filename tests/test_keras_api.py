@@ -195,3 +195,20 @@ def test_a_job_has_no_training_context(tmp_path):
         context.training
     with pytest.raises(JobHasNoTrainingError):
         context.fit(None, X, Y, validation_data=(X_VAL, Y_VAL))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
+                    reason="already running under Keras 2")
+def test_under_keras_2(tmp_path):
+    """context.fit under the Keras 2 line (tf-keras), which needs a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "not under_keras_2", "--basetemp", str(tmp_path / "keras2")],
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
+        timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

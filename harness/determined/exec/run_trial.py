@@ -51,18 +51,13 @@ def main() -> int:
     info = reporter.trial_info()
     os.chdir(info.model_dir)
     sys.path.insert(0, str(info.model_dir))
-    if info.config.get("entrypoint_kind") == "script":
-        print(f"error: entrypoint '{info.config.get('script_command')}' is a script; this "
-              "localdet runs TFKerasTrial classes ('module:TrialClass') only for now",
-              file=sys.stderr, flush=True)
-        return 1
     entrypoint = info.config.get("trial_class") or info.config["entrypoint"]
     trial_class = load_trial_class(entrypoint)
 
     from determined.keras._trial_controller import TrialController, TrialError, keras_line
 
     try:
-        TrialController(trial_class, info, reporter).run()
+        TrialController.for_trial_class(trial_class, info, reporter).run()
     except TrialError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -282,7 +282,9 @@ class TrialController:
         self.model.reset_metrics()
         callbacks.on_train_begin()
         self._begin_workload()
-        if per_epoch and self.batches_trained % per_epoch == 0:
+        # A resumed fit is inside an epoch that began in another process; Keras's own
+        # callbacks (the progress bar) need its on_epoch_begin all the same.
+        if per_epoch and (self.batches_trained % per_epoch == 0 or self.fit):
             callbacks.on_epoch_begin(self.epochs_completed)
         step = 0
         while self.batches_trained < self.target and not self.model.stop_training:
