@@ -3,6 +3,8 @@
     localdet daemon --slots 2 &
     localdet submit const.yaml ./model_dir
     localdet status 1
+    localdet run const.yaml ./model_dir            # one experiment in the foreground
+    localdet job run job.yaml ./code               # a batch job, followed to its end
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from localdet import views
 from localdet.config import ConfigError
@@ -73,19 +77,85 @@ def submit(config: Path, model_dir: Path | None) -> None:
 
 
 @cli.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
+              help="How many trials may run at once (CPU slots).")
+@click.option("--quiet", is_flag=True, help="Show progress bars, not the trials' logs.")
+def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
+    """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
+    from localdet import foreground
+    from localdet.submissions import SubmissionError
+
+    layout = Layout.from_environment()
+    try:
+        experiment_id, warnings = foreground.record(layout, config, model_dir)
+    except (ConfigError, SubmissionError) as error:
+        click.echo(f"error: {config}: {error}", err=True)
+        sys.exit(2)  # nothing was recorded
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    sys.exit(foreground.drive(layout, experiment_id, slots, console, show_logs=not quiet))
+
+
+@cli.group()
+def job() -> None:
+    """Batch jobs: a script run once (e.g. batch inference), scheduled like a trial."""
+
+
+@job.command("run")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--detach", is_flag=True, help="Queue the job and return at once.")
+def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
+    """Queue a job (CONFIG and the MODEL_DIR holding its code) and follow its log."""
+    from localdet.daemon import DaemonLock
+    from localdet.jobs import JobNotTaken, follow
+    from localdet.submissions import JOB, SubmissionError, submit as submit_job
+
+    layout = Layout.from_environment()
+    if not detach and DaemonLock.holder(layout.daemon_lock) is None:
+        _fail(f"no localdet daemon is running on {layout.home} to run the job; start one "
+              "with `localdet daemon`, or queue the job with `--detach` for when one starts")
+    layout.ensure()
+    try:
+        queued, warnings = submit_job(layout, config, model_dir, kind=JOB)
+    except (ConfigError, SubmissionError) as error:
+        _fail(f"{config}: {error}")
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if detach:
+        click.echo(f"queued job {queued.name}")
+        return
+    try:
+        sys.exit(follow(layout, queued.name))
+    except JobNotTaken as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        _fail("stopped following the job; it keeps running (`localdet status` shows it, "
+              "`localdet kill ID` stops it)")
+
+
+def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict:
+    if experiment.kind == "job":
+        return views.job_facts(db, layout, experiment, tail_lines)
+    return views.experiment_facts(db, experiment)
+
+
+@cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def status(experiment_id: int | None, as_json: bool) -> None:
-    """Experiments, or one experiment's trials."""
+    """Experiments and jobs, or one experiment's trials (one job's log)."""
     from localdet.daemon import DaemonLock
 
     layout = Layout.from_environment()
     db = _open_db(layout)
     try:
         if experiment_id is None:
-            facts = [views.experiment_facts(db, e) for e in db.experiments()]
+            facts = [_facts(layout, db, e) for e in db.experiments()]
         else:
-            facts = views.experiment_facts(db, db.experiment(experiment_id))
+            facts = _facts(layout, db, db.experiment(experiment_id), tail_lines=20)
     except NotFound as error:
         _fail(str(error))
     if as_json:
@@ -95,7 +165,19 @@ def status(experiment_id: int | None, as_json: bool) -> None:
     console.print(f"daemon running (pid {pid})" if pid else
                   "[yellow]the daemon is not running[/] (start it with `localdet daemon`)")
     if experiment_id is None:
-        console.print(views.experiments_table(facts))
+        jobs = [f for f in facts if f["kind"] == "job"]
+        experiments = [f for f in facts if f["kind"] != "job"]
+        if experiments or not jobs:
+            console.print(views.experiments_table(experiments))
+        if jobs:
+            console.print(views.jobs_table(jobs))
+    elif facts["kind"] == "job":
+        console.print(views.job_table(facts))
+        if facts["error"] and facts["error"] not in facts["log_tail"]:  # else shown below
+            console.print(f"[red]error:[/] {escape(facts['error'])}")
+        if facts["log_tail"]:
+            console.print("[bold]log tail[/]")
+            console.print(Text(facts["log_tail"]))
     else:
         console.print(views.trials_table(facts))
         for trial in facts["trials"]:
@@ -123,16 +205,27 @@ def _request(action: str, experiment_id: int | None, trial_id: int | None) -> No
     try:
         if trial_id is not None:
             target, what = db.trial(trial_id), f"trial {trial_id}"
+            experiment = db.experiment(target.experiment_id)
             states = [target.state]
         else:
-            target, what = db.experiment(experiment_id), f"experiment {experiment_id}"
+            target = experiment = db.experiment(experiment_id)
+            what = f"{experiment.kind} {experiment_id}"
             states = [target.state] + [t.state for t in db.trials(experiment_id)]
     except NotFound as error:
         _fail(str(error))
+    if experiment.runner == "script":
+        _fail(f"experiment {experiment.id} is a script running outside the daemon; stop it "
+              "with Ctrl-C in its terminal")
+    if experiment.kind == "job" and action != "kill":
+        _fail(f"job {experiment.id} cannot be {action}d, since jobs keep no checkpoints to "
+              f"resume from; `localdet kill {experiment.id}` stops it")
     if not any(state in ACTION_STATES[action] for state in states):
         _fail(f"{what} is {target.state}; there is nothing to {action}")
     db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
     click.echo(f"{action} requested for {what}")
+    if (experiment.runner == "foreground"
+            and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
+        return  # its `localdet run` carries it out
     if DaemonLock.holder(layout.daemon_lock) is None:
         click.echo("the daemon is not running; it will carry this out when it starts", err=True)
 

@@ -12,6 +12,8 @@ Usage::
         print("warning:", warning)
     cfg = parsed.config
     total = length_to_batches(cfg["searcher"]["max_length"], cfg, "searcher.max_length")
+    # (max_length is None for a script that leaves its length to its own epochs)
+    job = load_job_config_file("job.yaml").config   # a batch job, in the same canonical form
 
 The schema holds the structure and the defaults (plus the extension keywords ``x-ignored``,
 ``x-messages`` and ``x-supported``); this module turns schema errors into one-sentence
@@ -97,6 +99,8 @@ def _dotted(parts: Any) -> str:
 
 def _did_you_mean(word: Any, choices: list[Any]) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    # 'slots_per_trial' where a job has 'slots': a longer name for the same thing
+    close = close or [str(c) for c in choices if str(word).startswith(f"{c}_")]
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
@@ -240,6 +244,21 @@ def _launcher(tokens: list[str]) -> tuple[str | None, str | None]:
     return None, shlex.join(rest)
 
 
+def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, Any], list[str]]:
+    """Validate `raw` against `schema`; returns a copy with defaults filled and the warnings."""
+    if raw is None:
+        raise ConfigError(f"the config is empty; it needs at least {needs}")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"top level: expected a mapping of config keys, got {type(raw).__name__} {raw!r}")
+    error = best_match(_Validator(schema).iter_errors(raw), key=_relevance)
+    if error is not None:
+        raise _translate(error)
+    config = copy.deepcopy(raw)
+    warnings: list[str] = []
+    _fill_defaults(config, schema, "", warnings)
+    return config, warnings
+
+
 def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     """Validate a Determined experiment config (already loaded from YAML) and return its canonical form.
 
@@ -248,20 +267,12 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     >>> cfg["searcher"]["max_length"], cfg["hyperparameters"]["global_batch_size"], cfg["trial_class"]
     ({'batches': 100}, {'type': 'const', 'val': 32}, 'model_def:Trial')
 
+    A script entrypoint ('python3 train.py') may leave out the searcher (single, val_loss) and
+    its max_length (None: the script's own epochs decide).
     ``cfg["reproducibility"]["experiment_seed"]`` is None when the config sets none: the caller
     picks a seed and records it. Raises ConfigError on the first problem found.
     """
-    if raw is None:
-        raise ConfigError("the config is empty; it needs at least 'entrypoint' and 'searcher'")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"top level: expected a mapping of config keys, got {type(raw).__name__} {raw!r}")
-    error = best_match(_Validator(_schema()).iter_errors(raw), key=_relevance)
-    if error is not None:
-        raise _translate(error)
-
-    config = copy.deepcopy(raw)
-    warnings: list[str] = []
-    _fill_defaults(config, _schema(), "", warnings)
+    config, warnings = _validated(raw, _schema(), "'entrypoint'")
     searcher = config["searcher"]
     supported = _schema()["$defs"]["searcher"]["properties"]["name"]["x-supported"]
     if searcher["name"] not in supported:
@@ -271,13 +282,51 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     env = config["environment"]
     env["environment_variables"] = _environment_variables(env["environment_variables"], warnings)
     _entrypoint(config)
+    if config["entrypoint_kind"] == "trial_class":
+        # A trial class has no epochs of its own: the searcher alone says how long it trains.
+        if "searcher" not in raw:
+            raise ConfigError("missing required key 'searcher'; a trial class entrypoint needs a "
+                              "searcher with a metric and a max_length", "searcher")
+        if searcher["max_length"] is None:
+            raise ConfigError("missing required key 'searcher.max_length'; a trial class entrypoint "
+                              "trains for as long as the searcher says", "searcher.max_length")
     for holder, key, what in ((searcher, "max_length", "searcher.max_length"),
                               (config, "min_validation_period", "min_validation_period"),
                               (config, "min_checkpoint_period", "min_checkpoint_period")):
+        if holder[key] is None:
+            continue  # max_length of a script's run: its epochs decide
         if isinstance(holder[key], int):
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
         length_to_batches(holder[key], config, what)  # fail now, not hours into training
     return ParsedConfig(config=config, warnings=warnings)
+
+
+def _job_schema() -> dict[str, Any]:
+    return {"$ref": "#/$defs/job", "$defs": _schema()["$defs"]}
+
+
+def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
+    """Validate a Determined-style job config and return it in the canonical experiment form.
+
+    >>> cfg = parse_job_config({"entrypoint_script": "python3 infer.py", "data": {"trial_id": 7},
+    ...     "resources": {"slots": 2}}).config
+    >>> cfg["script_command"], cfg["resources"]["slots_per_trial"], cfg["max_restarts"], cfg["data"]
+    ('python3 infer.py', 2, 0, {'trial_id': 7})
+
+    ``searcher`` and ``hyperparameters`` are ignored with a warning; a 'module:Class'
+    entrypoint is a ConfigError, since a job runs a script.
+    """
+    job, warnings = _validated(raw, _job_schema(), "'entrypoint_script' (the command the job runs)")
+    probe = {key: job[key] for key in ("entrypoint", "entrypoint_script") if key in job}
+    _entrypoint(probe)
+    if probe["entrypoint_kind"] != "script":
+        raise ConfigError(f"entrypoint: a job runs a script such as 'python3 batch_inference.py', "
+                          f"not a trial class ({probe['trial_class']!r})", "entrypoint")
+    resources = job.pop("resources")
+    # The scheduler gives a job its slots exactly as it gives a trial its slots_per_trial.
+    job["resources"] = {"slots_per_trial": resources["slots"], "priority": resources["priority"]}
+    parsed = parse_config(job)
+    return ParsedConfig(config=parsed.config, warnings=warnings + parsed.warnings)
 
 
 class _Loader(yaml.SafeLoader):
@@ -300,24 +349,40 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               list("-+0123456789"))
 
 
-def load_config_text(text: str) -> ParsedConfig:
-    """Parse YAML text and validate it: ``load_config_text(Path("const.yaml").read_text())``."""
+def _load_yaml(text: str) -> Any:
     try:
-        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    return parse_config(raw)
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
+
+
+def load_config_text(text: str) -> ParsedConfig:
+    """Parse YAML text and validate it: ``load_config_text(Path("const.yaml").read_text())``."""
+    return parse_config(_load_yaml(text))
 
 
 def load_config_file(path: str | Path) -> ParsedConfig:
     """Read and validate a config file; an unreadable file is a ConfigError too."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
-    return load_config_text(text)
+    return load_config_text(_read(path))
+
+
+def load_job_config_text(text: str) -> ParsedConfig:
+    """Parse a job config's YAML text and validate it (see `parse_job_config`)."""
+    return parse_job_config(_load_yaml(text))
+
+
+def load_job_config_file(path: str | Path) -> ParsedConfig:
+    """Read and validate a job config file; an unreadable file is a ConfigError too."""
+    return load_job_config_text(_read(path))
 
 
 def global_batch_size(config: dict[str, Any]) -> int:

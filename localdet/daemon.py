@@ -5,6 +5,10 @@ notices when they end. The only writer of scheduling state.
 
 Trial processes run in sessions of their own, so stopping the daemon leaves them training;
 a daemon started later adopts them.
+
+It manages only experiments (and jobs) whose runner is 'daemon'. `localdet run` drives the
+same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling `step()`);
+'script' experiments record themselves and are only watched for a dead process.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from localdet import launcher, scheduler
-from localdet.db import TERMINAL_STATES, StateDB, Trial, now
+from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.searcher import Close, Create, Shutdown, ValidateAfter, make_search_method
 from localdet.submissions import Intake
+
+
+SCRIPT_GONE = "the script ended without finishing its run (was it killed?)"
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -107,18 +114,24 @@ class Daemon:
     slots: int = 1
     poll_seconds: float = 0.5
     log: callable = print
+    only: int | None = None  # drive this one experiment (`localdet run`), nothing else
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
 
+    def open(self, db: StateDB | None = None) -> "Daemon":
+        """Connect to the state (`run` does this itself; `localdet run` calls it)."""
+        self.db = db or StateDB.open(self.layout.db)
+        self.intake = Intake(self.layout, self.db)
+        return self
+
     def run(self) -> None:
         self.layout.ensure()
         lock = DaemonLock(self.layout.daemon_lock)
         lock.acquire()
-        self.db = StateDB.open(self.layout.db)
-        self.intake = Intake(self.layout, self.db)
+        self.open()
         observer = Observer()
         observer.schedule(_Wake(self._wake), str(self.layout.queue), recursive=True)
         observer.start()
@@ -151,16 +164,30 @@ class Daemon:
 
     def step(self) -> None:
         """One pass of the data flow: queue, searcher, scheduler, launcher, exits."""
-        for experiment_id in self.intake.poll():
-            self.log(f"experiment {experiment_id} accepted")
+        if self.only is None:
+            for experiment_id in self.intake.poll():
+                self.log(f"{self.db.experiment(experiment_id).kind} {experiment_id} accepted")
+            self._watch_scripts()
         self._handle_requests()
         self._search()
         self._reap()
         self._schedule()
 
+    def _mine(self, experiment: Experiment) -> bool:
+        if self.only is not None:
+            return experiment.id == self.only
+        return experiment.managed
+
+    def running(self) -> set[int]:
+        """The trials whose processes this daemon is watching."""
+        return set(self._processes) | set(self._adopted)
+
     # -- searcher -----------------------------------------------------------------------
     def _search(self) -> None:
         for experiment in self.db.experiments(states=("ACTIVE",)):
+            # A job's one trial is made with it; it has no searcher.
+            if not self._mine(experiment) or experiment.kind == "job":
+                continue
             if self.db.trials(experiment.id):
                 continue
             try:
@@ -191,22 +218,51 @@ class Daemon:
     # -- pause, resume, kill ------------------------------------------------------------
     def _handle_requests(self) -> None:
         for request in self.db.pending_requests():
-            outcome = self._carry_out(request)
+            try:
+                experiment = self._experiment_of(request)
+            except NotFound as error:
+                self.db.mark_request_handled(request["id"], str(error))
+                continue
+            if not self._mine(experiment):
+                if self.only is not None or not self._take(experiment, request):
+                    continue
+                experiment = self.db.experiment(experiment.id)  # taking over may settle it
+            outcome = self._carry_out(request, experiment)
             self.db.mark_request_handled(request["id"], outcome)
             self.log(outcome)
 
-    def _carry_out(self, request: dict) -> str:
+    def _experiment_of(self, request: dict) -> Experiment:
+        if request["trial_id"] is not None:
+            return self.db.experiment(self.db.trial(request["trial_id"]).experiment_id)
+        return self.db.experiment(request["experiment_id"])
+
+    def _take(self, experiment: Experiment, request: dict) -> bool:
+        """Whether the daemon acts on a request for an experiment it does not run."""
+        if experiment.runner == "script":
+            self.db.mark_request_handled(request["id"], (
+                f"experiment {experiment.id} is a script running outside the daemon; "
+                "ignored"))
+            return False
+        if DaemonLock.holder(self.layout.run_lock(experiment.id)) is not None:
+            return False  # its `localdet run` is alive and carries the request out
+        # `localdet run` ended (paused, interrupted or killed): the daemon takes over.
+        self.db.set_runner(experiment.id, "daemon")
+        self.log(f"experiment {experiment.id} handed over from `localdet run` to the daemon")
+        self._adopt_running_trials(experiment.id)
+        return True
+
+    def _carry_out(self, request: dict, experiment: Experiment) -> str:
         action = request["action"]
         if request["trial_id"] is not None:
             trials = [self.db.trial(request["trial_id"])]
-            experiment = self.db.experiment(trials[0].experiment_id)
             target = f"trial {request['trial_id']}"
         else:
-            experiment = self.db.experiment(request["experiment_id"])
             trials = self.db.trials(experiment.id)
-            target = f"experiment {experiment.id}"
+            target = f"{experiment.kind} {experiment.id}"
         whole_experiment = request["trial_id"] is None
         live = [t for t in trials if t.state not in TERMINAL_STATES]
+        if experiment.kind == "job" and action in ("pause", "resume"):
+            return f"{action} job {experiment.id}: jobs cannot be paused or resumed"
         if action == "pause":
             for trial in live:
                 if trial.state == "RUNNING":
@@ -244,9 +300,6 @@ class Daemon:
         self.db.update_trial(trial.id, state="CANCELED", stop_requested=None)
 
     # -- scheduler and launcher -----------------------------------------------------------
-    def _running(self) -> set[int]:
-        return set(self._processes) | set(self._adopted)
-
     def _schedule(self) -> None:
         busy = {slot for slots in self._slots_of.values() for slot in slots}
         free = [slot for slot in range(self.slots) if slot not in busy]
@@ -254,13 +307,17 @@ class Daemon:
             return
         waiting = []
         for experiment in self.db.experiments(states=("ACTIVE",)):
+            if not self._mine(experiment):
+                continue
             per_trial = experiment.config["resources"]["slots_per_trial"]
             for trial in self.db.trials(experiment.id, states=("QUEUED",)):
                 if per_trial > self.slots:  # would wait forever and block the queue
+                    key = "slots" if experiment.kind == "job" else "slots_per_trial"
+                    where = (f"`localdet run --slots {per_trial}`" if self.only is not None
+                             else f"`localdet daemon --slots {per_trial}`")
                     self.db.update_trial(trial.id, state="ERROR", error=(
-                        f"resources.slots_per_trial is {per_trial} but this daemon has "
-                        f"{self.slots} slot(s); lower it or start `localdet daemon --slots "
-                        f"{per_trial}`"))
+                        f"resources.{key} is {per_trial} but only {self.slots} slot(s) are "
+                        f"available; lower it or start {where}"))
                     self._settle_experiment(experiment.id)
                     continue
                 waiting.append(scheduler.Waiting(trial.id, per_trial))
@@ -270,7 +327,13 @@ class Daemon:
     def _launch(self, trial: Trial, slots: list[int]) -> None:
         experiment = self.db.experiment(trial.experiment_id)
         spec = launcher.launch_spec(self.layout, experiment, trial, slots)
-        process = launcher.start(spec)
+        try:
+            process = launcher.start(spec)
+        except launcher.LaunchError as error:  # retrying cannot help: end it
+            self.db.update_trial(trial.id, state="ERROR", error=str(error))
+            self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
+            self._settle_experiment(experiment.id)
+            return
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
         self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=now(),
@@ -281,8 +344,12 @@ class Daemon:
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started "
                  f"(pid {process.pid}, slots {slots})")
 
-    def _adopt_running_trials(self) -> None:
-        for trial in self.db.trials(states=("RUNNING",)):
+    def _adopt_running_trials(self, experiment_id: int | None = None) -> None:
+        """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
+        mine = {e.id for e in self.db.experiments() if self._mine(e)}
+        for trial in self.db.trials(experiment_id, states=("RUNNING",)):
+            if trial.experiment_id not in mine and experiment_id is None:
+                continue
             if trial.pid and _alive(trial.pid):
                 self._adopted[trial.id] = trial.pid
                 self._slots_of[trial.id] = trial.slots or []
@@ -308,7 +375,12 @@ class Daemon:
         trial = self.db.trial(trial_id)
         experiment = self.db.experiment(trial.experiment_id)
         reached_end = trial.batches_trained >= trial.target_batches and trial.latest_checkpoint
-        if (trial.stop_requested == "PAUSE" and not reached_end
+        if experiment.kind == "job" and returncode is None:
+            # A job leaves no records to judge by, and its exit status went to no one.
+            self.db.update_trial(trial.id, state="ERROR", error=(
+                "the job's process ended while no daemon watched it, so whether it succeeded "
+                f"is unknown; see {self.layout.trial_log(experiment.id, trial.id)}"))
+        elif (trial.stop_requested == "PAUSE" and not reached_end
                 and (returncode == 0 or returncode is None)):
             # It checkpointed at a workload boundary and exited, as asked.
             self.db.update_trial(trial.id, state="PAUSED", stop_requested=None)
@@ -330,6 +402,10 @@ class Daemon:
         self._settle_experiment(experiment.id)
 
     def _complete(self, trial: Trial, experiment) -> None:
+        if experiment.kind == "job":  # a job reports no metric: exit 0 is success
+            self.db.update_trial(trial.id, state="COMPLETED")
+            self.log(f"job {experiment.id} completed")
+            return
         validations = self.db.metrics(trial.id, "validation")
         last = validations[-1].metrics if validations else {}
         if experiment.metric not in last:
@@ -357,4 +433,17 @@ class Daemon:
             else:
                 self.db.set_experiment_state(experiment_id, "ERROR",
                                              error=failed[0].error if failed else None)
-            self.log(f"experiment {experiment_id} {self.db.experiment(experiment_id).state}")
+            settled = self.db.experiment(experiment_id)
+            self.log(f"{settled.kind} {experiment_id} {settled.state}")
+
+    # -- scripts run on their own (laptop mode) -------------------------------------------
+    def _watch_scripts(self) -> None:
+        """A script records its own end; one killed outright cannot, so mark it here."""
+        for experiment in self.db.experiments(states=("ACTIVE",)):
+            if experiment.runner != "script":
+                continue
+            for trial in self.db.trials(experiment.id, states=("RUNNING",)):
+                if trial.pid and not _alive(trial.pid):
+                    self.db.update_trial(trial.id, state="ERROR", error=SCRIPT_GONE)
+                    self.db.set_experiment_state(experiment.id, "ERROR", error=SCRIPT_GONE)
+                    self.log(f"experiment {experiment.id}: {SCRIPT_GONE}")

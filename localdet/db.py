@@ -237,6 +237,12 @@ class StateDB:
             self.log_event("experiment_state", experiment_id=experiment_id, state=state,
                            error=error)
 
+    def set_runner(self, experiment_id: int, runner: str) -> None:
+        """Hand an experiment to another runner (a daemon takes over from `localdet run`)."""
+        with self.atomic():
+            self.db["experiments"].update(experiment_id, {"runner": runner})
+            self.log_event("experiment_runner", experiment_id=experiment_id, runner=runner)
+
     # -- trials -------------------------------------------------------------------------
     def create_trial(self, *, experiment_id: int, request_id: int, hparams: dict, seed: int,
                      target_batches: int) -> int:

@@ -7,6 +7,8 @@ Everything a backend needs to start a trial is decided in `launch_spec`; another
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +29,21 @@ class LaunchSpec:
     keras_line_reason: str
 
 
+# `python`, `python3`, `python3.11`: the interpreter the user means is localdet's own, so that
+# `determined` and the Keras line localdet chose are importable in the trial.
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+def argv_for(config: dict) -> list[str]:
+    """The trial's command: the script's, or the runner of trial classes."""
+    if config.get("entrypoint_kind") != "script":
+        return [sys.executable, "-m", "determined.exec.run_trial"]
+    argv = shlex.split(config["script_command"])
+    if argv and _PYTHON.match(argv[0]):
+        argv[0] = sys.executable
+    return argv
+
+
 def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 slots: list[int]) -> LaunchSpec:
     env = dict(os.environ)
@@ -45,7 +62,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     })
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return LaunchSpec(
-        argv=[sys.executable, "-m", "determined.exec.run_trial"],
+        argv=argv_for(experiment.config),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),
@@ -54,14 +71,31 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     )
 
 
+class LaunchError(RuntimeError):
+    """The trial's program could not be started; the message says which and why."""
+
+
 def start(spec: LaunchSpec) -> subprocess.Popen:
+    """Start the trial's process, its output appended to its log. Raises LaunchError (also
+    written to the log) when the program is missing or cannot be run."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
         # A session of its own: the trial outlives a daemon restart, and can be signalled
         # as a group.
-        return subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        try:
+            return subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as error:
+            if not spec.cwd.is_dir():
+                message = f"the experiment's model folder {spec.cwd} is missing"
+            else:
+                reason = ("there is no such program; install it, or fix the entrypoint"
+                          if isinstance(error, FileNotFoundError)
+                          else error.strerror or str(error))
+                message = f"cannot start '{spec.argv[0]}' from the entrypoint: {reason}"
+            log.write(f"error: {message}\n".encode())
+            raise LaunchError(message) from None
 
 
 def log_tail(path: Path, lines: int = 5) -> str:

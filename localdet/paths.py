@@ -5,6 +5,7 @@ Example:
     layout = Layout.from_environment()
     layout.db         # .../localdet/localdet.db
     layout.queue      # .../localdet/queue  (the watched folder)
+    layout.job_queue  # .../localdet/queue/jobs  (what is dropped here runs as a job)
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Layout:
         return self.home / "queue"
 
     @property
+    def job_queue(self) -> Path:
+        return self.queue / "jobs"
+
+    @property
     def rejected(self) -> Path:
         return self.queue / "rejected"
 
@@ -65,6 +70,10 @@ class Layout:
     def model_dir(self, experiment_id: int) -> Path:
         return self.experiment_dir(experiment_id) / "model"
 
+    def run_lock(self, experiment_id: int) -> Path:
+        """Held by the `localdet run` process driving the experiment in the foreground."""
+        return self.experiment_dir(experiment_id) / "run.lock"
+
     def trial_dir(self, experiment_id: int, trial_id: int) -> Path:
         return self.experiment_dir(experiment_id) / "trials" / str(trial_id)
 
@@ -72,6 +81,6 @@ class Layout:
         return self.trial_dir(experiment_id, trial_id) / "trial.log"
 
     def ensure(self) -> "Layout":
-        for folder in (self.home, self.queue, self.rejected, self.store):
+        for folder in (self.home, self.queue, self.job_queue, self.rejected, self.store):
             folder.mkdir(parents=True, exist_ok=True)
         return self

@@ -1,4 +1,5 @@
-"""Submissions: folders (or bare YAML files) in the queue folder become experiments.
+"""Submissions: folders (or bare YAML files) in the queue folder become experiments, and
+those in `queue/jobs/` become jobs.
 
 A submission is ingested only once it has settled (nothing in it changed for
 `SETTLE_SECONDS`), so a folder still being copied is never read half-written;
@@ -6,10 +7,14 @@ A submission is ingested only once it has settled (nothing in it changed for
 
     intake = Intake(layout, db)
     intake.poll()          # ingests what has settled; returns the new experiment ids
+
+A job is recorded as an experiment row of kind 'job' with exactly one trial row, so it
+shares scheduling, launching, logs, kill and status with trials.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -19,13 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from localdet.config import ConfigError, load_config_text
+from localdet.config import ConfigError, ParsedConfig, load_config_text, load_job_config_text
 from localdet.db import StateDB
 from localdet.paths import Layout
 
 SETTLE_SECONDS = 1.0
 CONFIG_SUFFIXES = (".yaml", ".yml")
 SUBMITTED_CONFIG = "experiment.yaml"  # the name `submit` gives the config it copies
+EXPERIMENT, JOB = "experiment", "job"  # the kinds of submission
+JOB_SEARCHER = "none"  # the searcher column of a job's row: it has no search
 
 
 class SubmissionError(Exception):
@@ -48,8 +55,9 @@ def _signature(path: Path) -> tuple:
     return tuple(sorted(entries))
 
 
-def find_config(folder: Path, shown_name: str | None = None) -> Path:
-    """The experiment YAML at the top of a submission folder (`shown_name` in messages)."""
+def find_config(folder: Path, shown_name: str | None = None, kind: str = EXPERIMENT) -> Path:
+    """The experiment (or job) YAML at the top of a submission folder (`shown_name` in
+    messages)."""
     shown_name = shown_name or folder.name
     candidates = sorted(p for p in folder.iterdir()
                         if p.is_file() and p.suffix in CONFIG_SUFFIXES)
@@ -59,11 +67,17 @@ def find_config(folder: Path, shown_name: str | None = None) -> Path:
     if preferred:
         return preferred[0]
     if not candidates:
-        raise SubmissionError(f"'{shown_name}' holds no experiment YAML file at its top level; "
-                              "add one (e.g. const.yaml) next to the model code")
+        example = "job.yaml" if kind == JOB else "const.yaml"
+        raise SubmissionError(f"'{shown_name}' holds no {kind} YAML file at its top level; "
+                              f"add one (e.g. {example}) next to the code")
     names = ", ".join(p.name for p in candidates)
     raise SubmissionError(f"'{shown_name}' holds several YAML files ({names}); keep exactly one, "
                           "or run `localdet submit CONFIG MODEL_DIR` to choose")
+
+
+def _load(kind: str, text: str) -> ParsedConfig:
+    # Through the module's names, so that tests can stand in for them.
+    return load_job_config_text(text) if kind == JOB else load_config_text(text)
 
 
 @dataclass
@@ -77,15 +91,40 @@ class Intake:
     def incoming(self) -> Path:
         return self.layout.home / "experiments" / ".incoming"
 
+    @property
+    def incoming_jobs(self) -> Path:
+        return self.layout.home / "experiments" / ".incoming-jobs"
+
+    @property
+    def incoming_foreground(self) -> Path:
+        """Where `localdet run` stages its copy; never put back in the queue."""
+        return self.layout.home / "experiments" / ".incoming-foreground"
+
+    def _kind_of(self, path: Path) -> str:
+        return JOB if path.parent == self.layout.job_queue else EXPERIMENT
+
     def candidates(self) -> list[Path]:
-        if not self.layout.queue.exists():
-            return []
-        return sorted(p for p in self.layout.queue.iterdir()
-                      if not p.name.startswith(".") and p != self.layout.rejected
-                      and (p.is_dir() or p.suffix in CONFIG_SUFFIXES))
+        """Queue entries, oldest first: submissions settling together become experiments
+        in the order they were queued, so they are also scheduled in that order."""
+        found = []
+        for folder in (self.layout.queue, self.layout.job_queue):
+            if not folder.exists():
+                continue
+            for path in folder.iterdir():
+                if path.name.startswith(".") or path in (self.layout.rejected,
+                                                         self.layout.job_queue):
+                    continue
+                if not (path.is_dir() or path.suffix in CONFIG_SUFFIXES):
+                    continue
+                try:
+                    found.append((path.stat().st_mtime_ns, path.name, path))
+                except FileNotFoundError:
+                    continue  # taken away meanwhile
+        return [path for _, _, path in sorted(found)]
 
     def poll(self) -> list[int]:
-        """Ingest every settled submission; returns the ids of the experiments created."""
+        """Ingest every settled submission; returns the ids of the experiments (and jobs)
+        created."""
         created, now = [], time.monotonic()
         present = set()
         for path in self.candidates():
@@ -98,46 +137,59 @@ class Intake:
             if now - previous[1] < self.settle_seconds:
                 continue
             del self._seen[path]
-            experiment_id = self.ingest(path)
+            experiment_id = self.ingest(path, self._kind_of(path))
             if experiment_id is not None:
                 created.append(experiment_id)
         for gone in set(self._seen) - present:
             del self._seen[gone]
         return created
 
-    def ingest(self, path: Path) -> int | None:
+    def ingest(self, path: Path, kind: str = EXPERIMENT) -> int | None:
         # Take it out of the queue first (one rename), so it is never ingested twice.
         token = f"{path.name}.{secrets.token_hex(4)}"
-        staged = self.incoming / token
-        self.incoming.mkdir(parents=True, exist_ok=True)
+        staging = self.incoming_jobs if kind == JOB else self.incoming
+        staged = staging / token
+        staging.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             os.rename(path, staged)
         else:
             staged.mkdir()
             os.rename(path, staged / path.name)
         try:
-            config_file = find_config(staged, path.name)
-            text = config_file.read_text(encoding="utf-8")
-            parsed = load_config_text(text)
+            return self.record(staged, path.name, kind=kind)
         except (SubmissionError, ConfigError, UnicodeDecodeError) as error:
             self.reject(staged, path.name, str(error))
             return None
+
+    def record(self, staged: Path, source: str, *, kind: str = EXPERIMENT,
+               runner: str = "daemon") -> int:
+        """Record a staged submission folder as an experiment (or a job and its one trial)
+        and move it to the experiment's model folder. Raises SubmissionError or ConfigError
+        (UnicodeDecodeError for a config that is not text), having recorded nothing."""
+        config_file = find_config(staged, source, kind)
+        text = config_file.read_text(encoding="utf-8")
+        parsed = _load(kind, text)
         config = parsed.config
         seed = config["reproducibility"].get("experiment_seed")
         if seed is None:
             seed = secrets.randbelow(2**31)
             config["reproducibility"]["experiment_seed"] = seed
+        searcher = config["searcher"]
         with self.db.atomic():
             experiment_id = self.db.create_experiment(
                 name=config["name"], description=config["description"], config=config,
-                original_config=text, searcher=config["searcher"]["name"],
-                metric=config["searcher"]["metric"],
-                smaller_is_better=config["searcher"]["smaller_is_better"],
-                experiment_seed=seed, model_dir="")
+                original_config=text,
+                searcher=JOB_SEARCHER if kind == JOB else searcher["name"],
+                metric="" if kind == JOB else searcher["metric"],
+                smaller_is_better=searcher["smaller_is_better"],
+                experiment_seed=seed, model_dir="", kind=kind, runner=runner)
             model_dir = self.layout.model_dir(experiment_id)
             self.db.db["experiments"].update(experiment_id, {"model_dir": str(model_dir)})
+            if kind == JOB:  # no searcher makes a job's trial: it is the job's one process
+                self.db.create_trial(experiment_id=experiment_id, request_id=0, hparams={},
+                                     seed=seed, target_batches=0)
             self.db.log_event("submission_ingested", experiment_id=experiment_id,
-                              staged=token, source=path.name)
+                              staged=staged.name, source=source)
             for warning in parsed.warnings:
                 self.db.log_event("config_warning", experiment_id=experiment_id,
                                   message=warning)
@@ -156,50 +208,104 @@ class Intake:
                           moved_to=str(target))
 
     def recover(self) -> None:
-        """Finish what a killed daemon left half-done in `.incoming`."""
-        if not self.incoming.exists():
-            return
-        claimed = {e["payload"].get("staged"): e["experiment_id"]
-                   for e in self.db.events() if e["kind"] == "submission_ingested"}
-        for staged in self.incoming.iterdir():
-            if staged.name in claimed:
-                model_dir = self.layout.model_dir(claimed[staged.name])
-                model_dir.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(staged, model_dir)
-            else:  # never recorded: put it back in the queue to be ingested again
-                os.rename(staged, self.layout.queue / staged.name.rsplit(".", 1)[0])
+        """Finish what a killed daemon (or `localdet run`) left half-done in staging."""
+        claimed = None
+        for staging, queue in ((self.incoming, self.layout.queue),
+                               (self.incoming_jobs, self.layout.job_queue),
+                               (self.incoming_foreground, None)):
+            if not staging.exists():
+                continue
+            if claimed is None:
+                claimed = {e["payload"].get("staged"): e["experiment_id"]
+                           for e in self.db.events() if e["kind"] == "submission_ingested"}
+            for staged in staging.iterdir():
+                if staged.name in claimed:
+                    model_dir = self.layout.model_dir(claimed[staged.name])
+                    model_dir.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(staged, model_dir)
+                elif queue is not None:  # never recorded: queue it again, to be ingested anew
+                    queue.mkdir(parents=True, exist_ok=True)
+                    os.rename(staged, queue / staged.name.rsplit(".", 1)[0])
+                elif not _staged_by_live_process(staged):
+                    # A `localdet run` that died before recording anything: nothing to keep.
+                    shutil.rmtree(staged, ignore_errors=True)
 
 
-def submit(layout: Layout, config_path: Path, model_dir: Path | None) -> tuple[Path, list[str]]:
-    """Copy a config and model folder into the queue as one submission, atomically.
-    Returns the queued path and the config's warnings."""
-    config_path = Path(config_path)
-    if not config_path.is_file():
-        raise SubmissionError(f"config file '{config_path}' does not exist")
-    text = config_path.read_text(encoding="utf-8")
-    parsed = load_config_text(text)  # refuse a bad config now, not later in the daemon
-    # The experiment name may hold anything; the queue entry's name must be a plain file name.
-    safe_name = re.sub(r"[^\w.-]+", "_", parsed.config["name"]).lstrip(".") or "experiment"
-    name = f"{safe_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    layout.queue.mkdir(parents=True, exist_ok=True)
-    hidden = layout.queue / f".{name}"
+def _staged_by_live_process(staged: Path) -> bool:
+    pid = staged.name.split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ingested_as(db: StateDB, queued_name: str) -> tuple[str, int | str] | None:
+    """What became of a queue entry: ("accepted", experiment id), ("rejected", reason), or
+    None while it waits."""
+    rows = db.db.execute(
+        "SELECT kind, experiment_id, payload FROM events WHERE kind IN "
+        "('submission_ingested', 'submission_rejected') "
+        "AND json_extract(payload, '$.source') = ? ORDER BY id DESC LIMIT 1",
+        [queued_name]).fetchall()
+    if not rows:
+        return None
+    kind, experiment_id, payload = rows[0]
+    if kind == "submission_ingested":
+        return "accepted", experiment_id
+    return "rejected", json.loads(payload)["reason"]
+
+
+def copy_submission(text: str, model_dir: Path | None, destination: Path) -> None:
+    """Write a submission folder: the model folder's files (not its top-level YAML files,
+    which the submitted config replaces) and the config text as experiment.yaml."""
     if model_dir is not None:
-        model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise SubmissionError(f"model folder '{model_dir}' does not exist")
-        top = model_dir.resolve()
+        top = Path(model_dir).resolve()
 
         def leave_out(directory: str, names: list[str]) -> set[str]:
-            # The submitted config replaces the folder's own top-level configs; YAML files
-            # deeper down are the model's data and stay.
+            # YAML files deeper down are the model's data and stay.
             skipped = {n for n in names if n in ("__pycache__", ".git") or n.endswith(".pyc")}
             if Path(directory).resolve() == top:
                 skipped |= {n for n in names if n.endswith(CONFIG_SUFFIXES)}
             return skipped
 
-        shutil.copytree(model_dir, hidden, ignore=leave_out)
+        shutil.copytree(model_dir, destination, ignore=leave_out)
     else:
-        hidden.mkdir()
-    (hidden / SUBMITTED_CONFIG).write_text(text, encoding="utf-8")
-    os.rename(hidden, layout.queue / name)
-    return layout.queue / name, parsed.warnings
+        destination.mkdir(parents=True)
+    (destination / SUBMITTED_CONFIG).write_text(text, encoding="utf-8")
+
+
+def read_submission(config_path: Path, model_dir: Path | None,
+                    kind: str = EXPERIMENT) -> tuple[str, ParsedConfig]:
+    """Check a config and model folder before anything is copied; returns the config's
+    text and its parsed form. Raises SubmissionError or ConfigError."""
+    config_path = Path(config_path)
+    if not config_path.is_file():
+        raise SubmissionError(f"config file '{config_path}' does not exist")
+    if model_dir is not None and not Path(model_dir).is_dir():
+        raise SubmissionError(f"model folder '{model_dir}' does not exist")
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SubmissionError(f"config file '{config_path}' is not UTF-8 text") from None
+    return text, _load(kind, text)
+
+
+def submit(layout: Layout, config_path: Path, model_dir: Path | None,
+           kind: str = EXPERIMENT) -> tuple[Path, list[str]]:
+    """Copy a config and model folder into the queue (`queue/jobs/` for a job) as one
+    submission, atomically. Returns the queued path and the config's warnings."""
+    text, parsed = read_submission(config_path, model_dir, kind)  # refuse a bad one now
+    # The experiment name may hold anything; the queue entry's name must be a plain file name.
+    safe_name = re.sub(r"[^\w.-]+", "_", parsed.config["name"]).lstrip(".") or kind
+    name = f"{safe_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    queue = layout.job_queue if kind == JOB else layout.queue
+    queue.mkdir(parents=True, exist_ok=True)
+    hidden = queue / f".{name}"
+    copy_submission(text, model_dir, hidden)
+    os.rename(hidden, queue / name)
+    return queue / name, parsed.warnings

@@ -3,6 +3,7 @@ output) and rich tables built from those same facts."""
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import Any
 
@@ -10,6 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from localdet.db import Checkpoint, Experiment, StateDB, Trial
+from localdet.launcher import log_tail
+from localdet.paths import Layout
 
 
 def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None:
@@ -46,6 +49,8 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     return {
         "id": experiment.id,
         "name": experiment.name,
+        "kind": experiment.kind,
+        "runner": experiment.runner,
         "state": experiment.state,
         "searcher": experiment.searcher,
         "metric": experiment.metric,
@@ -60,6 +65,33 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
                      if e["kind"] == "config_warning"],
         "trials": trials,
     }
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(text) if text else None
+
+
+def job_facts(db: StateDB, layout: Layout, experiment: Experiment,
+              tail_lines: int = 0) -> dict[str, Any]:
+    """An experiment's facts plus what a job has: its slots, when its process started, how
+    long it ran (so far), its log and, with `tail_lines`, the log's last lines."""
+    facts = experiment_facts(db, experiment)
+    trial = facts["trials"][0] if facts["trials"] else None
+    started = _time(db.trial(trial["id"]).started_at) if trial else None
+    ended = _time(experiment.ended_at)
+    if started and not ended and experiment.state not in ("COMPLETED", "CANCELED", "ERROR"):
+        ended = datetime.datetime.now(datetime.timezone.utc)
+    log = layout.trial_log(experiment.id, trial["id"]) if trial else None
+    facts.update({
+        "slots": experiment.config["resources"]["slots_per_trial"],
+        "started_at": started.isoformat() if started else None,
+        "duration_seconds": round((ended - started).total_seconds(), 1)
+                            if started and ended else None,
+        "log": str(log) if log else None,
+    })
+    if tail_lines:
+        facts["log_tail"] = log_tail(log, tail_lines) if log else ""
+    return facts
 
 
 def best_checkpoint(db: StateDB, experiment: Experiment) -> Checkpoint | None:
@@ -109,20 +141,66 @@ def _flat(hparams: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _name(facts: dict) -> str:
+    # Who runs it, beside the name, when it is not the daemon: `localdet pause` and friends
+    # do not reach a script, and reach a foreground run only while it lives.
+    runner = facts.get("runner", "daemon")
+    return escape(facts["name"]) + (f" [dim]({runner})[/]" if runner != "daemon" else "")
+
+
+def _when(text: str | None) -> str:
+    return _time(text).astimezone().strftime("%Y-%m-%d %H:%M:%S") if text else ""
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
 def experiments_table(facts: list[dict]) -> Table:
     table = Table(title="Experiments")
     for column in ("ID", "Name", "State", "Searcher", "Trials", "Progress", "Best metric"):
         table.add_column(column, justify="right" if column in ("ID", "Trials") else "left")
     for e in facts:
         best = f"{e['metric']}={_number(e['best_metric'])}" if e["best_metric"] is not None else ""
-        table.add_row(str(e["id"]), escape(e["name"]), _state(e["state"]), e["searcher"],
+        table.add_row(str(e["id"]), _name(e), _state(e["state"]), e["searcher"],
                       str(len(e["trials"])), f"{e['progress']:.0%}", escape(best))
+    return table
+
+
+def jobs_table(facts: list[dict]) -> Table:
+    table = Table(title="Jobs")
+    for column in ("ID", "Name", "State", "Started", "Duration"):
+        table.add_column(column, justify="right" if column == "ID" else "left")
+    for j in facts:
+        table.add_row(str(j["id"]), _name(j), _state(j["state"]), _when(j["started_at"]),
+                      duration(j["duration_seconds"]))
+    return table
+
+
+def job_table(job: dict) -> Table:
+    """One job: a table of its facts (the log tail is printed below it)."""
+    table = Table(title=f"Job {job['id']} ({escape(job['name'])})", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    for label, value in (("State", _state(job["state"])), ("Slots", str(job["slots"])),
+                         ("Started", _when(job["started_at"])),
+                         ("Duration", duration(job["duration_seconds"])),
+                         ("Restarts", str(job["trials"][0]["restarts"]) if job["trials"] else ""),
+                         ("Log", escape(job["log"] or ""))):
+        table.add_row(label, value)
     return table
 
 
 def trials_table(experiment: dict) -> Table:
     metric = experiment["metric"]
-    table = Table(title=f"Experiment {experiment['id']} ({escape(experiment['name'])}): "
+    table = Table(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
                         f"{experiment['state']}, searcher {experiment['searcher']}")
     for column in ("Trial", "State", "Batches", "Restarts", "Hyperparameters",
                    f"Latest {metric}", f"Best {metric}", "Checkpoint"):

@@ -54,7 +54,7 @@ def test_user_mistakes_get_one_sentence(home, tmp_path):
                                                   "max_length": {"batches": "ten"}})
     assert_one_sentence_error(home.cli("submit", bad, EXAMPLE, check=False),
                               "searcher.max_length")
-    assert [p.name for p in (home.path / "queue").iterdir()] == ["rejected"]
+    assert sorted(p.name for p in (home.path / "queue").iterdir()) == ["jobs", "rejected"]
     good = write_config(tmp_path, "good")
     assert_one_sentence_error(home.cli("submit", good, tmp_path / "missing", check=False),
                               "does not exist")
@@ -70,3 +70,51 @@ def test_json_output_is_machine_readable(home):
     experiment_id = ingest_example(home)
     facts = json.loads(home.cli("status", experiment_id, "--json").stdout)
     assert {"id", "name", "state", "searcher", "trials", "progress", "best_metric"} <= set(facts)
+
+
+def record(home, *, kind: str = "experiment", runner: str = "daemon") -> int:
+    from localdet.config import parse_config, parse_job_config
+    layout = Layout(home.path).ensure()
+    config = (parse_job_config({"entrypoint": "python3 infer.py"}) if kind == "job" else
+              parse_config({"entrypoint": "python3 train.py"})).config
+    db = StateDB.open(layout.db)
+    experiment_id = db.create_experiment(
+        name=f"{kind}-{runner}", description="", config=config, original_config="",
+        searcher="none" if kind == "job" else "single", metric="", smaller_is_better=True,
+        experiment_seed=1, model_dir="/nowhere", kind=kind, runner=runner)
+    db.create_trial(experiment_id=experiment_id, request_id=0, hparams={}, seed=1,
+                    target_batches=0)
+    return experiment_id
+
+
+def test_requests_for_a_script_run_are_refused_naming_ctrl_c(home):
+    script_id = record(home, runner="script")
+    for action in ("pause", "resume", "kill"):
+        assert_one_sentence_error(home.cli(action, script_id, check=False),
+                                  f"experiment {script_id} is a script running outside the "
+                                  "daemon", "Ctrl-C in its terminal")
+    trial_id = StateDB.open(Layout(home.path).db).trials(script_id)[0].id
+    assert_one_sentence_error(home.cli("kill", "--trial", trial_id, check=False), "Ctrl-C")
+
+
+def test_a_job_cannot_be_paused_or_resumed_but_can_be_killed(home):
+    job_id = record(home, kind="job")
+    for action in ("pause", "resume"):
+        assert_one_sentence_error(home.cli(action, job_id, check=False),
+                                  f"job {job_id} cannot be", f"`localdet kill {job_id}`")
+    assert home.cli("kill", job_id).stdout == f"kill requested for job {job_id}\n"
+
+
+def test_status_shows_jobs_apart_and_json_has_kind_and_runner(home):
+    experiment_id = record(home, runner="foreground")
+    job_id = record(home, kind="job")
+    text = home.cli("status").stdout
+    assert "Experiments" in text and "Jobs" in text and "experiment-foreground (foreground)" in text
+    facts = {f["id"]: f for f in home.json("status")}
+    assert (facts[experiment_id]["kind"], facts[experiment_id]["runner"]) == ("experiment",
+                                                                              "foreground")
+    assert (facts[job_id]["kind"], facts[job_id]["slots"]) == ("job", 1)
+    job = home.json("status", job_id)
+    assert {"log", "log_tail", "slots", "started_at", "duration_seconds"} <= set(job)
+    shown = home.cli("status", job_id).stdout
+    assert f"Job {job_id}" in shown and "Slots" in shown and "trial.log" in shown

@@ -16,7 +16,10 @@ from localdet.config import (
     length_to_batches,
     load_config_file,
     load_config_text,
+    load_job_config_file,
+    load_job_config_text,
     parse_config,
+    parse_job_config,
     schema_path,
 )
 
@@ -458,3 +461,143 @@ def test_schema_is_valid_draft_2020_12():
     schema = json.loads(schema_path().read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"].endswith("2020-12/schema")
+
+
+# --- scripts: searcher and max_length optional --------------------------------------------------
+
+SCRIPT = {"entrypoint_script": "python3 train.py"}
+
+
+def test_a_script_needs_no_searcher():
+    parsed = parse_config(SCRIPT)
+    cfg = parsed.config
+    assert (cfg["entrypoint_kind"], cfg["script_command"]) == ("script", "python3 train.py")
+    assert cfg["searcher"] == {"name": "single", "metric": "val_loss", "smaller_is_better": True,
+                               "max_length": None, "max_concurrent_trials": 16}
+    assert parsed.warnings == []
+
+
+@pytest.mark.parametrize("entrypoint", [{"entrypoint": "python3 train.py --epochs 3"},
+                                        {"entrypoint": ["python3", "train.py"]},
+                                        {"entrypoint_script": "train.py"}])
+def test_a_script_may_leave_out_max_length(entrypoint):
+    cfg = parse_config({**entrypoint, "searcher": {"name": "single", "metric": "val_accuracy",
+                                                   "smaller_is_better": False}}).config
+    assert cfg["searcher"]["max_length"] is None
+    assert (cfg["searcher"]["metric"], cfg["searcher"]["smaller_is_better"]) == ("val_accuracy", False)
+
+
+def test_a_script_with_max_length_keeps_it():
+    cfg = parse_config({**SCRIPT, "searcher": {"name": "single", "metric": "m",
+                                               "max_length": 40}}).config
+    assert cfg["searcher"]["max_length"] == {"batches": 40}
+
+
+@pytest.mark.parametrize(("raw", "path", "fragment"), [
+    ({"entrypoint": "model_def:Trial"}, "searcher",
+     "missing required key 'searcher'; a trial class entrypoint needs a searcher"),
+    ({"entrypoint": "model_def:Trial", "searcher": {"name": "single", "metric": "m"}},
+     "searcher.max_length", "missing required key 'searcher.max_length'"),
+    ({"entrypoint": "python3 -m determined.launch.horovod --trial m:T",
+      "searcher": {"name": "single", "metric": "m"}}, "searcher.max_length", "searcher.max_length"),
+    ({**SCRIPT, "searcher": {"name": "single"}}, "searcher.metric",
+     "missing required key 'searcher.metric'"),
+    ({**SCRIPT, "searcher": {"name": "single", "metric": "m", "max_length": None}},
+     "searcher.max_length", "expected one of 'batches', 'records', 'epochs'"),
+])
+def test_trial_classes_still_need_a_searcher_and_its_max_length(raw, path, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert info.value.path == path
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+JOB = textwrap.dedent(
+    """\
+    entrypoint_script: python3 batch_inference.py
+    data: {trial_id: 777, batch_size: 64}
+    resources: {slots: 1}
+    """
+)
+
+
+def test_a_job_config_becomes_the_canonical_form_the_launcher_needs():
+    parsed = load_job_config_text(JOB)
+    cfg = parsed.config
+    assert parsed.warnings == []
+    assert (cfg["entrypoint_kind"], cfg["script_command"], cfg["trial_class"]) == (
+        "script", "python3 batch_inference.py", None)
+    assert cfg["data"] == {"trial_id": 777, "batch_size": 64}
+    assert cfg["resources"]["slots_per_trial"] == 1
+    assert cfg["environment"] == {"environment_variables": {}}
+    assert cfg["max_restarts"] == 0
+    assert cfg["name"] == "job"
+    # What the reporter and the daemon read from any config is there too.
+    assert cfg["scheduling_unit"] == 100 and cfg["min_validation_period"] == {"batches": 0}
+    assert cfg["reproducibility"] == {"experiment_seed": None}
+
+
+def test_a_job_config_honours_its_keys():
+    cfg = parse_job_config({
+        "name": "infer", "description": "batch inference", "entrypoint": "python3 infer.py --n 3",
+        "data": {"x": 1}, "resources": {"slots": 2}, "max_restarts": 2,
+        "environment": {"environment_variables": {"cpu": ["A=1"], "cuda": ["A=2", "B=3"]}},
+    }).config
+    assert (cfg["name"], cfg["description"], cfg["script_command"]) == (
+        "infer", "batch inference", "python3 infer.py --n 3")
+    assert cfg["resources"]["slots_per_trial"] == 2 and cfg["max_restarts"] == 2
+    assert cfg["environment"]["environment_variables"] == {"A": "2", "B": "3"}
+
+
+def test_a_job_config_ignores_searcher_and_hyperparameters_with_a_warning():
+    parsed = parse_job_config({"entrypoint": "python3 x.py", "searcher": {"name": "single"},
+                               "hyperparameters": {"lr": 0.1},
+                               "environment": {"image": "determinedai/x"}})
+    assert any("'searcher', 'hyperparameters'" in w and "no search" in w for w in parsed.warnings)
+    assert any("'environment.image'" in w for w in parsed.warnings)
+    assert parsed.config["hyperparameters"] == {}
+
+
+def test_load_job_config_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    assert load_job_config_file(path).config["data"]["trial_id"] == 777
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_job_config_file(tmp_path / "missing.yaml")
+
+
+JOB_ERRORS = [
+    ("trial class", {"entrypoint": "model_def:Trial"}, "entrypoint",
+     ["a job runs a script such as 'python3 batch_inference.py'", "'model_def:Trial'"]),
+    ("launcher trial class", {"entrypoint": "python3 -m determined.launch.horovod --trial m:T"},
+     "entrypoint", ["a job runs a script"]),
+    ("no entrypoint", {"data": {}}, "entrypoint", ["missing required key 'entrypoint'"]),
+    ("zero slots", {"entrypoint": "python3 x.py", "resources": {"slots": 0}}, "resources.slots",
+     ["resources.slots: expected a value >= 1, got 0"]),
+    ("slots not int", {"entrypoint": "python3 x.py", "resources": {"slots": "2"}},
+     "resources.slots", ["resources.slots: expected an integer"]),
+    ("experiment's slot key", {"entrypoint": "python3 x.py", "resources": {"slots_per_trial": 2}},
+     "resources.slots_per_trial", ["unknown key 'slots_per_trial' at resources; did you mean 'slots'?"]),
+    ("experiment-only key", {"entrypoint": "python3 x.py", "records_per_epoch": 5},
+     "records_per_epoch", ["unknown key 'records_per_epoch' at top level"]),
+    ("negative restarts", {"entrypoint": "python3 x.py", "max_restarts": -1}, "max_restarts",
+     ["max_restarts: expected a value >= 0"]),
+    ("data not a mapping", {"entrypoint": "python3 x.py", "data": [1]}, "data", ["data: expected a mapping"]),
+]
+
+
+@pytest.mark.parametrize(("raw", "path", "parts"), [c[1:] for c in JOB_ERRORS], ids=[c[0] for c in JOB_ERRORS])
+def test_job_config_errors_name_the_key_path(raw, path, parts):
+    with pytest.raises(ConfigError) as info:
+        parse_job_config(raw)
+    assert info.value.path == path
+    for part in parts:
+        assert part in str(info.value)
+
+
+def test_an_empty_job_config_says_what_it_needs():
+    with pytest.raises(ConfigError, match="entrypoint_script"):
+        load_job_config_text("")

@@ -145,9 +145,9 @@ def test_trial_that_breaks_the_api_ends_in_error_with_one_clear_sentence(state, 
     home.cli("submit", config, model_dir)
     facts = home.wait_until_ended(home.experiment_named("uncompiled")["id"])
     assert facts["state"] == "ERROR"
-    assert "must compile the model" in facts["trials"][0]["error"]
+    assert "needs a compiled model" in facts["trials"][0]["error"]
     status = home.cli("status", facts["id"]).stdout
-    assert "must compile the model" in status
+    assert "needs a compiled model" in status
     assert daemon.process.poll() is None
 
 

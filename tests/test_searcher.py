@@ -192,3 +192,14 @@ def test_operations_are_plain_frozen_values():
     with pytest.raises(Exception):
         op.request_id = 4  # type: ignore[misc]
     assert Close(3) == op and hash(Close(3)) == hash(op)
+
+
+def test_a_script_without_max_length_gets_target_zero_so_it_decides():
+    cfg = parse_config({"entrypoint_script": "python3 train.py",
+                        "hyperparameters": {"lr": {"type": "double", "minval": 0, "maxval": 1}}}).config
+    search = make_search_method(cfg, 3)
+    create, validate = search.initial_operations()
+    assert validate == ValidateAfter(create.request_id, 0)
+    assert 0 <= create.hparams["lr"] <= 1
+    assert search.progress({1: 50}) == 0.0  # unknown until the script records its length
+    assert search.on_validation_completed(1, 0.1, 50) == [Shutdown()]

@@ -6,6 +6,7 @@ repeatedly, as the daemon loop does.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def poll_until_settled(intake: Intake, polls: int = 1) -> list[int]:
 
 
 def queue_entries(layout: Layout) -> list[str]:
-    return sorted(p.name for p in layout.queue.iterdir() if p != layout.rejected)
+    return sorted(p.name for p in layout.queue.iterdir()
+                  if p not in (layout.rejected, layout.job_queue))
 
 
 # -- settling -------------------------------------------------------------------------------
@@ -299,7 +301,7 @@ def test_submit_refuses_a_bad_config_before_writing_anything(tmp_path, layout):
     with pytest.raises(ConfigError) as error:
         submit(layout, bad, model)
     assert error.value.path == "searcher.metric"
-    assert list(layout.queue.iterdir()) == [layout.rejected]  # nothing new, nothing hidden
+    assert sorted(layout.queue.iterdir()) == [layout.job_queue, layout.rejected]  # nothing new, nothing hidden
 
 
 def test_submit_refuses_missing_paths(tmp_path, layout):
@@ -309,7 +311,7 @@ def test_submit_refuses_missing_paths(tmp_path, layout):
         submit(layout, tmp_path / "missing.yaml", None)
     with pytest.raises(SubmissionError, match="model folder .* does not exist"):
         submit(layout, config, tmp_path / "no-such-model")
-    assert list(layout.queue.iterdir()) == [layout.rejected]
+    assert sorted(layout.queue.iterdir()) == [layout.job_queue, layout.rejected]
 
 
 def test_submit_copies_atomically_without_other_yaml_files(tmp_path, layout, db, intake):
@@ -380,7 +382,7 @@ def test_submit_with_a_slash_in_the_name(tmp_path, layout):
         path, _ = submit(layout, config, make_folder(tmp_path, "model", config=None))
     except (SubmissionError, ConfigError):
         path = None  # refusing it with one clear sentence would also be fine
-    entries = [p for p in layout.queue.iterdir() if p != layout.rejected]
+    entries = [p for p in layout.queue.iterdir() if p not in (layout.rejected, layout.job_queue)]
     assert not [p.name for p in entries if p.name.startswith(".")]
     if path is not None:
         assert path.parent == layout.queue and (path / SUBMITTED_CONFIG).is_file()
@@ -457,3 +459,137 @@ def test_recover_with_nothing_staged_does_nothing(layout, db, intake):
     intake.incoming.mkdir(parents=True)
     intake.recover()
     assert queue_entries(layout) == [] and db.experiments() == []
+
+
+# -- jobs: queue/jobs -----------------------------------------------------------------------
+
+JOB_CONFIG = """\
+name: infer
+entrypoint_script: python3 batch_inference.py
+data: {trial_id: 777, batch_size: 64}
+resources: {slots: 2}
+hyperparameters: {lr: 0.1}
+"""
+
+
+def test_a_folder_in_queue_jobs_becomes_a_job_with_its_one_trial(layout, db, intake):
+    folder = layout.job_queue / "infer"
+    folder.mkdir()
+    (folder / "batch_inference.py").write_text("print('hi')\n")
+    (folder / "job.yaml").write_text(JOB_CONFIG)
+    [job_id] = poll_until_settled(intake)
+    job = db.experiment(job_id)
+    assert (job.kind, job.runner, job.name, job.searcher, job.metric) == (
+        "job", "daemon", "infer", "none", "")
+    assert job.config["resources"]["slots_per_trial"] == 2
+    assert job.config["script_command"] == "python3 batch_inference.py"
+    assert job.config["data"] == {"trial_id": 777, "batch_size": 64}
+    [trial] = db.trials(job_id)
+    assert (trial.request_id, trial.hparams, trial.target_batches, trial.state) == (0, {}, 0, "QUEUED")
+    assert (layout.model_dir(job_id) / "batch_inference.py").is_file()
+    assert list(layout.job_queue.iterdir()) == []
+    warnings = [e["payload"]["message"] for e in db.events(job_id) if e["kind"] == "config_warning"]
+    assert len(warnings) == 1 and "hyperparameters" in warnings[0]
+
+
+def test_a_bare_yaml_in_queue_jobs_is_a_job_and_queue_jobs_itself_is_not_a_submission(
+        layout, db, intake):
+    (layout.job_queue / "quick.yaml").write_text(JOB_CONFIG)
+    make_folder(layout.queue)  # an experiment beside it
+    created = poll_until_settled(intake)
+    kinds = sorted(db.experiment(i).kind for i in created)
+    assert kinds == ["experiment", "job"]
+    assert layout.job_queue.is_dir() and list(layout.job_queue.iterdir()) == []
+    assert not layout.rejected.exists() or list(layout.rejected.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("entrypoint: model_def:Trial\n", "a job runs a script"),
+    ("entrypoint: python3 x.py\nresources: {slots: 0}\n", "resources.slots"),
+    (CONFIG, "a job runs a script"),  # an experiment dropped in the wrong folder
+])
+def test_a_bad_job_config_is_rejected_like_an_experiment(layout, db, intake, bad, fragment):
+    (layout.job_queue / "bad.yaml").write_text(bad)
+    assert poll_until_settled(intake) == []
+    assert db.experiments() == []
+    error = (layout.rejected / "bad.yaml" / "error.txt").read_text()
+    assert fragment in error and error.count("\n") == 1
+
+
+def test_a_job_folder_without_yaml_is_rejected_naming_a_job_yaml(layout, db, intake):
+    (layout.job_queue / "empty").mkdir()
+    (layout.job_queue / "empty" / "run.py").write_text("")
+    poll_until_settled(intake)
+    assert "no job YAML" in (layout.rejected / "empty" / "error.txt").read_text()
+
+
+def test_submit_a_job_goes_to_queue_jobs(tmp_path, layout, db, intake):
+    config = tmp_path / "job.yaml"
+    config.write_text(JOB_CONFIG)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "batch_inference.py").write_text("")
+    queued, warnings = submit(layout, config, code, kind=submissions.JOB)
+    assert queued.parent == layout.job_queue and queued.name.startswith("infer-")
+    assert (queued / SUBMITTED_CONFIG).read_text() == JOB_CONFIG
+    assert warnings and "hyperparameters" in warnings[0]
+    [job_id] = poll_until_settled(intake)
+    assert db.experiment(job_id).kind == "job"
+    assert submissions.ingested_as(db, queued.name) == ("accepted", job_id)
+    assert submissions.ingested_as(db, "never-queued") is None
+
+
+def test_submit_refuses_a_trial_class_job_before_writing_anything(tmp_path, layout):
+    config = tmp_path / "job.yaml"
+    config.write_text("entrypoint: model_def:Trial\n")
+    with pytest.raises(ConfigError, match="a job runs a script"):
+        submit(layout, config, None, kind=submissions.JOB)
+    assert list(layout.job_queue.iterdir()) == []
+
+
+def test_ingested_as_reports_a_rejection(layout, db, intake):
+    (layout.job_queue / "bad.yaml").write_text("entrypoint: m:T\n")
+    poll_until_settled(intake)
+    status, reason = submissions.ingested_as(db, "bad.yaml")
+    assert status == "rejected" and "a job runs a script" in reason
+
+
+def test_recover_puts_an_unrecorded_job_back_in_queue_jobs(layout, db, intake, monkeypatch):
+    (layout.job_queue / "quick.yaml").write_text(JOB_CONFIG)
+
+    def killed(text):
+        raise Killed()
+
+    monkeypatch.setattr(submissions, "load_job_config_text", killed)
+    intake.poll()
+    time.sleep(SETTLE * 1.5)
+    with pytest.raises(Killed):
+        intake.poll()
+    monkeypatch.undo()
+    assert len(list(intake.incoming_jobs.iterdir())) == 1
+    Intake(layout, db).recover()
+    assert [p.name for p in layout.job_queue.iterdir()] == ["quick.yaml"]
+    [job_id] = poll_until_settled(intake)
+    assert db.experiment(job_id).kind == "job" and len(db.trials(job_id)) == 1
+
+
+def test_recover_drops_what_a_dead_localdet_run_staged_and_keeps_a_live_ones(layout, db, intake):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    intake.incoming_foreground.mkdir(parents=True)
+    (intake.incoming_foreground / f"{dead}-abcd").mkdir()
+    (intake.incoming_foreground / f"{os.getpid()}-abcd").mkdir()
+    intake.recover()
+    assert [p.name for p in intake.incoming_foreground.iterdir()] == [f"{os.getpid()}-abcd"]
+    assert queue_entries(layout) == [] and list(layout.job_queue.iterdir()) == []
+
+
+def test_submissions_settling_together_are_ingested_in_the_order_they_were_queued(
+        layout, db, intake):
+    (layout.queue / "zzz-first.yaml").write_text(CONFIG.replace("name: tiny", "name: first"))
+    os.utime(layout.queue / "zzz-first.yaml", ns=(1_000_000_000, 1_000_000_000))
+    (layout.queue / "aaa-second.yaml").write_text(CONFIG.replace("name: tiny", "name: second"))
+    created = poll_until_settled(intake)
+    assert [db.experiment(i).name for i in sorted(created)] == ["first", "second"]

@@ -266,3 +266,74 @@ def test_checkpoint_metadata_that_looks_like_markup(db):
     add_checkpoint(db, experiment_id, trial_id, 10, metadata={"saved_from": "[/tmp]"})
     facts = [views.checkpoint_facts(c) for c in db.checkpoints(experiment_id)]
     assert "saved_from=[/tmp]" in render(views.checkpoints_table(facts, experiment_id))
+
+
+# -- jobs and runners -------------------------------------------------------------------------
+
+def make_job(db: StateDB, name: str = "infer", slots: int = 2) -> int:
+    from localdet.config import parse_job_config
+    config = parse_job_config({"name": name, "entrypoint_script": "python3 infer.py",
+                               "resources": {"slots": slots}}).config
+    job_id = db.create_experiment(name=name, description="", config=config, original_config="",
+                                  searcher="none", metric="", smaller_is_better=True,
+                                  experiment_seed=1, model_dir="/nowhere", kind="job")
+    db.create_trial(experiment_id=job_id, request_id=0, hparams={}, seed=1, target_batches=0)
+    return job_id
+
+
+def test_facts_say_the_kind_and_the_runner(db):
+    experiment_id = make_experiment(db)
+    facts = views.experiment_facts(db, db.experiment(experiment_id))
+    assert (facts["kind"], facts["runner"]) == ("experiment", "daemon")
+    job = views.experiment_facts(db, db.experiment(make_job(db)))
+    assert (job["kind"], job["runner"]) == ("job", "daemon")
+
+
+def test_job_facts_have_slots_times_and_the_log(db, tmp_path):
+    layout = Layout(tmp_path / "home")
+    job_id = make_job(db)
+    [trial] = db.trials(job_id)
+    facts = views.job_facts(db, layout, db.experiment(job_id), tail_lines=5)
+    assert (facts["slots"], facts["started_at"], facts["duration_seconds"]) == (2, None, None)
+    assert facts["log"] == str(layout.trial_log(job_id, trial.id)) and facts["log_tail"] == ""
+    db.update_trial(trial.id, state="RUNNING", started_at="2025-01-01T00:00:00.000+00:00")
+    db.set_experiment_state(job_id, "COMPLETED")
+    db.db["experiments"].update(job_id, {"ended_at": "2025-01-01T00:01:05.000+00:00"})
+    log = layout.trial_log(job_id, trial.id)
+    log.parent.mkdir(parents=True)
+    log.write_text("one\ntwo\nthree\n")
+    facts = views.job_facts(db, layout, db.experiment(job_id), tail_lines=2)
+    assert facts["duration_seconds"] == 65.0 and facts["log_tail"] == "two\nthree"
+    json.dumps(facts)
+
+
+def test_jobs_table_and_job_table(db, tmp_path):
+    layout = Layout(tmp_path / "home")
+    job_id = make_job(db, "infer [v1]")
+    [trial] = db.trials(job_id)
+    db.update_trial(trial.id, state="RUNNING", started_at="2025-01-01T00:00:00.000+00:00")
+    db.set_experiment_state(job_id, "ERROR", error="boom")
+    db.db["experiments"].update(job_id, {"ended_at": "2025-01-01T02:03:00.000+00:00"})
+    facts = views.job_facts(db, layout, db.experiment(job_id))
+    text = render(views.jobs_table([facts]))
+    for cell in ("Jobs", "ID", "Started", "Duration", "infer [v1]", "ERROR", "2h 03m"):
+        assert cell in text, cell
+    detail = render(views.job_table(facts))
+    assert "Slots" in detail and " 2 " in detail and str(layout.trial_log(job_id, trial.id)) in detail
+
+
+def test_experiments_not_run_by_the_daemon_are_marked(db):
+    scripted = make_experiment(db, "laptop")
+    db.set_runner(scripted, "script")
+    managed = make_experiment(db, "queued")
+    facts = [views.experiment_facts(db, db.experiment(i)) for i in (scripted, managed)]
+    lines = render(views.experiments_table(facts)).splitlines()
+    assert "laptop (script)" in next(line for line in lines if "laptop" in line)
+    assert "(" not in next(line for line in lines if "queued" in line)
+    assert "(script)" in render(views.trials_table(facts[0]))
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, ""), (5.4, "5s"), (65, "1m 05s"),
+                                               (7380, "2h 03m")])
+def test_durations(seconds, text):
+    assert views.duration(seconds) == text

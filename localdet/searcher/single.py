@@ -1,7 +1,8 @@
 """The `single` searcher: one trial, trained to `max_length`.
 
 Hyperparameters given as ranges are drawn once, from the experiment seed, as Determined's
-single searcher does.
+single searcher does. A script's run may leave max_length out: its target is then 0
+batches, meaning the script's own epochs decide (the harness records the real target).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ class SingleSearch:
     def __init__(self, config: dict, experiment_seed: int):
         self.config = config
         self.experiment_seed = experiment_seed
-        self.max_length = length_to_batches(config["searcher"]["max_length"], config,
-                                            "searcher.max_length")
+        length = config["searcher"]["max_length"]
+        self.max_length = (0 if length is None  # 0: the script decides
+                           else length_to_batches(length, config, "searcher.max_length"))
 
     def initial_operations(self) -> list[Operation]:
         rng = np.random.default_rng([self.experiment_seed, REQUEST_ID])
@@ -36,4 +38,6 @@ class SingleSearch:
         return [Shutdown()]
 
     def progress(self, batches_trained: dict[int, int]) -> float:
+        if not self.max_length:
+            return 0.0  # unknown until the script records its length
         return min(1.0, batches_trained.get(REQUEST_ID, 0) / self.max_length)

@@ -1,0 +1,108 @@
+"""Tests of localdet.launcher: the argv, environment and folder a trial (or job) starts with."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from localdet import launcher
+from localdet.config import parse_config, parse_job_config
+from localdet.db import StateDB
+from localdet.paths import Layout
+
+
+@pytest.fixture
+def layout(tmp_path) -> Layout:
+    return Layout(tmp_path / "home").ensure()
+
+
+def recorded(layout: Layout, config: dict, kind: str = "experiment"):
+    """An experiment (or job) and one trial in a real database, its model folder made."""
+    db = StateDB.open(layout.db)
+    experiment_id = db.create_experiment(
+        name="x", description="", config=config, original_config="", searcher="single",
+        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="", kind=kind)
+    model_dir = layout.model_dir(experiment_id)
+    model_dir.mkdir(parents=True)
+    db.db["experiments"].update(experiment_id, {"model_dir": str(model_dir)})
+    trial_id = db.create_trial(experiment_id=experiment_id, request_id=1, hparams={}, seed=1,
+                               target_batches=0)
+    experiment, trial = db.experiment(experiment_id), db.trial(trial_id)
+    db.close()
+    return experiment, trial
+
+
+@pytest.mark.parametrize(("command", "argv"), [
+    ("python3 train.py --epochs 3", [sys.executable, "train.py", "--epochs", "3"]),
+    ("python train.py", [sys.executable, "train.py"]),
+    ("python3.11 -u train.py", [sys.executable, "-u", "train.py"]),
+    ("python3 train.py --name 'a b'", [sys.executable, "train.py", "--name", "a b"]),
+    ("./run.sh python3", ["./run.sh", "python3"]),          # only a leading interpreter
+    ("pythonista train.py", ["pythonista", "train.py"]),    # not an interpreter name
+    ("/usr/bin/python3 train.py", ["/usr/bin/python3", "train.py"]),  # a path is the user's
+])
+def test_a_script_runs_in_localdets_own_python(command, argv):
+    assert launcher.argv_for(parse_config({"entrypoint": command}).config) == argv
+
+
+def test_a_bare_script_path_runs_under_localdets_python():
+    config = parse_config({"entrypoint_script": "train.py"}).config
+    assert launcher.argv_for(config) == [sys.executable, "train.py"]
+
+
+def test_a_trial_class_runs_the_trial_runner():
+    config = parse_config({"entrypoint": "model_def:Trial", "searcher": {
+        "name": "single", "metric": "val_loss", "max_length": 10}}).config
+    assert launcher.argv_for(config) == [sys.executable, "-m", "determined.exec.run_trial"]
+
+
+def test_scripts_and_trial_classes_get_the_same_environment_and_folder(layout):
+    script, script_trial = recorded(layout, parse_config({
+        "entrypoint": "python3 train.py",
+        "environment": {"environment_variables": ["MY_FLAG=1"]}}).config)
+    trial_class, class_trial = recorded(layout, parse_config({
+        "entrypoint": "model_def:Trial",
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": 10},
+        "environment": {"environment_variables": ["MY_FLAG=1"]}}).config)
+    specs = [launcher.launch_spec(layout, script, script_trial, [0, 1]),
+             launcher.launch_spec(layout, trial_class, class_trial, [0, 1])]
+    for spec, experiment, trial in zip(specs, (script, trial_class), (script_trial, class_trial)):
+        assert spec.env["LOCALDET_HOME"] == str(layout.home)
+        assert spec.env["LOCALDET_TRIAL_ID"] == str(trial.id)
+        assert spec.env["LOCALDET_SLOTS"] == "0,1"
+        assert spec.env["TF_USE_LEGACY_KERAS"] in ("0", "1")
+        assert spec.env["MY_FLAG"] == "1" and spec.env["PYTHONUNBUFFERED"] == "1"
+        assert spec.cwd == layout.model_dir(experiment.id)
+        assert spec.log_path == layout.trial_log(experiment.id, trial.id)
+    assert specs[0].argv == [sys.executable, "train.py"]
+    assert set(specs[0].env) == set(specs[1].env)
+
+
+def test_a_job_launches_its_script(layout):
+    job, trial = recorded(layout, parse_job_config({
+        "entrypoint_script": "python3 batch_inference.py", "resources": {"slots": 2}}).config,
+        kind="job")
+    spec = launcher.launch_spec(layout, job, trial, [0, 1])
+    assert spec.argv == [sys.executable, "batch_inference.py"]
+    assert spec.env["LOCALDET_SLOTS"] == "0,1"
+
+
+def test_a_script_process_starts_in_the_model_folder_and_logs(layout):
+    experiment, trial = recorded(layout, parse_config({
+        "entrypoint": "python3 -c \"import os, sys; print(os.getcwd(), sys.executable, "
+                      "os.environ['LOCALDET_TRIAL_ID'])\""}).config)
+    process = launcher.start(launcher.launch_spec(layout, experiment, trial, [0]))
+    assert process.wait(timeout=30) == 0
+    log = launcher.log_tail(layout.trial_log(experiment.id, trial.id))
+    assert log == f"{layout.model_dir(experiment.id)} {sys.executable} {trial.id}"
+
+
+def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
+    experiment, trial = recorded(layout, parse_config({"entrypoint": "no-such-program-x --y"}).config)
+    spec = launcher.launch_spec(layout, experiment, trial, [0])
+    with pytest.raises(launcher.LaunchError) as error:
+        launcher.start(spec)
+    message = str(error.value)
+    assert "'no-such-program-x'" in message and "no such program" in message
+    assert launcher.log_tail(spec.log_path) == f"error: {message}"
