@@ -4,7 +4,6 @@ the daemon does (and does not do) with experiments it does not run."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap

@@ -35,6 +35,16 @@ def trial_of(home, experiment_id):
     return home.experiment(experiment_id)["trials"][0]
 
 
+def assert_ended_alike(home, experiment_a, experiment_b, tmp_path):
+    """The two experiments' last checkpoints hold the same weights, bit for bit."""
+    for (name_a, a), (name_b, b) in zip(final_weights(home, experiment_a, tmp_path),
+                                        final_weights(home, experiment_b, tmp_path)):
+        assert name_a == name_b
+        np.testing.assert_array_equal(a, b)
+    assert (trial_of(home, experiment_a)["latest_validation"]
+            == trial_of(home, experiment_b)["latest_validation"])
+
+
 def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(home, tmp_path):
     daemon = Daemon(home)
     try:
@@ -65,12 +75,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
         assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
     finally:
         daemon.stop()
-    for (name_a, a), (name_b, b) in zip(final_weights(home, paused_id, tmp_path),
-                                        final_weights(home, straight_id, tmp_path)):
-        assert name_a == name_b
-        np.testing.assert_array_equal(a, b)
-    assert (trial_of(home, paused_id)["latest_validation"]
-            == trial_of(home, straight_id)["latest_validation"])
+    assert_ended_alike(home, paused_id, straight_id, tmp_path)
 
 
 def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import Daemon, wait_for
-from test_pause_resume_e2e import final_weights, trial_of
+from test_pause_resume_e2e import assert_ended_alike, trial_of
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
         assert facts["trials"][0]["batches_trained"] == 120
         log = (home.path / "experiments" / str(paused_id) / "trials"
                / str(facts["trials"][0]["id"]) / "trial.log").read_text()
-        assert f"restored checkpoint" in log and "Test accuracy:" in log
+        assert "restored checkpoint" in log and "Test accuracy:" in log
 
         # The batch-inference job loads the straight run's latest checkpoint.
         straight_trial = trial_of(home, straight_id)["id"]
@@ -68,12 +68,7 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
     finally:
         daemon.stop()
 
-    for (name_a, a), (name_b, b) in zip(final_weights(home, paused_id, tmp_path),
-                                        final_weights(home, straight_id, tmp_path)):
-        assert name_a == name_b
-        np.testing.assert_array_equal(a, b)
-    assert (trial_of(home, paused_id)["latest_validation"]
-            == trial_of(home, straight_id)["latest_validation"])
+    assert_ended_alike(home, paused_id, straight_id, tmp_path)
 
     from determined.keras import load_model_from_checkpoint_path
     from sklearn.datasets import load_digits
