@@ -37,14 +37,35 @@ Operation = Union[Create, ValidateAfter, Close, Shutdown]
 
 
 class SearchMethod(Protocol):
+    """A search is replayed from its recorded events: the daemon makes a fresh method from
+    (config, experiment seed), calls `initial_operations()`, then feeds it every recorded
+    event in order. So a method must be deterministic, keep all its state in memory, and
+    draw randomness only from the experiment seed and request ids (see `derive_seed` and
+    `hparams.sample`), never from the clock or a shared random stream.
+
+    Request ids are the method's names for trials: 1, 2, 3... in creation order.
+    `metric` is the searcher metric as reported; a method applies `smaller_is_better` itself.
+    """
+
     def initial_operations(self) -> list[Operation]: ...
 
     def on_validation_completed(self, request_id: int, metric: float,
-                                length: int) -> list[Operation]: ...
+                                length: int) -> list[Operation]:
+        """The trial trained to `length` batches (its last ValidateAfter) and validated."""
 
-    def on_trial_exited_early(self, request_id: int) -> list[Operation]: ...
+    def on_trial_closed(self, request_id: int) -> list[Operation]:
+        """The daemon carried out Close(request_id): the trial is COMPLETED."""
 
-    def progress(self, batches_trained: dict[int, int]) -> float: ...
+    def on_trial_exited_early(self, request_id: int) -> list[Operation]:
+        """The trial ended without finishing its ValidateAfter (ERROR after its restarts,
+        or killed by the user)."""
+
+    def progress(self, batches_trained: dict[int, int]) -> float:
+        """0..1, from batches trained so far by request id."""
+
+    def rungs(self) -> list[dict]:
+        """For status: per rung, {"bracket", "rung", "length", "reached", "promoted"}; empty
+        for methods without rungs."""
 
 
 def derive_seed(experiment_seed: int, request_id: int) -> int:
