@@ -179,6 +179,9 @@ def status(experiment_id: int | None, as_json: bool) -> None:
             console.print("[bold]log tail[/]")
             console.print(Text(facts["log_tail"]))
     else:
+        console.print(views.search_summary(facts))
+        if facts["rungs"]:
+            console.print(views.rungs_table(facts))
         console.print(views.trials_table(facts))
         for trial in facts["trials"]:
             if trial["error"]:
@@ -190,7 +193,7 @@ def status(experiment_id: int | None, as_json: bool) -> None:
 ACTION_STATES = {  # what each action applies to, and what it can never apply to
     "pause": ("ACTIVE", "QUEUED", "RUNNING"),
     "resume": ("PAUSED",),
-    "kill": ("ACTIVE", "PAUSED", "QUEUED", "RUNNING"),
+    "kill": ("ACTIVE", "PAUSED", "QUEUED", "RUNNING", "WAITING"),
 }
 
 

@@ -298,7 +298,35 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
         if isinstance(holder[key], int):
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
         length_to_batches(holder[key], config, what)  # fail now, not hours into training
+    _check_searcher(config, warnings)
     return ParsedConfig(config=config, warnings=warnings)
+
+
+def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
+    """Fill the named searcher's own defaults and check what it needs beyond the schema."""
+    searcher = config["searcher"]
+    name = searcher["name"]
+    defaults = _schema()["$defs"]["searcher"]["x-defaults-by-name"].get(name, {})
+    for key, value in defaults.items():
+        searcher.setdefault(key, copy.deepcopy(value))
+    if name in ("random", "adaptive_asha") and searcher.get("max_trials") is None:
+        raise ConfigError(f"missing required key 'searcher.max_trials'; the {name} searcher needs "
+                          f"it to know how many trials to run", "searcher.max_trials")
+    if name == "adaptive_asha":
+        if searcher["max_length"] is None:
+            raise ConfigError("missing required key 'searcher.max_length'; the adaptive_asha "
+                              "searcher needs it to size its rungs", "searcher.max_length")
+        if searcher["stop_once"]:
+            warnings.append("ignoring 'searcher.stop_once': localdet's adaptive_asha always "
+                            "promotes trials, continuing them from their checkpoints")
+            searcher["stop_once"] = False
+    if name == "grid":
+        # Imported here: the searcher package imports this module.
+        from localdet.searcher.hparams import MAX_GRID_POINTS, grid_size
+        size = grid_size(config["hyperparameters"])  # ConfigError for a range without count
+        if size > MAX_GRID_POINTS:
+            raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
+                              f"{MAX_GRID_POINTS:,} are allowed: lower some counts", "hyperparameters")
 
 
 def _job_schema() -> dict[str, Any]:

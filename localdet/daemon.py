@@ -14,6 +14,7 @@ same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import signal
@@ -22,13 +23,16 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from localdet import launcher, scheduler
+from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
+    write_slot_file
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
-from localdet.searcher import Close, Create, Shutdown, ValidateAfter, make_search_method
+from localdet.searching import Search, SearchError
 from localdet.submissions import Intake
 
 
@@ -93,6 +97,26 @@ class _Wake(FileSystemEventHandler):
         self.event.set()
 
 
+def _exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "its process ended while no daemon watched it, without finishing"
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        if returncode == -signal.SIGKILL:
+            return f"killed by {name} (`kill -9`, or the kernel when memory ran out)"
+        return f"killed by {name}"
+    return f"exit status {returncode}"
+
+
+def process_start(pid: int) -> int | None:
+    """The kernel's start time of a process (clock ticks since boot), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -111,7 +135,7 @@ def _alive(pid: int) -> bool:
 @dataclass
 class Daemon:
     layout: Layout
-    slots: int = 1
+    slots: int = 1             # CPU slots, when the machine has no GPU
     poll_seconds: float = 0.5
     log: callable = print
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
@@ -122,9 +146,12 @@ class Daemon:
     _wake: threading.Event = field(default_factory=threading.Event)
 
     def open(self, db: StateDB | None = None) -> "Daemon":
-        """Connect to the state (`run` does this itself; `localdet run` calls it)."""
+        """Find the machine's slots and connect to the state (`run` does this itself;
+        `localdet run` calls it)."""
+        self.machine: list[Slot] = detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
-        self.intake = Intake(self.layout, self.db)
+        self.intake = Intake(self.layout, self.db, slots=self.machine)
+        self.search = Search(self.db, self.log)
         return self
 
     def run(self) -> None:
@@ -138,11 +165,14 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         try:
-            self.db.log_event("daemon_started", pid=os.getpid(), slots=self.slots)
-            self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
-                     f"{self.slots} CPU slot(s), watching {self.layout.queue}")
+            write_slot_file(self.layout.slot_file, self.machine)  # `localdet submit` checks it
+            self.db.log_event("daemon_started", pid=os.getpid(), slots=len(self.machine),
+                              devices=[slot.name for slot in self.machine])
             self.intake.recover()
             self._adopt_running_trials()
+            self.log(self._slot_table())
+            self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
+                     f"{describe(self.machine)}, watching {self.layout.queue}")
             while not self._stop.is_set():
                 try:
                     self.step()
@@ -188,32 +218,19 @@ class Daemon:
             # A job's one trial is made with it; it has no searcher.
             if not self._mine(experiment) or experiment.kind == "job":
                 continue
-            if self.db.trials(experiment.id):
-                continue
-            try:
-                method = make_search_method(experiment.config, experiment.experiment_seed)
-                operations = method.initial_operations()
-            except Exception as error:
-                self.db.set_experiment_state(experiment.id, "ERROR",
-                                             error=f"the searcher failed: {error}")
-                continue
-            self._apply(experiment.id, operations)
+            if not self.search.started(experiment):
+                self._searching(experiment, self.search.start, experiment)
 
-    def _apply(self, experiment_id: int, operations: list) -> None:
-        with self.db.atomic():
-            created = {}
-            for op in operations:
-                if isinstance(op, Create):
-                    created[op.request_id] = op
-                elif isinstance(op, ValidateAfter):
-                    create = created.pop(op.request_id)
-                    self.db.create_trial(experiment_id=experiment_id,
-                                         request_id=create.request_id,
-                                         hparams=create.hparams, seed=create.seed,
-                                         target_batches=op.length)
-                elif isinstance(op, (Close, Shutdown)):
-                    self.db.log_event("searcher_" + type(op).__name__.lower(),
-                                      experiment_id=experiment_id)
+    def _searching(self, experiment: Experiment, action, *args) -> None:
+        """Tell the search something; a searcher that fails ends its experiment, not us."""
+        try:
+            action(*args)
+        except SearchError as error:
+            for trial in self.db.trials(experiment.id):
+                if trial.state not in TERMINAL_STATES:
+                    self._kill(trial)
+            self.db.set_experiment_state(experiment.id, "ERROR", error=str(error))
+            self.log(f"experiment {experiment.id}: {error}")
 
     # -- pause, resume, kill ------------------------------------------------------------
     def _handle_requests(self) -> None:
@@ -278,11 +295,14 @@ class Daemon:
             if experiment.state == "PAUSED":
                 self.db.set_experiment_state(experiment.id, "ACTIVE")
         elif action == "kill":
-            for trial in live:
-                self._kill(trial)
-            if whole_experiment and experiment.state not in TERMINAL_STATES:
-                self.db.set_experiment_state(experiment.id, "CANCELED")
-            else:
+            with self.db.atomic():
+                if whole_experiment and experiment.state not in TERMINAL_STATES:
+                    self.db.set_experiment_state(experiment.id, "CANCELED")
+                for trial in live:
+                    self._kill(trial)
+                    if not whole_experiment:  # the search goes on without it
+                        self._searching(experiment, self.search.exited_early,
+                                        self.db.experiment(experiment.id), trial)
                 self._settle_experiment(experiment.id)
         return f"{action} {target}: {len(live)} live trial(s)"
 
@@ -300,44 +320,68 @@ class Daemon:
         self.db.update_trial(trial.id, state="CANCELED", stop_requested=None)
 
     # -- scheduler and launcher -----------------------------------------------------------
+    def _slot_table(self) -> str:
+        busy = {}
+        for trial_id, slots in self._slots_of.items():
+            trial = self.db.trial(trial_id)
+            busy.update({slot: f"trial {trial_id} (experiment {trial.experiment_id})"
+                         for slot in slots})
+        console = Console(record=True, width=100, file=io.StringIO())
+        console.print(slot_table(self.machine, busy))
+        return console.export_text().rstrip()
+
     def _schedule(self) -> None:
-        busy = {slot for slots in self._slots_of.values() for slot in slots}
-        free = [slot for slot in range(self.slots) if slot not in busy]
+        busy_slots = {slot for slots in self._slots_of.values() for slot in slots}
+        free = [slot.index for slot in self.machine if slot.index not in busy_slots]
         if not free:
             return
-        waiting = []
+        waiting, busy, max_slots = [], {}, {}
+        for trial_id, slots in self._slots_of.items():
+            experiment_id = self.db.trial(trial_id).experiment_id
+            busy[experiment_id] = busy.get(experiment_id, 0) + len(slots)
         for experiment in self.db.experiments(states=("ACTIVE",)):
             if not self._mine(experiment):
                 continue
-            per_trial = experiment.config["resources"]["slots_per_trial"]
+            resources = experiment.config["resources"]
+            per_trial = resources["slots_per_trial"]
+            max_slots[experiment.id] = resources.get("max_slots")
             for trial in self.db.trials(experiment.id, states=("QUEUED",)):
-                if per_trial > self.slots:  # would wait forever and block the queue
+                if per_trial > len(self.machine):  # would wait forever and block the queue
                     key = "slots" if experiment.kind == "job" else "slots_per_trial"
                     where = (f"`localdet run --slots {per_trial}`" if self.only is not None
                              else f"`localdet daemon --slots {per_trial}`")
                     self.db.update_trial(trial.id, state="ERROR", error=(
-                        f"resources.{key} is {per_trial} but only {self.slots} slot(s) are "
-                        f"available; lower it or start {where}"))
+                        f"resources.{key} is {per_trial} but only {len(self.machine)} slot(s) "
+                        f"are available; lower it or start {where}"))
                     self._settle_experiment(experiment.id)
                     continue
-                waiting.append(scheduler.Waiting(trial.id, per_trial))
-        for trial_id, slots in scheduler.assign(waiting, free):
+                waiting.append(scheduler.Waiting(trial.id, experiment.id, per_trial,
+                                                 resources.get("priority"), trial.id))
+        for trial_id, slots in scheduler.assign(waiting, free, busy, max_slots):
             self._launch(self.db.trial(trial_id), slots)
 
     def _launch(self, trial: Trial, slots: list[int]) -> None:
         experiment = self.db.experiment(trial.experiment_id)
-        spec = launcher.launch_spec(self.layout, experiment, trial, slots)
+        spec = launcher.launch_spec(
+            self.layout, experiment, trial, slots,
+            visible_devices=cuda_visible_devices([self.machine[i] for i in slots]))
         try:
             process = launcher.start(spec)
         except launcher.LaunchError as error:  # retrying cannot help: end it
-            self.db.update_trial(trial.id, state="ERROR", error=str(error))
-            self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
-            self._settle_experiment(experiment.id)
+            with self.db.atomic():
+                self.db.update_trial(trial.id, state="ERROR", error=str(error))
+                self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
+                self._searching(experiment, self.search.exited_early, experiment, trial)
+                self._settle_experiment(experiment.id)
             return
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
         self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=now(),
+                             process_start=process_start(process.pid),
                              slots=json.dumps(slots))
+        # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
+        threading.Thread(target=lambda: (process.wait(), self._wake.set()), daemon=True,
+                         name=f"wait-trial-{trial.id}").start()
         self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
                           trial_id=trial.id, pid=process.pid, slots=slots,
                           keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason)
@@ -350,7 +394,8 @@ class Daemon:
         for trial in self.db.trials(experiment_id, states=("RUNNING",)):
             if trial.experiment_id not in mine and experiment_id is None:
                 continue
-            if trial.pid and _alive(trial.pid):
+            if (trial.pid and _alive(trial.pid)
+                    and trial.process_start in (None, process_start(trial.pid))):
                 self._adopted[trial.id] = trial.pid
                 self._slots_of[trial.id] = trial.slots or []
                 self.log(f"adopted trial {trial.id} (pid {trial.pid})")
@@ -370,55 +415,69 @@ class Daemon:
                 self._finish(trial_id, returncode=None)
 
     def _finish(self, trial_id: int, returncode: int | None) -> None:
-        """A trial process ended (returncode None: not ours, so judge from its records)."""
+        """A trial process ended (returncode None: not ours, so judge from its records).
+        One transaction: a daemon killed half-way leaves the trial RUNNING with a dead pid,
+        which the next daemon finishes the same way."""
         self._slots_of.pop(trial_id, None)
-        trial = self.db.trial(trial_id)
-        experiment = self.db.experiment(trial.experiment_id)
-        reached_end = trial.batches_trained >= trial.target_batches and trial.latest_checkpoint
-        if experiment.kind == "job" and returncode is None:
-            # A job leaves no records to judge by, and its exit status went to no one.
-            self.db.update_trial(trial.id, state="ERROR", error=(
-                "the job's process ended while no daemon watched it, so whether it succeeded "
-                f"is unknown; see {self.layout.trial_log(experiment.id, trial.id)}"))
-        elif (trial.stop_requested == "PAUSE" and not reached_end
-                and (returncode == 0 or returncode is None)):
-            # It checkpointed at a workload boundary and exited, as asked.
-            self.db.update_trial(trial.id, state="PAUSED", stop_requested=None)
-            self.log(f"trial {trial.id} paused at {trial.batches_trained} batches")
-        elif returncode == 0 or (returncode is None and reached_end):
-            self.db.update_trial(trial.id, stop_requested=None)
-            self._complete(trial, experiment)
-        else:
-            log_path = self.layout.trial_log(experiment.id, trial.id)
-            tail = launcher.log_tail(log_path)
-            if trial.restarts < experiment.config["max_restarts"]:
-                self.db.update_trial(trial.id, state="QUEUED", restarts=trial.restarts + 1)
-                self.log(f"trial {trial.id} failed (exit {returncode}); restarting from its "
-                         f"latest checkpoint ({trial.restarts + 1} of "
-                         f"{experiment.config['max_restarts']})")
+        with self.db.atomic():
+            trial = self.db.trial(trial_id)
+            if trial.state != "RUNNING":
+                return  # killed meanwhile: already settled
+            experiment = self.db.experiment(trial.experiment_id)
+            reached_end = (trial.batches_trained >= trial.target_batches
+                           and trial.latest_checkpoint)
+            if experiment.kind == "job" and returncode is None:
+                # A job leaves no records to judge by, and its exit status went to no one.
+                self.db.update_trial(trial.id, state="ERROR", error=(
+                    "the job's process ended while no daemon watched it, so whether it "
+                    f"succeeded is unknown; see {self.layout.trial_log(experiment.id, trial.id)}"))
+            elif (trial.stop_requested == "PAUSE" and not reached_end
+                    and (returncode == 0 or returncode is None)):
+                # It checkpointed at a workload boundary and exited, as asked.
+                self.db.update_trial(trial.id, state="PAUSED", stop_requested=None)
+                self.log(f"trial {trial.id} paused at {trial.batches_trained} batches")
+            elif returncode == 0 or (returncode is None and reached_end):
+                self._complete(trial, experiment)
             else:
-                self.db.update_trial(trial.id, state="ERROR", error=tail or f"exit {returncode}")
-                self.log(f"trial {trial.id} failed (exit {returncode}); see {log_path}")
-        self._settle_experiment(experiment.id)
+                self._failed(trial, experiment, returncode)
+            self._settle_experiment(experiment.id)
 
-    def _complete(self, trial: Trial, experiment) -> None:
+    def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None) -> None:
+        log_path = self.layout.trial_log(experiment.id, trial.id)
+        how = _exit_description(returncode)
+        if trial.restarts < experiment.config["max_restarts"]:
+            self.db.update_trial(trial.id, state="QUEUED", restarts=trial.restarts + 1,
+                                 stop_requested=None)
+            self.log(f"trial {trial.id} failed ({how}); restarting from its latest checkpoint "
+                     f"({trial.restarts + 1} of {experiment.config['max_restarts']})")
+            return
+        tail = launcher.log_tail(log_path)
+        self.db.update_trial(trial.id, state="ERROR", stop_requested=None,
+                             error=f"{how}; the end of its log:\n{tail}" if tail else how)
+        self.log(f"trial {trial.id} failed ({how}); see {log_path}")
+        self._searching(experiment, self.search.exited_early, experiment, trial)
+
+    def _complete(self, trial: Trial, experiment: Experiment) -> None:
+        """The trial trained to its searcher length and exited: the searcher decides what
+        next (train it further, close it, start others)."""
         if experiment.kind == "job":  # a job reports no metric: exit 0 is success
-            self.db.update_trial(trial.id, state="COMPLETED")
+            self.db.update_trial(trial.id, state="COMPLETED", stop_requested=None)
             self.log(f"job {experiment.id} completed")
             return
         validations = self.db.metrics(trial.id, "validation")
         last = validations[-1].metrics if validations else {}
         if experiment.metric not in last:
             reported = ", ".join(sorted(last)) or "none"
-            self.db.update_trial(trial.id, state="ERROR", error=(
+            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
                 f"the searcher metric '{experiment.metric}' was never reported; validation "
                 f"metrics reported: {reported}; fix searcher.metric in the config"))
+            self._searching(experiment, self.search.exited_early, experiment, trial)
             return
-        self.db.update_trial(trial.id, state="COMPLETED")
-        method = make_search_method(experiment.config, experiment.experiment_seed)
-        self._apply(experiment.id, method.on_validation_completed(
-            trial.request_id, last[experiment.metric], trial.batches_trained))
-        self.log(f"trial {trial.id} completed: {experiment.metric}={last[experiment.metric]:.4g}")
+        metric = last[experiment.metric]
+        self.log(f"trial {trial.id} validated at {trial.batches_trained} batches: "
+                 f"{experiment.metric}={metric:.4g}")
+        self._searching(experiment, self.search.validation_completed, experiment, trial,
+                        float(metric))
 
     def _settle_experiment(self, experiment_id: int) -> None:
         trials = self.db.trials(experiment_id)

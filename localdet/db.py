@@ -27,7 +27,9 @@ from sqlite_utils.migrations import Migrations
 from localdet.paths import state_formats_dir
 
 EXPERIMENT_STATES = ("ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR")
-TRIAL_STATES = ("QUEUED", "RUNNING", "PAUSED", "COMPLETED", "CANCELED", "ERROR")
+# WAITING: trained to its searcher length and validated; the searcher may still promote it
+# (ASHA), or close it.
+TRIAL_STATES = ("QUEUED", "RUNNING", "PAUSED", "WAITING", "COMPLETED", "CANCELED", "ERROR")
 TERMINAL_STATES = ("COMPLETED", "CANCELED", "ERROR")
 
 
@@ -51,6 +53,10 @@ def migrations() -> Migrations:
 
 class NotFound(LookupError):
     """A user named an experiment, trial or checkpoint that does not exist."""
+
+
+class CheckpointDeleted(NotFound):
+    """A user named a checkpoint that retention deleted: its row is kept, its files are not."""
 
 
 def _from_row(cls, row: dict, json_fields: Iterable[str] = ()):
@@ -106,6 +112,7 @@ class Trial:
     pid: int | None
     slots: list | None
     stop_requested: str | None
+    process_start: int | None
     started_at: str | None
     heartbeat_at: str | None
     ended_at: str | None
@@ -245,16 +252,21 @@ class StateDB:
 
     # -- trials -------------------------------------------------------------------------
     def create_trial(self, *, experiment_id: int, request_id: int, hparams: dict, seed: int,
-                     target_batches: int) -> int:
+                     target_batches: int, state: str = "QUEUED") -> int:
         with self.atomic():
             trial_id = self.db["trials"].insert({
-                "experiment_id": experiment_id, "request_id": request_id, "state": "QUEUED",
+                "experiment_id": experiment_id, "request_id": request_id, "state": state,
                 "hparams": json.dumps(hparams), "seed": seed,
                 "target_batches": target_batches,
             }).last_pk
             self.log_event("trial_created", experiment_id=experiment_id, trial_id=trial_id,
                            request_id=request_id, hparams=hparams)
         return trial_id
+
+    def trial_by_request(self, experiment_id: int, request_id: int) -> Trial | None:
+        rows = list(self.db["trials"].rows_where("experiment_id = ? AND request_id = ?",
+                                                 [experiment_id, request_id]))
+        return Trial.from_row(rows[0]) if rows else None
 
     def trial(self, trial_id: int) -> Trial:
         rows = list(self.db["trials"].rows_where("id = ?", [trial_id]))
@@ -280,6 +292,17 @@ class StateDB:
                                trial_id=trial_id, state=changes["state"],
                                error=changes.get("error"))
             self.db["trials"].update(trial_id, changes)
+
+    # -- searcher events -----------------------------------------------------------------
+    def add_searcher_event(self, experiment_id: int, kind: str, request_id: int | None = None,
+                           metric: float | None = None, length: int | None = None) -> None:
+        self.db["searcher_events"].insert({
+            "experiment_id": experiment_id, "kind": kind, "request_id": request_id,
+            "metric": metric, "length": length, "at": now()})
+
+    def searcher_events(self, experiment_id: int) -> list[dict]:
+        return list(self.db["searcher_events"].rows_where(
+            "experiment_id = ?", [experiment_id], order_by="id"))
 
     # -- metrics ------------------------------------------------------------------------
     def record_metrics(self, trial_id: int, kind: str, batches_trained: int,
@@ -330,23 +353,67 @@ class StateDB:
                            batches_trained=manifest["batches_trained"])
 
     def checkpoint(self, uuid_or_prefix: str) -> Checkpoint:
+        """The live checkpoint with this uuid (or unique prefix); NotFound, or its subclass
+        CheckpointDeleted (one sentence naming the retention settings) if retention deleted
+        the only match."""
+        where = "substr(uuid, 1, length(:prefix)) = :prefix AND state = :state"
         rows = list(self.db["checkpoints"].rows_where(
-            "substr(uuid, 1, length(:prefix)) = :prefix AND state = 'COMPLETED'",
-            {"prefix": uuid_or_prefix}, limit=2))
+            where, {"prefix": uuid_or_prefix, "state": "COMPLETED"}, limit=2))
+        if not rows:
+            deleted = list(self.db["checkpoints"].rows_where(
+                where, {"prefix": uuid_or_prefix, "state": "DELETED"}, limit=2))
+            if len(deleted) == 1:
+                raise CheckpointDeleted(self._deleted_message(Checkpoint.from_row(deleted[0])))
         if len(rows) != 1:
             problem = "no" if not rows else "more than one"
             raise NotFound(f"{problem} checkpoint matches '{uuid_or_prefix}'; "
                            "`localdet checkpoints EXPERIMENT` lists them")
         return Checkpoint.from_row(rows[0])
 
-    def checkpoints(self, experiment_id: int | None = None,
-                    trial_id: int | None = None) -> list[Checkpoint]:
-        clauses, args = ["state = 'COMPLETED'"], []
+    def _deleted_message(self, checkpoint: Checkpoint) -> str:
+        from localdet.retention import describe  # retention imports this module
+
+        config = self.experiment(checkpoint.experiment_id).config
+        return (f"checkpoint {checkpoint.uuid} was deleted by retention ({describe(config)}), "
+                f"so its files are gone; `localdet checkpoints {checkpoint.experiment_id}` "
+                "lists the checkpoints that are kept")
+
+    def delete_checkpoint(self, uuid: str, reason: str) -> bool:
+        """Mark a live checkpoint DELETED (its row stays; its blobs may then be deleted) and
+        log why; False if it was not live."""
+        with self.atomic():
+            rows = list(self.db["checkpoints"].rows_where(
+                "uuid = ? AND state = 'COMPLETED'", [uuid]))
+            if not rows:
+                return False
+            self.db.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = ?", [uuid])
+            self.log_event("checkpoint_deleted", experiment_id=rows[0]["experiment_id"],
+                           trial_id=rows[0]["trial_id"], uuid=uuid,
+                           batches_trained=rows[0]["batches_trained"], reason=reason)
+        return True
+
+    def checkpoint_files(self, *, deleted: bool,
+                         experiment_id: int | None = None) -> list[tuple[str, str, int]]:
+        """``[(uuid, sha256, size), ...]`` for every file of the live checkpoints (or, with
+        `deleted`, of the DELETED ones), optionally of one experiment."""
+        sql = ("SELECT c.uuid, json_extract(f.value, '$.sha256'), json_extract(f.value, '$.size') "
+               "FROM checkpoints c, json_each(c.manifest, '$.files') f WHERE c.state "
+               + ("= 'DELETED'" if deleted else "!= 'DELETED'"))
+        args: list[Any] = []
+        if experiment_id is not None:
+            sql += " AND c.experiment_id = ?"
+            args.append(experiment_id)
+        return [tuple(row) for row in self.db.execute(sql, args).fetchall()]
+
+    def checkpoints(self, experiment_id: int | None = None, trial_id: int | None = None,
+                    include_deleted: bool = False) -> list[Checkpoint]:
+        """Live checkpoints (with `include_deleted`, the DELETED ones too), oldest first."""
+        clauses, args = ([] if include_deleted else ["state = 'COMPLETED'"]), []
         if experiment_id is not None:
             clauses.append("experiment_id = ?"); args.append(experiment_id)
         if trial_id is not None:
             clauses.append("trial_id = ?"); args.append(trial_id)
-        rows = self.db["checkpoints"].rows_where(" AND ".join(clauses), args,
+        rows = self.db["checkpoints"].rows_where(" AND ".join(clauses) or None, args or None,
                                                  order_by="trial_id, batches_trained")
         return [Checkpoint.from_row(row) for row in rows]
 

@@ -45,7 +45,8 @@ def argv_for(config: dict) -> list[str]:
 
 
 def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
-                slots: list[int]) -> LaunchSpec:
+                slots: list[int], visible_devices: str | None = None) -> LaunchSpec:
+    """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots)."""
     env = dict(os.environ)
     env.pop("TF_USE_LEGACY_KERAS", None)  # the daemon's own choice must not leak in
     user_env = {str(k): str(v) for k, v in
@@ -60,6 +61,10 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         "LOCALDET_SLOTS": ",".join(map(str, slots)),
         "PYTHONUNBUFFERED": "1",
     })
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return LaunchSpec(
         argv=argv_for(experiment.config),

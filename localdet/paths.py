@@ -64,6 +64,11 @@ class Layout:
     def daemon_lock(self) -> Path:
         return self.home / "daemon.lock"
 
+    @property
+    def slot_file(self) -> Path:
+        """The slots the daemon found at start (JSON), for commands that run no daemon."""
+        return self.home / "slots.json"
+
     def experiment_dir(self, experiment_id: int) -> Path:
         return self.home / "experiments" / str(experiment_id)
 

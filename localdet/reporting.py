@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 import uuid as uuidlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any, Dict
 
 from determined.core import TrialInfo
 from localdet.config import length_to_batches
-from localdet.db import NotFound, StateDB, now
+from localdet.db import Checkpoint, NotFound, StateDB, now
 from localdet.manifest import build_manifest, files_of
 from localdet.paths import Layout
 from localdet.store import Store, StoreError
@@ -34,7 +36,25 @@ class SQLiteReporter:
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
-        return cls(Layout.from_environment(), trial_id)
+        reporter = cls(Layout.from_environment(), trial_id)
+        reporter._await_launch_record()
+        return reporter
+
+    def _await_launch_record(self, seconds: float = 30.0) -> None:
+        """Train only once the daemon has recorded this process (its group) as the trial's.
+        A daemon killed between starting a process and recording it leaves an orphan, and
+        the next daemon starts the trial again: the orphan must not train beside it."""
+        deadline = time.monotonic() + seconds
+        while True:
+            trial = self.db.trial(self.trial_id)
+            if trial.state == "RUNNING" and trial.pid == os.getpgrp():
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"trial {self.trial_id} is not recorded as running in this process "
+                    f"(pid {os.getpgrp()}; recorded: {trial.state}, pid {trial.pid}); exiting "
+                    "so that only one process trains it")
+            time.sleep(0.05)
 
     def trial_info(self) -> TrialInfo:
         trial = self.db.trial(self.trial_id)
@@ -78,10 +98,14 @@ class SQLiteReporter:
                           metadata: Dict[str, Any], uuid: str) -> None:
         db = StateDB.open(self.layout.db)  # SQLite connections stay in their own thread
         try:
-            files = self.store.put_directory(directory, consume=True)  # durable first
-            db.add_checkpoint(build_manifest(
-                uuid=uuid, experiment_id=self._trial.experiment_id, trial_id=self.trial_id,
-                batches_trained=batches_trained, files=files, metadata=metadata))
+            # Held from the first blob to the commit: until then the blobs (new, or reused
+            # from a deleted checkpoint) are referenced by nothing, and the garbage collector
+            # must not delete them.
+            with self.store.writing():
+                files = self.store.put_directory(directory, consume=True)  # durable first
+                db.add_checkpoint(build_manifest(
+                    uuid=uuid, experiment_id=self._trial.experiment_id, trial_id=self.trial_id,
+                    batches_trained=batches_trained, files=files, metadata=metadata))
         finally:
             db.close()
             shutil.rmtree(directory, ignore_errors=True)
@@ -96,9 +120,22 @@ class SQLiteReporter:
         checked in the background while the caller loads them, and
         `verify_restored_checkpoint` raises if one was corrupt."""
         self.wait_for_checkpoints()
-        files = files_of(self.db.checkpoint(uuid).manifest)
-        path = self.store.materialize(files, destination, link=True, verify=False)
-        self._verifying = self._saver.submit(self.store.verify, files)
+        # Held until the background check has read every blob: the collector skips it.
+        lease = self.store.reading(uuid)
+        try:
+            files = files_of(self.db.checkpoint(uuid).manifest)  # looked up under the lease
+            path = self.store.materialize(files, destination, link=True, verify=False)
+        except BaseException:
+            lease.release()
+            raise
+
+        def verify() -> list[str]:
+            try:
+                return self.store.verify(files)
+            finally:
+                lease.release()
+
+        self._verifying = self._saver.submit(verify)
         return path
 
     def verify_restored_checkpoint(self) -> None:
@@ -145,10 +182,26 @@ class CheckpointReader:
         finally:
             db.close()
 
-    def materialize(self, uuid: str, destination: Path) -> Path:
+    @contextlib.contextmanager
+    def holding(self, uuid_or_prefix: str) -> Iterator[Checkpoint]:
+        """The live checkpoint, held against garbage collection while the block runs:
+
+            with reader.holding("3f2a") as checkpoint:
+                ...read its blobs...
+
+        Raises NotFound, or CheckpointDeleted (one sentence) if retention deleted it."""
         db = StateDB.open(self.layout.db)
         try:
-            files = files_of(db.checkpoint(uuid).manifest)
+            uuid = db.checkpoint(uuid_or_prefix).uuid
+            with Store(self.layout.store).reading(uuid):
+                # Looked up again under the lease: a collector may have deleted it meanwhile.
+                yield db.checkpoint(uuid)
         finally:
             db.close()
-        return Store(self.layout.store).materialize(files, destination, link=False, verify=True)
+
+    def materialize(self, uuid: str, destination: Path) -> Path:
+        """Write the checkpoint (a uuid or unique prefix) into `destination` as a plain,
+        verified folder."""
+        with self.holding(uuid) as checkpoint:
+            return Store(self.layout.store).materialize(files_of(checkpoint.manifest),
+                                                        destination, link=False, verify=True)

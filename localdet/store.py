@@ -6,11 +6,18 @@ Blobs live at ``<root>/objects/<sha256[:2]>/<sha256>``; identical bytes are stor
     files = store.put_directory("/tmp/ckpt")   # {"code/model_def.py": FileEntry(...), ...}
     # ... commit a manifest naming `files` to SQLite, then later:
     store.materialize(files, "/tmp/export")    # plain directory, every byte verified
+
+Garbage collection (`localdet.gc`) never deletes what is in use: a reader holds a checkpoint
+with ``with store.reading(uuid):`` (a shared lock on ``<root>/leases/<uuid>``), and a writer
+holds ``with store.writing():`` from its first blob until its manifest is committed (a
+shared lock on ``<root>/writers.lock``); the collector only takes these locks exclusively,
+without waiting, and leaves alone what it cannot lock.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import os
@@ -24,6 +31,7 @@ from typing import BinaryIO, Iterator, Mapping
 
 CHUNK_SIZE = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_LEASE_NAME_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
 
 
 class StoreError(Exception):
@@ -56,6 +64,52 @@ class FileEntry:
 
     sha256: str
     size: int
+
+
+class Lease:
+    """An open lock file holding a shared or exclusive `flock`; `release()` (or leaving its
+    `with` block) lets it go. flock locks belong to the open file, so two leases conflict
+    even inside one process, and a process that dies releases its leases."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    @classmethod
+    def take(cls, path: Path, *, exclusive: bool, wait: bool) -> "Lease | None":
+        """The lease, or None if it is not free and `wait` is False."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self, *, remove: bool = False) -> None:
+        """Let the lock go; with `remove` (an exclusive holder only), delete the lock file
+        first, for a checkpoint that no one can read any more."""
+        if self._fd is None:
+            return
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        os.close(self._fd)  # closing the last descriptor releases the flock
+        self._fd = None
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _fsync_dirs(paths: set[Path]) -> None:
@@ -96,6 +150,8 @@ class Store:
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
+        self.leases = self.root / "leases"
+        self.writers_lock = self.root / "writers.lock"
         self.objects.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
 
@@ -107,6 +163,37 @@ class Store:
 
     def has(self, sha256: str) -> bool:
         return self.blob_path(sha256).is_file()
+
+    # -- leases ---------------------------------------------------------------------------
+    def lease_path(self, uuid: str) -> Path:
+        """``<root>/leases/<uuid>``; rejects names that are not a plain file name."""
+        if not isinstance(uuid, str) or not _LEASE_NAME_RE.fullmatch(uuid):
+            raise StoreError(f"{uuid!r} is not a checkpoint uuid")
+        return self.leases / uuid
+
+    def reading(self, uuid: str) -> Lease:
+        """A reader's shared hold on checkpoint `uuid`: the garbage collector never deletes a
+        checkpoint while one is held. ``with store.reading(uuid): ...read its blobs...``, or
+        keep the returned lease and `release()` it later (from any thread). Waits only while
+        a collector is deciding about this checkpoint; look the checkpoint up in the
+        database *after* taking the lease, since a collector may have deleted it just
+        before."""
+        return Lease.take(self.lease_path(uuid), exclusive=False, wait=True)
+
+    def try_exclusive(self, uuid: str) -> Lease | None:
+        """The collector's hold on checkpoint `uuid`, or None at once if a reader holds it."""
+        return Lease.take(self.lease_path(uuid), exclusive=True, wait=False)
+
+    def writing(self) -> Lease:
+        """``with store.writing(): put the blobs, commit the manifest``: while any writer
+        holds this, the collector deletes no blob (an unreferenced blob may be the writer's,
+        or one it is about to reuse). Waits only while a collector is deleting blobs."""
+        return Lease.take(self.writers_lock, exclusive=False, wait=True)
+
+    def try_sweeping(self) -> Lease | None:
+        """The collector's exclusive hold on blob deletion, or None at once while a
+        checkpoint is being written."""
+        return Lease.take(self.writers_lock, exclusive=True, wait=False)
 
     # -- writing ----------------------------------------------------------------------
     def _put_stream(self, src: BinaryIO, dirty: set[Path] | None) -> FileEntry:
@@ -303,6 +390,43 @@ class Store:
         return bad
 
     # -- garbage collection -------------------------------------------------------------
+    def unreferenced(self, referenced: set[str], *,
+                     min_age_seconds: float = 0) -> dict[str, int]:
+        """``{sha256: size}`` of the blobs not in `referenced` and older than
+        `min_age_seconds`; deletes nothing."""
+        cutoff = time.time() - min_age_seconds if min_age_seconds > 0 else None
+        found: dict[str, int] = {}
+        for blob in self.objects.glob("??/*"):
+            if _SHA256_RE.fullmatch(blob.name) and blob.name not in referenced:
+                try:
+                    stat = blob.stat()
+                except FileNotFoundError:
+                    continue
+                if cutoff is None or stat.st_mtime <= cutoff:
+                    found[blob.name] = stat.st_size
+        return found
+
+    def delete_blobs(self, hashes: set[str], *, min_age_seconds: float = 0) -> dict[str, int]:
+        """Delete these blobs (each only if older than `min_age_seconds`); returns
+        ``{sha256: size}`` of those deleted. The caller makes sure that no live checkpoint
+        refers to them and that no writer is between its puts and its commit."""
+        cutoff = time.time() - min_age_seconds if min_age_seconds > 0 else None
+        deleted: dict[str, int] = {}
+        for sha256 in sorted(hashes):
+            path = self.blob_path(sha256)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if self._unlink_if_older(path, cutoff):
+                deleted[sha256] = size
+        return deleted
+
+    def delete_temporary(self, *, min_age_seconds: float) -> int:
+        """Delete leftovers of interrupted puts older than `min_age_seconds`."""
+        cutoff = time.time() - min_age_seconds if min_age_seconds > 0 else None
+        return sum(self._unlink_if_older(tmp, cutoff) for tmp in self.tmp.iterdir())
+
     def delete_unreferenced(self, referenced: set[str], *, min_age_seconds: float = 0) -> int:
         """Delete blobs not in `referenced`, and temp files; returns the number of blobs deleted.
 

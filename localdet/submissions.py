@@ -8,6 +8,9 @@ A submission is ingested only once it has settled (nothing in it changed for
     intake = Intake(layout, db)
     intake.poll()          # ingests what has settled; returns the new experiment ids
 
+Both the daemon (`Intake(..., slots=...)`) and `submit` (from the slot file the daemon wrote)
+refuse a config that asks for more slots per trial than the machine has.
+
 A job is recorded as an experiment row of kind 'job' with exactly one trial row, so it
 shares scheduling, launching, logs, kill and status with trials.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from localdet.config import ConfigError, ParsedConfig, load_config_text, load_job_config_text
 from localdet.db import StateDB
 from localdet.paths import Layout
+from localdet.slots import GPU, Slot, cpu_only, describe, read_slot_file
 
 SETTLE_SECONDS = 1.0
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -80,12 +84,34 @@ def _load(kind: str, text: str) -> ParsedConfig:
     return load_job_config_text(text) if kind == JOB else load_config_text(text)
 
 
+def check_slots(config: dict, kind: str, slots: list[Slot] | None) -> None:
+    """Raise SubmissionError when one trial (or the job) asks for more slots than `slots`
+    (None: not known, so nothing to check)."""
+    if not slots:
+        return
+    asked = config["resources"]["slots_per_trial"]  # a job's resources.slots, renamed
+    if asked <= len(slots):
+        return
+    key = "resources.slots" if kind == JOB else "resources.slots_per_trial"
+    if any(slot.kind == GPU for slot in slots):
+        remedy = f"lower {key} to {len(slots)} or fewer"
+    else:
+        remedy = f"lower {key} or start `localdet daemon --slots {asked}`"
+    raise SubmissionError(f"{key} is {asked} but this machine has {describe(slots)}; {remedy}")
+
+
 @dataclass
 class Intake:
     layout: Layout
     db: StateDB
     settle_seconds: float = SETTLE_SECONDS
+    # The daemon's slots (a count means CPU slots); None: accept any slots_per_trial.
+    slots: int | list[Slot] | None = None
     _seen: dict = field(default_factory=dict)  # path -> (signature, when it last changed)
+
+    @property
+    def slot_list(self) -> list[Slot] | None:
+        return cpu_only(self.slots) if isinstance(self.slots, int) else self.slots
 
     @property
     def incoming(self) -> Path:
@@ -169,6 +195,7 @@ class Intake:
         config_file = find_config(staged, source, kind)
         text = config_file.read_text(encoding="utf-8")
         parsed = _load(kind, text)
+        check_slots(parsed.config, kind, self.slot_list)
         config = parsed.config
         seed = config["reproducibility"].get("experiment_seed")
         if seed is None:
@@ -279,10 +306,11 @@ def copy_submission(text: str, model_dir: Path | None, destination: Path) -> Non
     (destination / SUBMITTED_CONFIG).write_text(text, encoding="utf-8")
 
 
-def read_submission(config_path: Path, model_dir: Path | None,
-                    kind: str = EXPERIMENT) -> tuple[str, ParsedConfig]:
-    """Check a config and model folder before anything is copied; returns the config's
-    text and its parsed form. Raises SubmissionError or ConfigError."""
+def read_submission(config_path: Path, model_dir: Path | None, kind: str = EXPERIMENT,
+                    slots: list[Slot] | None = None) -> tuple[str, ParsedConfig]:
+    """Check a config and model folder before anything is copied (against `slots` too, when
+    given); returns the config's text and its parsed form. Raises SubmissionError or
+    ConfigError."""
     config_path = Path(config_path)
     if not config_path.is_file():
         raise SubmissionError(f"config file '{config_path}' does not exist")
@@ -292,14 +320,18 @@ def read_submission(config_path: Path, model_dir: Path | None,
         text = config_path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise SubmissionError(f"config file '{config_path}' is not UTF-8 text") from None
-    return text, _load(kind, text)
+    parsed = _load(kind, text)
+    check_slots(parsed.config, kind, slots)
+    return text, parsed
 
 
 def submit(layout: Layout, config_path: Path, model_dir: Path | None,
            kind: str = EXPERIMENT) -> tuple[Path, list[str]]:
     """Copy a config and model folder into the queue (`queue/jobs/` for a job) as one
-    submission, atomically. Returns the queued path and the config's warnings."""
-    text, parsed = read_submission(config_path, model_dir, kind)  # refuse a bad one now
+    submission, atomically. Returns the queued path and the config's warnings. A config
+    asking for more slots than the daemon's slot file lists is refused here too."""
+    slots = read_slot_file(layout.slot_file)
+    text, parsed = read_submission(config_path, model_dir, kind, slots)  # refuse a bad one now
     # The experiment name may hold anything; the queue entry's name must be a plain file name.
     safe_name = re.sub(r"[^\w.-]+", "_", parsed.config["name"]).lstrip(".") or kind
     name = f"{safe_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -8,11 +8,13 @@ import math
 from typing import Any
 
 from rich.markup import escape
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from localdet.db import Checkpoint, Experiment, StateDB, Trial
 from localdet.launcher import log_tail
 from localdet.paths import Layout
+from localdet.searching import replay
 
 
 def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None:
@@ -29,6 +31,7 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment) -> dict[str, 
     return {
         "id": trial.id,
         "experiment_id": trial.experiment_id,
+        "request_id": trial.request_id,
         "state": trial.state,
         "hparams": trial.hparams,
         "batches_trained": trial.batches_trained,
@@ -41,11 +44,29 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment) -> dict[str, 
     }
 
 
+def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
+    """Progress and ASHA rungs, from the search method replayed from its events."""
+    events = db.searcher_events(experiment.id)
+    if experiment.kind == "job" or not events:
+        targets = sum(t["target_batches"] for t in trials)
+        progress = (sum(min(t["batches_trained"], t["target_batches"]) for t in trials)
+                    / targets) if targets else 0.0
+        return {"progress": progress, "rungs": []}
+    method = replay(experiment, events)
+    done = experiment.state == "COMPLETED"
+    progress = method.progress({t["request_id"]: t["batches_trained"] for t in trials})
+    return {"progress": 1.0 if done else min(progress, 1.0), "rungs": method.rungs()}
+
+
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     trials = [trial_facts(db, t, experiment) for t in db.trials(experiment.id)]
-    targets = sum(t["target_batches"] for t in trials)
-    best = _best([t["best_validation"] for t in trials if t["best_validation"]],
+    scored = [t for t in trials if t["best_validation"]]
+    best = _best([t["best_validation"] for t in scored],
                  experiment.metric, experiment.smaller_is_better)
+    best_trial = next((t["id"] for t in scored if t["best_validation"] is best), None)
+    by_state: dict[str, int] = {}
+    for t in trials:
+        by_state[t["state"]] = by_state.get(t["state"], 0) + 1
     return {
         "id": experiment.id,
         "name": experiment.name,
@@ -56,8 +77,9 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
         "metric": experiment.metric,
         "smaller_is_better": experiment.smaller_is_better,
         "best_metric": best[experiment.metric] if best else None,
-        "progress": (sum(min(t["batches_trained"], t["target_batches"]) for t in trials)
-                     / targets) if targets else 0.0,
+        "best_trial": best_trial,
+        "trials_by_state": by_state,
+        **_search_facts(db, experiment, trials),
         "submitted_at": experiment.submitted_at,
         "ended_at": experiment.ended_at,
         "error": experiment.error,
@@ -95,12 +117,15 @@ def job_facts(db: StateDB, layout: Layout, experiment: Experiment,
 
 
 def best_checkpoint(db: StateDB, experiment: Experiment) -> Checkpoint | None:
-    """The checkpoint taken where the searcher metric was best (validated at the same batch)."""
+    """The live checkpoint taken where the searcher metric was best (validated at the same
+    batch); checkpoints deleted by retention are never the answer, and neither is a NaN."""
     scored = []
-    for checkpoint in db.checkpoints(experiment.id):
+    for checkpoint in db.checkpoints(experiment.id):  # live ones only
         for row in db.metrics(checkpoint.trial_id, "validation"):
-            if row.batches_trained == checkpoint.batches_trained and experiment.metric in row.metrics:
-                scored.append((row.metrics[experiment.metric], checkpoint))
+            value = row.metrics.get(experiment.metric)
+            if (row.batches_trained == checkpoint.batches_trained
+                    and isinstance(value, (int, float)) and math.isfinite(value)):
+                scored.append((value, checkpoint))
     if not scored:
         return None
     pick = min if experiment.smaller_is_better else max
@@ -116,11 +141,13 @@ def checkpoint_facts(checkpoint: Checkpoint) -> dict[str, Any]:
         "size_bytes": checkpoint.size_bytes,
         "metadata": checkpoint.metadata,
         "created_at": checkpoint.created_at,
+        "state": checkpoint.state,  # COMPLETED, or DELETED by retention
     }
 
 
 STATE_STYLES = {"ACTIVE": "cyan", "RUNNING": "cyan", "QUEUED": "white", "PAUSED": "yellow",
-                "COMPLETED": "green", "CANCELED": "magenta", "ERROR": "red"}
+                "WAITING": "blue",
+                "COMPLETED": "green", "CANCELED": "magenta", "ERROR": "red", "DELETED": "dim"}
 
 
 def _state(state: str) -> str:
@@ -198,6 +225,34 @@ def job_table(job: dict) -> Table:
     return table
 
 
+def search_summary(experiment: dict) -> Table:
+    """Where one experiment's search stands: progress, trials by state, the best so far."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=1.0, completed=experiment["progress"], width=30),
+                f"{experiment['progress']:.0%}")
+    table.add_row("Progress", bar)
+    table.add_row("Trials", ", ".join(f"{n} {state.lower()}" for state, n
+                                      in sorted(experiment["trials_by_state"].items())) or "none yet")
+    if experiment["best_trial"] is not None:
+        table.add_row("Best", f"trial {experiment['best_trial']}: "
+                              f"{escape(experiment['metric'])}={_number(experiment['best_metric'])}")
+    return table
+
+
+def rungs_table(experiment: dict) -> Table:
+    """An ASHA search's rungs: how long trials train there, how many got there and on."""
+    table = Table(title="Rungs")
+    for column in ("Bracket", "Rung", "Batches", "Reached", "Promoted"):
+        table.add_column(column, justify="right")
+    for r in experiment["rungs"]:
+        table.add_row(str(r["bracket"]), str(r["rung"]), str(r["length"]), str(r["reached"]),
+                      str(r["promoted"]))
+    return table
+
+
 def trials_table(experiment: dict) -> Table:
     metric = experiment["metric"]
     table = Table(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
@@ -216,14 +271,18 @@ def trials_table(experiment: dict) -> Table:
     return table
 
 
-def checkpoints_table(facts: list[dict], experiment_id: int) -> Table:
+def checkpoints_table(facts: list[dict], experiment_id: int, show_state: bool = False) -> Table:
+    """With `show_state`, a State column (COMPLETED, or DELETED by retention)."""
     table = Table(title=f"Checkpoints of experiment {experiment_id}")
-    for column in ("UUID", "Trial", "Batches", "Size", "Metadata"):
+    columns = ("UUID", "Trial", "Batches") + (("State",) if show_state else ()) + ("Size",
+                                                                                  "Metadata")
+    for column in columns:
         table.add_column(column)
     for c in facts:
         user = {k: v for k, v in c["metadata"].items()
                 if k not in ("experiment_id", "trial_id", "batches_trained", "format")}
-        table.add_row(c["uuid"], str(c["trial_id"]), str(c["batches_trained"]),
+        state = (_state(c.get("state", "COMPLETED")),) if show_state else ()
+        table.add_row(c["uuid"], str(c["trial_id"]), str(c["batches_trained"]), *state,
                       f"{c['size_bytes'] / 1e6:.2f} MB",
                       escape(", ".join(f"{k}={v}" for k, v in user.items())))
     return table

@@ -118,3 +118,28 @@ def test_status_shows_jobs_apart_and_json_has_kind_and_runner(home):
     assert {"log", "log_tail", "slots", "started_at", "duration_seconds"} <= set(job)
     shown = home.cli("status", job_id).stdout
     assert f"Job {job_id}" in shown and "Slots" in shown and "trial.log" in shown
+
+
+def test_submit_refuses_more_slots_than_the_last_daemon_found(home, tmp_path):
+    from localdet.slots import Slot, cpu_only, write_slot_file
+
+    layout = Layout(home.path).ensure()
+    wide = write_config(tmp_path, "wide", resources={"slots_per_trial": 4})
+    write_slot_file(layout.slot_file, cpu_only(2))
+    assert_one_sentence_error(
+        home.cli("submit", wide, EXAMPLE, check=False),
+        "resources.slots_per_trial is 4 but this machine has 2 CPU slots; lower "
+        "resources.slots_per_trial or start `localdet daemon --slots 4`")
+    write_slot_file(layout.slot_file, [Slot(i, "gpu", "NVIDIA H100 80GB HBM3", 81559, str(i))
+                                       for i in range(3)])
+    assert_one_sentence_error(home.cli("submit", wide, EXAMPLE, check=False),
+                              "resources.slots_per_trial is 4 but this machine has 3 GPUs",
+                              "to 3 or fewer")
+    job = tmp_path / "job.yaml"
+    job.write_text("entrypoint: python3 infer.py\nresources: {slots: 5}\n")
+    assert_one_sentence_error(home.cli("job", "run", "--detach", job, tmp_path, check=False),
+                              "resources.slots is 5 but this machine has 3 GPUs")
+    assert sorted(p.name for p in (home.path / "queue").iterdir()) == ["jobs", "rejected"]
+    assert list((home.path / "queue" / "jobs").iterdir()) == []
+    fits = write_config(tmp_path, "fits", resources={"slots_per_trial": 3})
+    assert home.cli("submit", fits, EXAMPLE).stdout.startswith("queued fits-")

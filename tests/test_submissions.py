@@ -16,6 +16,7 @@ import localdet.submissions as submissions
 from localdet.config import ConfigError
 from localdet.db import StateDB
 from localdet.paths import Layout
+from localdet.slots import Slot, cpu_only, write_slot_file
 from localdet.submissions import (SUBMITTED_CONFIG, Intake, SubmissionError, find_config,
                                   submit)
 
@@ -593,3 +594,61 @@ def test_submissions_settling_together_are_ingested_in_the_order_they_were_queue
     (layout.queue / "aaa-second.yaml").write_text(CONFIG.replace("name: tiny", "name: second"))
     created = poll_until_settled(intake)
     assert [db.experiment(i).name for i in sorted(created)] == ["first", "second"]
+
+
+# -- more slots than the machine has ----------------------------------------------------------
+
+def test_intake_rejects_more_slots_per_trial_than_the_daemon_has(layout, db):
+    intake = Intake(layout, db, settle_seconds=SETTLE, slots=2)
+    make_folder(layout.queue, "wide", config=CONFIG + "resources:\n  slots_per_trial: 4\n")
+    make_folder(layout.queue, "fits", config=CONFIG + "resources:\n  slots_per_trial: 2\n")
+    [experiment_id] = poll_until_settled(intake)
+    assert db.experiment(experiment_id).config["resources"]["slots_per_trial"] == 2
+    error = (layout.rejected / "wide" / "error.txt").read_text()
+    assert error == ("resources.slots_per_trial is 4 but this machine has 2 CPU slots; lower "
+                     "resources.slots_per_trial or start `localdet daemon --slots 4`\n")
+    assert (layout.rejected / "wide" / "model_def.py").read_text() == MODEL_DEF
+    assert queue_entries(layout) == [] and not any(intake.incoming.iterdir())
+
+
+def test_intake_rejects_a_job_asking_for_more_gpus_than_there_are(layout, db):
+    gpus = [Slot(0, "gpu", "NVIDIA H100 80GB HBM3", 81559, "0")]
+    intake = Intake(layout, db, settle_seconds=SETTLE, slots=gpus)
+    (layout.job_queue / "infer.yaml").write_text(JOB_CONFIG)  # resources.slots: 2
+    assert poll_until_settled(intake) == []
+    assert db.experiments() == []
+    error = (layout.rejected / "infer.yaml" / "error.txt").read_text()
+    assert error == ("resources.slots is 2 but this machine has 1 GPU; lower resources.slots "
+                     "to 1 or fewer\n")
+    status, reason = submissions.ingested_as(db, "infer.yaml")
+    assert status == "rejected" and reason == error.strip()
+
+
+def test_intake_without_slots_accepts_any_slots_per_trial(layout, db, intake):
+    make_folder(layout.queue, "wide", config=CONFIG + "resources:\n  slots_per_trial: 64\n")
+    assert len(poll_until_settled(intake)) == 1
+
+
+def test_submit_refuses_more_slots_than_the_slot_file_lists(tmp_path, layout):
+    model = make_folder(tmp_path, "model", config=None)
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(CONFIG + "resources:\n  slots_per_trial: 3\n")
+    submit(layout, wide, model)  # no slot file yet: nothing to check against
+    [queued] = queue_entries(layout)
+    write_slot_file(layout.slot_file, cpu_only(2))
+    with pytest.raises(SubmissionError) as error:
+        submit(layout, wide, model)
+    assert str(error.value) == ("resources.slots_per_trial is 3 but this machine has 2 CPU "
+                                "slots; lower resources.slots_per_trial or start `localdet "
+                                "daemon --slots 3`")
+    assert queue_entries(layout) == [queued]  # nothing new
+    assert [p.name for p in layout.queue.iterdir() if p.name.startswith(".")] == []
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_CONFIG.replace("slots: 2", "slots: 3"))
+    with pytest.raises(SubmissionError, match=r"^resources\.slots is 3 .* 2 CPU slots"):
+        submit(layout, job, None, kind=submissions.JOB)
+    assert list(layout.job_queue.iterdir()) == []
+    fits = tmp_path / "fits.yaml"
+    fits.write_text(CONFIG + "resources:\n  slots_per_trial: 2\n")
+    submit(layout, fits, model)
+    assert len(queue_entries(layout)) == 2

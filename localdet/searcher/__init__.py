@@ -5,17 +5,29 @@ operations; the daemon carries them out and records what happened.
 
     method = make_search_method(config, experiment_seed)
     for op in method.initial_operations(): ...
+    method.on_validation_completed(request_id, metric, length)   # and the other events
+    method.progress(batches_trained_by_request)   # 0..1
+    method.rungs()                                # ASHA's rungs, for status ([] otherwise)
 """
 
+from localdet.searcher.asha import AdaptiveASHASearch
 from localdet.searcher.base import Close, Create, Operation, SearchMethod, Shutdown, ValidateAfter
+from localdet.searcher.grid import GridSearch
+from localdet.searcher.random import RandomSearch
 from localdet.searcher.single import SingleSearch
 
-SEARCH_METHODS = {"single": SingleSearch}
+SEARCH_METHODS = {
+    "single": SingleSearch,
+    "grid": GridSearch,
+    "random": RandomSearch,
+    "adaptive_asha": AdaptiveASHASearch,
+}
 
 
 def make_search_method(config: dict, experiment_seed: int) -> SearchMethod:
     return SEARCH_METHODS[config["searcher"]["name"]](config, experiment_seed)
 
 
-__all__ = ["Close", "Create", "Operation", "SearchMethod", "Shutdown", "ValidateAfter",
+__all__ = ["AdaptiveASHASearch", "Close", "Create", "GridSearch", "Operation", "RandomSearch",
+           "SEARCH_METHODS", "SearchMethod", "Shutdown", "SingleSearch", "ValidateAfter",
            "make_search_method"]
