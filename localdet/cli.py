@@ -264,8 +264,10 @@ def kill(experiment_id: int | None, trial_id: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 @click.option("--best", is_flag=True,
               help="Only the checkpoint where the searcher metric was best.")
-def checkpoints(experiment_id: int, as_json: bool, best: bool) -> None:
-    """The checkpoints of an experiment."""
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the checkpoints deleted by retention, with their state.")
+def checkpoints(experiment_id: int, as_json: bool, best: bool, show_all: bool) -> None:
+    """The checkpoints of an experiment (those kept by checkpoint_storage; --all for all)."""
     db = _open_db(Layout.from_environment())
     try:
         experiment = db.experiment(experiment_id)
@@ -275,12 +277,12 @@ def checkpoints(experiment_id: int, as_json: bool, best: bool) -> None:
         found = views.best_checkpoint(db, experiment)
         chosen = [found] if found else []
     else:
-        chosen = db.checkpoints(experiment_id)
+        chosen = db.checkpoints(experiment_id, include_deleted=show_all)
     facts = [views.checkpoint_facts(c) for c in chosen]
     if as_json:
         click.echo(json.dumps(facts, indent=2))
     else:
-        console.print(views.checkpoints_table(facts, experiment_id))
+        console.print(views.checkpoints_table(facts, experiment_id, show_state=show_all))
 
 
 @cli.group()
@@ -294,17 +296,42 @@ def checkpoint() -> None:
 def export(uuid: str, destination: Path) -> None:
     """Write checkpoint UUID (or a unique prefix) to DESTINATION as a plain folder."""
     from localdet.manifest import files_of
+    from localdet.reporting import CheckpointReader
     from localdet.store import Store
+
+    layout = Layout.from_environment()
+    _open_db(layout).close()
+    try:
+        # Held while its files are copied: `localdet gc` skips it meanwhile.
+        with CheckpointReader(layout).holding(uuid) as found:
+            Store(layout.store).materialize(files_of(found.manifest), destination)
+    except (NotFound, StoreError) as error:  # NotFound includes a checkpoint gc deleted
+        _fail(str(error))
+    click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "
+               f"batches) written to {destination}")
+
+
+@cli.command()
+@click.argument("experiment_id", required=False, type=int)
+@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
+def gc(experiment_id: int | None, dry_run: bool) -> None:
+    """Delete the checkpoints that checkpoint_storage does not keep (of EXPERIMENT_ID, or of
+    all experiments), and the stored files no kept checkpoint needs."""
+    from localdet.gc import collect
 
     layout = Layout.from_environment()
     db = _open_db(layout)
     try:
-        found = db.checkpoint(uuid)
-        Store(layout.store).materialize(files_of(found.manifest), destination)
-    except (NotFound, StoreError) as error:
+        report = collect(layout, db, experiment_id, dry_run=dry_run, writer_wait_seconds=10)
+    except NotFound as error:
         _fail(str(error))
-    click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "
-               f"batches) written to {destination}")
+    if dry_run:
+        for c in report.deleted:
+            click.echo(f"would delete checkpoint {c.uuid} (experiment {c.experiment_id}, "
+                       f"trial {c.trial_id}, {c.batches_trained} batches)")
+        for sha in report.blobs:
+            click.echo(f"would delete blob {sha}")
+    click.echo(report.summary())
 
 
 def main() -> None:

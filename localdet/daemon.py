@@ -27,7 +27,7 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import launcher, scheduler
+from localdet import gc, launcher, scheduler
 from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
     write_slot_file
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
@@ -304,6 +304,7 @@ class Daemon:
                         self._searching(experiment, self.search.exited_early,
                                         self.db.experiment(experiment.id), trial)
                 self._settle_experiment(experiment.id)
+            self._collect(experiment.id)
         return f"{action} {target}: {len(live)} live trial(s)"
 
     def _kill(self, trial: Trial) -> None:
@@ -441,6 +442,18 @@ class Daemon:
             else:
                 self._failed(trial, experiment, returncode)
             self._settle_experiment(experiment.id)
+        self._collect(experiment.id)
+
+    def _collect(self, experiment_id: int) -> None:
+        """Apply checkpoint retention once a trial has stopped (never inside a transaction:
+        gc commits before it lets go of its locks)."""
+        try:
+            report = gc.collect(self.layout, self.db, experiment_id)
+        except Exception as error:  # retention can wait for the next trial; training cannot
+            self.log(f"checkpoint retention for experiment {experiment_id} failed: {error}")
+            return
+        if report.deleted or report.blobs_deleted:
+            self.log(f"experiment {experiment_id}: {report.summary()}")
 
     def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None) -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)

@@ -174,21 +174,29 @@ def _free_blobs(db: StateDB, store: Store, experiment_id: int | None, dry_run: b
                 grace_seconds: float, writer_wait_seconds: float, report: GcReport) -> None:
     full = experiment_id is None
     would_go = {d.uuid for d in report.deleted} if dry_run else set()
-    # DELETED is final, so these candidates stay candidates; only what is live can change.
+
+    def live_hashes() -> set[str]:
+        return {sha for uuid, sha, _ in db.checkpoint_files(deleted=False)
+                if uuid not in would_go}
+
+    # Blobs of deleted checkpoints (of this experiment) still on disk. DELETED is final, so
+    # these stay candidates; only whether a live checkpoint also uses them can change.
     candidates = {sha: size for _, sha, size in db.checkpoint_files(
         deleted=True, experiment_id=experiment_id)}
     if would_go:
         candidates.update({sha: size for uuid, sha, size in db.checkpoint_files(
             deleted=False, experiment_id=experiment_id) if uuid in would_go})
     candidates = {sha: size for sha, size in candidates.items() if store.has(sha)}
+    if candidates:
+        live = live_hashes()
+        candidates = {sha: size for sha, size in candidates.items() if sha not in live}
     if not candidates and not full:
         return  # the cheap, common case: nothing of this experiment's is left to free
     if dry_run:
-        live = {sha for uuid, sha, _ in db.checkpoint_files(deleted=False)
-                if uuid not in would_go}
-        found = {sha: size for sha, size in candidates.items() if sha not in live}
+        found = dict(candidates)
         if full:
-            found.update(store.unreferenced(live | set(found), min_age_seconds=grace_seconds))
+            found.update(store.unreferenced(live_hashes() | set(found),
+                                            min_age_seconds=grace_seconds))
         report.blobs = sorted(found)
         report.bytes_freed = sum(found.values())
         return
@@ -197,8 +205,9 @@ def _free_blobs(db: StateDB, store: Store, experiment_id: int | None, dry_run: b
         report.blobs_deferred = True
         return
     with sweep:
-        # Read after taking the writers lock: every checkpoint written so far is committed.
-        live = {sha for _, sha, _ in db.checkpoint_files(deleted=False)}
+        # Read again under the writers lock: every checkpoint written so far is committed,
+        # and none is being written, so what no live manifest names is garbage.
+        live = live_hashes()
         gone = store.delete_blobs(set(candidates) - live)
         if full:
             orphans = store.unreferenced(live, min_age_seconds=grace_seconds)

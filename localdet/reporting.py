@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 import uuid as uuidlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 from determined.core import TrialInfo
 from localdet.config import length_to_batches

@@ -125,8 +125,9 @@ def checkpoints_to_keep(config: Mapping[str, Any], metric: str, smaller_is_bette
         keep.update(c.uuid for c in best(own, settings["save_trial_best"]))
         if trial_states.get(trial_id) not in TERMINAL_STATES:
             keep.add(ordered[0].uuid)  # it resumes from its latest checkpoint
-            resumes = (resume_from or {}).get(trial_id)
-            if resumes is not None and any(c.uuid == resumes for c in own):
-                keep.add(resumes)
+    uuids = {c.uuid for c in checkpoints}
+    for trial_id, resumes in (resume_from or {}).items():
+        if resumes in uuids and trial_states.get(trial_id) not in TERMINAL_STATES:
+            keep.add(resumes)
     keep.update(c.uuid for c in best(checkpoints, settings["save_experiment_best"]))
     return keep

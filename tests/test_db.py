@@ -7,7 +7,7 @@ import uuid as uuidlib
 
 import pytest
 
-from localdet.db import NotFound, StateDB
+from localdet.db import CheckpointDeleted, NotFound, StateDB
 from localdet.manifest import build_manifest
 from localdet.paths import Layout
 from localdet.store import FileEntry
@@ -284,6 +284,10 @@ def test_checkpoint_lookup_ignores_unfinished_checkpoints(db):
     manifest = make_manifest(experiment_id, trial_id, 10)
     db.add_checkpoint(manifest)
     db.db.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = ?", [manifest["uuid"]])
-    with pytest.raises(NotFound, match="no checkpoint"):
-        db.checkpoint(manifest["uuid"])
+    # Still NotFound, saying why: the row stays when retention deletes a checkpoint.
+    with pytest.raises(CheckpointDeleted, match=f"checkpoint {manifest['uuid']} was deleted "
+                                                r"by retention \(checkpoint_storage"):
+        db.checkpoint(manifest["uuid"][:6])
+    assert issubclass(CheckpointDeleted, NotFound)
     assert db.checkpoints(experiment_id) == []
+    assert [c.state for c in db.checkpoints(experiment_id, include_deleted=True)] == ["DELETED"]

@@ -1,15 +1,17 @@
-"""Tests of the searchers: hyperparameter sampling, seeds, and the single searcher's operations."""
+"""Tests of the searchers: hyperparameter sampling, seeds, the single, grid and random
+searchers' operations, and their config validation (adaptive_asha's own: test_asha.py)."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from localdet.config import parse_config
-from localdet.searcher import (Close, Create, Shutdown, ValidateAfter, make_search_method)
+from localdet.config import ConfigError, parse_config
+from localdet.searcher import Close, Create, GridSearch, Shutdown, ValidateAfter, make_search_method
 from localdet.searcher.base import derive_seed
 from localdet.searcher.hparams import sample
 from localdet.searcher.single import SingleSearch
@@ -172,11 +174,19 @@ def test_max_length_is_converted_to_batches(max_length, top, batches):
     assert search.initial_operations()[1] == ValidateAfter(1, batches)
 
 
-def test_validation_at_max_length_shuts_down():
+def test_validation_at_max_length_closes_and_shuts_down():
     search = SingleSearch(config(max_length={"batches": 100}), 0)
-    assert search.on_validation_completed(1, 0.5, 50) == []
-    assert search.on_validation_completed(1, 0.5, 100) == [Shutdown()]
-    assert search.on_validation_completed(1, 0.5, 120) == [Shutdown()]
+    search.initial_operations()
+    assert search.on_validation_completed(1, 0.5, 50) == []  # short of max_length
+    assert search.on_validation_completed(1, 0.5, 100) == [Close(1), Shutdown()]
+    assert search.on_trial_closed(1) == []
+    assert search.on_validation_completed(1, 0.5, 120) == []  # it is closed already
+    assert search.rungs() == []
+
+
+def test_single_trial_exiting_early_shuts_down():
+    search = SingleSearch(config(max_length={"batches": 100}), 0)
+    search.initial_operations()
     assert search.on_trial_exited_early(1) == [Shutdown()]
 
 
@@ -202,4 +212,260 @@ def test_a_script_without_max_length_gets_target_zero_so_it_decides():
     assert validate == ValidateAfter(create.request_id, 0)
     assert 0 <= create.hparams["lr"] <= 1
     assert search.progress({1: 50}) == 0.0  # unknown until the script records its length
-    assert search.on_validation_completed(1, 0.1, 50) == [Shutdown()]
+    assert search.on_validation_completed(1, 0.1, 50) == [Close(1), Shutdown()]
+
+
+# -- driving a search: a fake daemon that carries out the operations ---------------------------
+
+class Drive:
+    """Carries out a method's operations as the daemon does (a Close is followed at once by
+    on_trial_closed) and trains the oldest pending trial first. Records what happened."""
+
+    def __init__(self, method, exits: frozenset[int] = frozenset()):
+        self.method = method
+        self.exits = exits          # request ids that exit early instead of validating
+        self.creates: dict[int, Create] = {}
+        self.pending: list[ValidateAfter] = []
+        self.live: set[int] = set()  # created, not yet closed or exited
+        self.closed: list[int] = []
+        self.exited: list[int] = []
+        self.shutdowns = 0
+        self.most_live = 0
+        self.ops: list = []
+
+    def apply(self, ops: list) -> None:
+        for op in ops:
+            self.ops.append(op)
+            assert self.shutdowns == 0, f"{op} after Shutdown"
+            if isinstance(op, Create):
+                assert op.request_id == len(self.creates) + 1  # 1, 2, 3... in creation order
+                self.creates[op.request_id] = op
+                self.live.add(op.request_id)
+                self.most_live = max(self.most_live, len(self.live))
+            elif isinstance(op, ValidateAfter):
+                self.pending.append(op)
+            elif isinstance(op, Close):
+                self.closed.append(op.request_id)
+                self.live.discard(op.request_id)
+                self.apply(self.method.on_trial_closed(op.request_id))
+            elif isinstance(op, Shutdown):
+                self.shutdowns += 1
+
+    def run(self, metric=lambda hparams, length: 1.0) -> Drive:
+        self.apply(self.method.initial_operations())
+        while self.pending:
+            op = self.pending.pop(0)
+            if op.request_id in self.exits:
+                self.exited.append(op.request_id)
+                self.live.discard(op.request_id)
+                self.apply(self.method.on_trial_exited_early(op.request_id))
+            else:
+                hparams = self.creates[op.request_id].hparams
+                self.apply(self.method.on_validation_completed(
+                    op.request_id, metric(hparams, op.length), op.length))
+        return self
+
+
+def searcher_config(name: str, hyperparameters: dict, **searcher) -> dict:
+    raw = {"entrypoint": "model_def:Trial", "hyperparameters": copy.deepcopy(hyperparameters),
+           "searcher": {"name": name, "metric": "val_loss", "max_length": {"batches": 10},
+                        **searcher}}
+    return parse_config(raw).config
+
+
+# -- grid -----------------------------------------------------------------------------------
+
+GRID_SPACE = {
+    "global_batch_size": 32,
+    "units": {"type": "int", "minval": 1, "maxval": 5, "count": 3},
+    "dropout": {"type": "double", "minval": 0.0, "maxval": 0.5, "count": 2},
+    "lr": {"type": "log", "minval": -3, "maxval": -1, "count": 3},
+    "activation": {"type": "categorical", "vals": ["relu", "tanh"]},
+    "block": {"depth": {"type": "int", "minval": 2, "maxval": 3, "count": 1},
+              "width": {"type": "log", "minval": 2, "maxval": 4, "base": 2, "count": 2},
+              "kernel": {"type": "const", "val": [3, 3]}},
+}
+# The values each hyperparameter takes, worked out by hand from the rules.
+GRID_VALUES = {
+    "units": [1, 3, 5],                 # 1 + i * (5 - 1) / 2
+    "dropout": [0.0, 0.5],              # both ends
+    "lr": [0.001, 0.01, 0.1],           # 10 ** (-3, -2, -1)
+    "activation": ["relu", "tanh"],
+    "depth": [3],                       # count 1: round((2 + 3) / 2), halves away from zero
+    "width": [4.0, 16.0],               # 2 ** (2, 4)
+}
+
+
+def test_grid_makes_exactly_the_cartesian_product():
+    drive = Drive(make_search_method(searcher_config("grid", GRID_SPACE, max_concurrent_trials=0),
+                                     11)).run()
+    points = [drive.creates[r].hparams for r in sorted(drive.creates)]
+
+    def key(units, dropout, lr, activation, depth, width):
+        return units, dropout, round(lr, 12), activation, depth, round(width, 12)
+
+    made = [key(p["units"], p["dropout"], p["lr"], p["activation"], p["block"]["depth"],
+                p["block"]["width"]) for p in points]
+    expected = [key(*values) for values in itertools.product(*GRID_VALUES.values())]
+    assert len(made) == len(expected) == 3 * 2 * 3 * 2 * 1 * 2
+    assert sorted(made, key=repr) == sorted(expected, key=repr)  # each point exactly once
+    for point in points:
+        assert set(point) == {"global_batch_size", "units", "dropout", "lr", "activation", "block"}
+        assert point["global_batch_size"] == 32 and point["block"]["kernel"] == [3, 3]
+        assert type(point["units"]) is int and type(point["block"]["depth"]) is int
+        assert type(point["dropout"]) is float
+    # Order: names sorted at each level (activation, block.depth, block.kernel, block.width,
+    # dropout, global_batch_size, lr, units), the first varying slowest.
+    assert [p["activation"] for p in points[:36]] == ["relu"] * 36
+    assert [p["units"] for p in points[:4]] == [1, 3, 5, 1]
+    assert [p["block"]["width"] for p in (points[0], points[18])] == [4.0, 16.0]
+    # Seeds still come from the experiment seed, one per trial.
+    assert [drive.creates[r].seed for r in (1, 2)] == [derive_seed(11, 1), derive_seed(11, 2)]
+
+
+@pytest.mark.parametrize("spec, values", [
+    ({"type": "int", "minval": 1, "maxval": 3, "count": 10}, [1, 2, 3]),   # clamped to 3 ints
+    ({"type": "int", "minval": 0, "maxval": 10, "count": 4}, [0, 3, 7, 10]),
+    ({"type": "int", "minval": -3, "maxval": -2, "count": 1}, [-3]),       # -2.5 rounds to -3
+    ({"type": "int", "minval": 4, "maxval": 4, "count": 5}, [4]),
+    ({"type": "double", "minval": 1, "maxval": 2, "count": 1}, [1.5]),
+    ({"type": "double", "minval": -1, "maxval": 1, "count": 5}, [-1.0, -0.5, 0.0, 0.5, 1.0]),
+    ({"type": "log", "minval": 0, "maxval": 2, "count": 1}, [10.0]),
+    ({"type": "categorical", "vals": [1, "a", None]}, [1, "a", None]),
+    ({"type": "const", "val": {"k": 1}}, [{"k": 1}]),
+])
+def test_grid_values_per_hyperparameter(spec, values):
+    cfg = searcher_config("grid", {"h": spec}, max_concurrent_trials=0)
+    made = [c.hparams["h"] for c in Drive(make_search_method(cfg, 0)).run().creates.values()]
+    assert made == (pytest.approx(values) if spec["type"] in ("double", "log") else values)
+
+
+def test_grid_needs_a_count_for_every_range():
+    with pytest.raises(ConfigError) as info:
+        searcher_config("grid", {"opt": {"lr": {"type": "log", "minval": -3, "maxval": -1}}})
+    assert info.value.path == "hyperparameters.opt.lr.count"
+    assert str(info.value) == ("hyperparameters.opt.lr.count: a grid search needs a count for "
+                               "every int, double and log hyperparameter")
+
+
+def test_a_grid_over_10000_points_is_refused_with_its_size():
+    space = {"a": {"type": "double", "minval": 0, "maxval": 1, "count": 100},
+             "b": {"type": "int", "minval": 0, "maxval": 1000, "count": 120}}
+    with pytest.raises(ConfigError) as info:
+        searcher_config("grid", space)
+    assert str(info.value) == ("hyperparameters: the grid has 12,000 points; at most 10,000 are "
+                               "allowed: lower some counts")
+    space["b"]["count"] = 100
+    assert len(GridSearch(searcher_config("grid", space), 0).points) == 10_000
+
+
+def test_grid_honours_max_concurrent_trials():
+    space = {"x": {"type": "int", "minval": 1, "maxval": 5, "count": 5}}
+    drive = Drive(make_search_method(searcher_config("grid", space, max_concurrent_trials=2), 0))
+    initial = drive.method.initial_operations()
+    assert initial == [Create(1, {"x": 1}, derive_seed(0, 1)), ValidateAfter(1, 10),
+                       Create(2, {"x": 2}, derive_seed(0, 2)), ValidateAfter(2, 10)]
+    drive = Drive(make_search_method(searcher_config("grid", space, max_concurrent_trials=2), 0),
+                  exits=frozenset({2})).run()
+    assert drive.most_live == 2
+    assert [c.hparams["x"] for c in drive.creates.values()] == [1, 2, 3, 4, 5]
+    assert sorted(drive.closed) == [1, 3, 4, 5] and drive.exited == [2]
+    assert drive.shutdowns == 1 and isinstance(drive.ops[-1], Shutdown)
+
+
+# -- random ---------------------------------------------------------------------------------
+
+def random_config(**searcher) -> dict:
+    return searcher_config("random", HYPERPARAMETERS, **{"max_trials": 5, **searcher})
+
+
+def test_random_with_one_seed_makes_the_same_trials_twice_and_another_seed_others():
+    first = Drive(make_search_method(random_config(), 42)).run().creates
+    again = Drive(make_search_method(random_config(), 42)).run().creates
+    other = Drive(make_search_method(random_config(), 43)).run().creates
+    assert first == again
+    assert [c.hparams["dropout"] for c in first.values()] != [c.hparams["dropout"] for c in other.values()]
+    assert {c.seed for c in first.values()}.isdisjoint({c.seed for c in other.values()})
+    space = random_config()["hyperparameters"]
+    for r, create in first.items():  # request r's draws depend on (seed, r) only
+        assert create.hparams == sample(space, np.random.default_rng([42, r]))
+        assert create.seed == derive_seed(42, r)
+    assert len({c.hparams["dropout"] for c in first.values()}) == 5
+
+
+@pytest.mark.parametrize("limit, most_live", [(2, 2), (0, 7), (16, 7)])
+def test_random_honours_max_trials_and_max_concurrent_trials(limit, most_live):
+    drive = Drive(make_search_method(random_config(max_trials=7, max_concurrent_trials=limit), 5),
+                  exits=frozenset({3})).run()
+    assert sorted(drive.creates) == list(range(1, 8))
+    assert drive.most_live == most_live
+    assert sorted(drive.closed) == [1, 2, 4, 5, 6, 7] and drive.exited == [3]
+    assert drive.shutdowns == 1 and isinstance(drive.ops[-1], Shutdown)
+    assert all(op.length == 10 for op in drive.ops if isinstance(op, ValidateAfter))
+
+
+def test_random_needs_max_trials():
+    with pytest.raises(ConfigError) as info:
+        searcher_config("random", HYPERPARAMETERS)
+    assert info.value.path == "searcher.max_trials"
+    assert "missing required key 'searcher.max_trials'" in str(info.value)
+
+
+def test_random_progress_counts_batches_capped_at_max_length():
+    search = make_search_method(random_config(max_trials=4), 0)
+    search.initial_operations()
+    assert search.progress({}) == 0.0
+    assert search.progress({1: 10, 2: 5, 3: 50}) == pytest.approx((10 + 5 + 10) / 40)
+    search.on_trial_exited_early(4)  # trains no further: counts as done
+    assert search.progress({1: 10, 2: 5, 3: 50}) == pytest.approx((10 + 5 + 10 + 10) / 40)
+
+
+@pytest.mark.parametrize("name, extra", [("grid", {}), ("random", {"max_trials": 3})])
+def test_a_script_without_max_length_trains_each_trial_as_its_script_says(name, extra):
+    cfg = parse_config({"entrypoint_script": "python3 train.py",
+                        "hyperparameters": {"n": {"type": "int", "minval": 1, "maxval": 3, "count": 3}},
+                        "searcher": {"name": name, "metric": "loss", **extra}}).config
+    drive = Drive(make_search_method(cfg, 1)).run()
+    assert [op.length for op in drive.ops if isinstance(op, ValidateAfter)] == [0, 0, 0]
+    assert sorted(drive.closed) == [1, 2, 3] and drive.shutdowns == 1
+    assert drive.method.progress({1: 5}) == 0.0
+
+
+# -- searcher config validation -------------------------------------------------------------
+
+def test_adaptive_asha_defaults_are_filled_and_others_get_none_of_them():
+    asha = searcher_config("adaptive_asha", HYPERPARAMETERS, max_trials=16)["searcher"]
+    assert asha == {"name": "adaptive_asha", "metric": "val_loss", "max_length": {"batches": 10},
+                    "max_trials": 16, "smaller_is_better": True, "max_concurrent_trials": 16,
+                    "max_rungs": 5, "divisor": 4, "mode": "standard", "stop_once": False}
+    grid = searcher_config("grid", {"a": 1})["searcher"]
+    assert set(grid) == {"name", "metric", "max_length", "smaller_is_better", "max_concurrent_trials"}
+
+
+def test_stop_once_is_ignored_with_a_warning():
+    parsed = parse_config({"entrypoint": "model_def:Trial", "hyperparameters": {"a": 1},
+                           "searcher": {"name": "adaptive_asha", "metric": "m", "max_trials": 4,
+                                        "max_length": 10, "stop_once": True}})
+    assert parsed.config["searcher"]["stop_once"] is False
+    assert any("'searcher.stop_once'" in w for w in parsed.warnings)
+
+
+@pytest.mark.parametrize("searcher, path, message", [
+    ({"name": "adaptive_asha", "max_length": 10}, "searcher.max_trials",
+     "missing required key 'searcher.max_trials'; the adaptive_asha searcher needs it"),
+    ({"name": "adaptive_asha", "max_trials": 4}, "searcher.max_length",
+     "missing required key 'searcher.max_length'; the adaptive_asha searcher needs it to size"),
+    ({"name": "adaptive_asha", "max_trials": 4, "max_length": 10, "divisor": 1}, "searcher.divisor",
+     "searcher.divisor: expected a value > 1, got 1"),
+    ({"name": "adaptive_asha", "max_trials": 4, "max_length": 10, "mode": "fast"}, "searcher.mode",
+     "searcher.mode: expected one of 'aggressive', 'standard', 'conservative' (got 'fast')"),
+    ({"name": "random", "max_trials": 0}, "searcher.max_trials",
+     "searcher.max_trials: expected a value >= 1, got 0"),
+])
+def test_searcher_config_errors_name_the_field(searcher, path, message):
+    # A script, so that only the searcher itself can need max_length.
+    with pytest.raises(ConfigError) as info:
+        parse_config({"entrypoint_script": "python3 train.py",
+                      "searcher": {"metric": "val_loss", **searcher}})
+    assert info.value.path == path
+    assert message in str(info.value)

@@ -28,6 +28,17 @@ def make_search_method(config: dict, experiment_seed: int) -> SearchMethod:
     return SEARCH_METHODS[config["searcher"]["name"]](config, experiment_seed)
 
 
-__all__ = ["AdaptiveASHASearch", "Close", "Create", "GridSearch", "Operation", "RandomSearch",
-           "SEARCH_METHODS", "SearchMethod", "Shutdown", "SingleSearch", "ValidateAfter",
-           "make_search_method"]
+__all__ = [
+    "SEARCH_METHODS",
+    "AdaptiveASHASearch",
+    "Close",
+    "Create",
+    "GridSearch",
+    "Operation",
+    "RandomSearch",
+    "SearchMethod",
+    "Shutdown",
+    "SingleSearch",
+    "ValidateAfter",
+    "make_search_method",
+]

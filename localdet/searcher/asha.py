@@ -10,23 +10,26 @@ next rung, the rest wait and are closed once the bracket can promote nothing mor
     search.rungs()    # [{"bracket": 0, "rung": 0, "length": 25, "reached": 4, "promoted": 1}, ...]
 
     bracket_rung_counts(max_rungs=5, max_length_units=1000, max_trials=64, divisor=4,
-                        mode="standard")                    # [4, 3]
-    bracket_max_trials(64, 4, [4, 3])                       # [40, 24]
-    bracket_max_concurrent_trials(16, 4, [40, 24])          # [8, 8]
+                        mode="standard")                    # [4, 3, 2]
+    bracket_max_trials(64, 4, [4, 3, 2])                    # [45, 14, 5]
+    bracket_max_concurrent_trials(16, 4, [45, 14, 5])       # [6, 5, 5]
 
 Request ids are shared by all brackets: 1, 2, 3... in creation order. Rung lengths are
 computed in max_length's own unit (batches, records or epochs), then converted to batches.
 A trial that exits early counts as the worst possible result at the rung it was training
-for; the daemon has already ended it, so it is never promoted into training or closed.
-Only promotion-based ASHA is implemented (Determined's `stop_once: false`).
+for; the daemon has already ended it, so it is never promoted into training or closed (one
+that exits while waiting keeps its result; should it be promoted later, it counts as the
+worst result at the next rung). Only promotion-based ASHA is implemented (Determined's
+`stop_once: false`). Which trials are promoted depends on the order results arrive in, as
+in any asynchronous successive halving.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -116,7 +119,7 @@ class Bracket:
         self.training: set[int] = set()  # training for rung_of[r], no result yet
         self.closed: set[int] = set()    # Close issued
         self.exited: set[int] = set()    # exited early
-        self.confirmed_closed = 0        # Closes the daemon carried out
+        self.confirmed_closed: set[int] = set()  # Closes the daemon carried out
 
     @property
     def top(self) -> int:
@@ -148,7 +151,8 @@ class Bracket:
         return []  # it was waiting: its result stands; if promoted later it counts as WORST
 
     def on_trial_closed(self, request_id: int) -> None:
-        self.confirmed_closed += 1
+        if request_id in self.closed:
+            self.confirmed_closed.add(request_id)
 
     @property
     def finished(self) -> bool:
@@ -161,7 +165,7 @@ class Bracket:
         reported = len(self.rungs[0].results)
         progress = reported / (1.2 * self.max_trials)
         if reported == self.max_trials:
-            done = self.confirmed_closed + len(self.exited)
+            done = len(self.confirmed_closed) + len(self.exited)
             progress = max(done / self.max_trials, progress)
         return progress
 
@@ -282,7 +286,7 @@ class AdaptiveASHASearch:
 
     def on_trial_closed(self, request_id: int) -> list[Operation]:
         bracket = self.bracket_of.get(request_id)
-        if bracket is not None and request_id in bracket.closed:
+        if bracket is not None:
             bracket.on_trial_closed(request_id)
         return self._shutdown_if_done()
 

@@ -3,8 +3,12 @@ part of `single`, `random` and `grid`. A subclass says how many trials and their
 hyperparameters; this class paces their creation and says when the search is over.
 
     class RandomSearch(FullLengthSearch):
-        def trial_count(self): return self.config["searcher"]["max_trials"]
-        def hparams(self, request_id): return sample(space, rng_for(request_id))
+        def trial_count(self):
+            return self.config["searcher"]["max_trials"]
+
+        def hparams(self, request_id):
+            rng = np.random.default_rng([self.experiment_seed, request_id])
+            return sample(self.config["hyperparameters"], rng)
 
 `searcher.max_concurrent_trials` (0: no limit) caps the trials created and not yet closed or
 exited: that many are created at first, one more each time one closes or exits early.

@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -1,0 +1,141 @@
+"""An ASHA search under a real daemon: killed with kill -9 at several points (and one of its
+trials killed with kill -9 too), it ends exactly like the same search left alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import REPO, Daemon, Home, write_config
+
+pytestmark = pytest.mark.slow
+
+SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
+
+ASHA = dict(
+    entrypoint="model_def:SlowDigitsTrial",
+    hyperparameters={"global_batch_size": 16,
+                     "hidden_units": {"type": "int", "minval": 8, "maxval": 64},
+                     "learning_rate": {"type": "log", "minval": -2.0, "maxval": -0.3},
+                     "batch_sleep": 0.08},
+    # One bracket of two rungs: 12 trials train 8 batches, the best quarter go on to 32.
+    searcher={"name": "adaptive_asha", "metric": "val_accuracy", "smaller_is_better": False,
+              "max_length": {"batches": 32}, "max_trials": 12, "max_rungs": 2, "divisor": 4,
+              "mode": "aggressive", "max_concurrent_trials": 4},
+    scheduling_unit=4, min_checkpoint_period={"batches": 4},
+    max_restarts=2,
+    environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]},
+    reproducibility={"experiment_seed": 11},
+)
+
+
+def query(home: Home, sql: str, args=()) -> list[tuple]:
+    with sqlite3.connect(home.path / "localdet.db", timeout=30) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def searcher_events(home: Home) -> int:
+    try:
+        return query(home, "SELECT COUNT(*) FROM searcher_events")[0][0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def promoted_trial_past_a_checkpoint(home: Home):
+    """(trial id, pid) of a promoted trial running with a checkpoint taken since its promotion."""
+    rows = query(home, """
+        SELECT t.id, t.pid FROM trials t JOIN checkpoints c ON c.trial_id = t.id
+        WHERE t.state = 'RUNNING' AND t.target_batches = 32 AND c.batches_trained >= 12
+              AND t.batches_trained < 28""")
+    return rows[0] if rows else None
+
+
+def outcome(home: Home, tmp_path) -> dict:
+    """Everything a search leaves that must not depend on interruptions."""
+    from localdet.db import StateDB
+    from localdet.views import best_checkpoint
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        (experiment,) = db.experiments()
+        trials = db.trials(experiment.id)
+        request = {t.id: t.request_id for t in trials}
+        best = best_checkpoint(db, experiment)
+        result = {
+            "state": experiment.state,
+            "trials": [(t.request_id, t.state, t.hparams, t.seed, t.batches_trained,
+                        t.target_batches) for t in trials],
+            "metrics": sorted((request[t.id], row.kind, row.batches_trained,
+                               sorted(row.metrics.items()))
+                              for t in trials for row in db.metrics(t.id)),
+            "best": (request[best.trial_id], best.batches_trained),
+        }
+    finally:
+        db.close()
+    export = tmp_path / f"best-{home.path.name}"
+    home.cli("checkpoint", "export", best.uuid, export)
+    with h5py.File(export / "determined-keras-model.h5") as h5:
+        weights = []
+        h5["model_weights"].visititems(
+            lambda name, obj: weights.append((name, np.asarray(obj)))
+            if isinstance(obj, h5py.Dataset) else None)
+    result["best_weights"] = weights
+    return result
+
+
+def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_path):
+    config = write_config(tmp_path, "asha", **ASHA)
+    calm, stormy = Home(tmp_path / "calm"), Home(tmp_path / "stormy")
+    daemons = [Daemon(calm), Daemon(stormy)]
+    try:
+        for home in (calm, stormy):
+            home.cli("submit", config, SLOW_DIGITS)
+        kill_daemon_at = [3, 10, 19]   # searcher events recorded so far
+        killed_trial = None
+        deadline = time.monotonic() + 600
+        while query(stormy, "SELECT state FROM experiments")[0][0] == "ACTIVE":
+            assert time.monotonic() < deadline, "the interrupted search did not end"
+            if kill_daemon_at and searcher_events(stormy) >= kill_daemon_at[0]:
+                kill_daemon_at.pop(0)
+                daemons[1].process.kill()      # kill -9: no chance to tidy up
+                daemons[1].process.wait()
+                daemons[1].log.close()
+                daemons[1] = Daemon(stormy)
+            if killed_trial is None:
+                running = promoted_trial_past_a_checkpoint(stormy)
+                if running:
+                    killed_trial = running[0]
+                    os.killpg(running[1], signal.SIGKILL)
+            time.sleep(0.02)
+        assert not kill_daemon_at, "the search ended before every planned daemon kill"
+        assert killed_trial is not None, "no promoted trial was caught between checkpoints"
+        stormy.wait_until_ended(1)
+        calm.wait_until_ended(1, timeout=600)
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+    restarted = query(stormy, "SELECT restarts FROM trials WHERE id = ?", [killed_trial])[0][0]
+    assert restarted == 1
+    log = "".join(path.read_text() for path in stormy.path.glob("daemon-test-*.log"))
+    assert log.count("adopted trial") >= 1  # at least one kill caught a trial running
+
+    expected, actual = outcome(calm, tmp_path), outcome(stormy, tmp_path)
+    assert expected["state"] == actual["state"] == "COMPLETED"
+    assert actual["trials"] == expected["trials"]
+    assert len(actual["trials"]) == 12
+    assert sum(1 for t in actual["trials"] if t[5] == 32) == 3  # a quarter promoted
+    assert actual["metrics"] == expected["metrics"]
+    assert actual["best"] == expected["best"]
+    for (name_a, a), (name_b, b) in zip(actual["best_weights"], expected["best_weights"]):
+        assert name_a == name_b
+        np.testing.assert_array_equal(a, b)
+    # No searcher decision was taken twice.
+    assert (query(stormy, "SELECT kind, request_id, length FROM searcher_events ORDER BY id")
+            == query(calm, "SELECT kind, request_id, length FROM searcher_events ORDER BY id"))
