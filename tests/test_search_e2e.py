@@ -130,7 +130,8 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
     assert expected["state"] == actual["state"] == "COMPLETED"
     assert actual["trials"] == expected["trials"]
     assert len(actual["trials"]) == 12
-    assert sum(1 for t in actual["trials"] if t[5] == 32) == 3  # a quarter promoted
+    # At least the best quarter of rung 0 is promoted (ASHA may promote a newcomer at once).
+    assert sum(1 for t in actual["trials"] if t[5] == 32) >= 3
     assert actual["metrics"] == expected["metrics"]
     assert actual["best"] == expected["best"]
     for (name_a, a), (name_b, b) in zip(actual["best_weights"], expected["best_weights"]):
