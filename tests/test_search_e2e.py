@@ -56,6 +56,19 @@ def promoted_trial_past_a_checkpoint(home: Home):
     return rows[0] if rows else None
 
 
+def weights(home: Home, uuid: str, folder) -> list[tuple[str, np.ndarray]]:
+    from localdet.paths import Layout
+    from localdet.reporting import CheckpointReader
+
+    path = CheckpointReader(Layout(home.path)).materialize(uuid, folder / uuid)
+    arrays = []
+    with h5py.File(path / "determined-keras-model.h5") as h5:
+        h5["model_weights"].visititems(
+            lambda name, obj: arrays.append((name, np.asarray(obj)))
+            if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
 def outcome(home: Home, tmp_path) -> dict:
     """Everything a search leaves that must not depend on interruptions."""
     from localdet.db import StateDB
@@ -67,7 +80,7 @@ def outcome(home: Home, tmp_path) -> dict:
         trials = db.trials(experiment.id)
         request = {t.id: t.request_id for t in trials}
         best = best_checkpoint(db, experiment)
-        result = {
+        return {
             "state": experiment.state,
             "trials": [(t.request_id, t.state, t.hparams, t.seed, t.batches_trained,
                         t.target_batches) for t in trials],
@@ -75,18 +88,13 @@ def outcome(home: Home, tmp_path) -> dict:
                                sorted(row.metrics.items()))
                               for t in trials for row in db.metrics(t.id)),
             "best": (request[best.trial_id], best.batches_trained),
+            # Each trial's last checkpoint: the one it ended with (retention keeps it).
+            "final_weights": {t.request_id: weights(home, t.latest_checkpoint,
+                                                    tmp_path / home.path.name)
+                              for t in trials},
         }
     finally:
         db.close()
-    export = tmp_path / f"best-{home.path.name}"
-    home.cli("checkpoint", "export", best.uuid, export)
-    with h5py.File(export / "determined-keras-model.h5") as h5:
-        weights = []
-        h5["model_weights"].visititems(
-            lambda name, obj: weights.append((name, np.asarray(obj)))
-            if isinstance(obj, h5py.Dataset) else None)
-    result["best_weights"] = weights
-    return result
 
 
 def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_path):
@@ -96,6 +104,7 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
     try:
         for home in (calm, stormy):
             home.cli("submit", config, SLOW_DIGITS)
+            home.experiment_named("asha")
         kill_daemon_at = [3, 10, 19]   # searcher events recorded so far
         killed_trial = None
         deadline = time.monotonic() + 600
@@ -134,9 +143,40 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
     assert sum(1 for t in actual["trials"] if t[5] == 32) >= 3
     assert actual["metrics"] == expected["metrics"]
     assert actual["best"] == expected["best"]
-    for (name_a, a), (name_b, b) in zip(actual["best_weights"], expected["best_weights"]):
-        assert name_a == name_b
-        np.testing.assert_array_equal(a, b)
+    # Every trial ends with the same weights, bit for bit: the one killed and restarted
+    # from its checkpoint, and those whose daemon was killed under them.
+    for request_id, expected_weights in expected["final_weights"].items():
+        actual_weights = actual["final_weights"][request_id]
+        assert [name for name, _ in actual_weights] == [name for name, _ in expected_weights]
+        for (_, a), (_, b) in zip(actual_weights, expected_weights):
+            np.testing.assert_array_equal(a, b)
     # No searcher decision was taken twice.
     assert (query(stormy, "SELECT kind, request_id, length FROM searcher_events ORDER BY id")
             == query(calm, "SELECT kind, request_id, length FROM searcher_events ORDER BY id"))
+
+
+def test_a_failing_trial_does_not_stop_its_siblings(home, tmp_path):
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        home.cli("submit", write_config(
+            tmp_path, "grid", entrypoint="model_def:SlowDigitsTrial",
+            # A negative width makes Keras raise in build_model: that trial fails.
+            hyperparameters={"global_batch_size": 16, "learning_rate": 0.1, "batch_sleep": 0,
+                             "hidden_units": {"type": "categorical", "vals": [16, -1, 32]}},
+            searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
+                      "max_length": {"batches": 8}},
+            max_restarts=1), SLOW_DIGITS)
+        experiment_id = home.experiment_named("grid")["id"]
+        facts = home.wait_until_ended(experiment_id)
+    finally:
+        daemon.stop()
+    by_width = {t["hparams"]["hidden_units"]: t for t in facts["trials"]}
+    assert sorted(by_width) == [-1, 16, 32]
+    assert by_width[16]["state"] == by_width[32]["state"] == "COMPLETED"
+    failed = by_width[-1]
+    assert failed["state"] == "ERROR" and failed["restarts"] == 1
+    assert failed["error"].startswith("exit status 1; the end of its log:")
+    assert "Error" in failed["error"]  # the exception's last lines, from its log
+    assert facts["state"] == "COMPLETED"
+    status = home.cli("status", experiment_id).stdout
+    assert "1 error" in status and "2 completed" in status and "Best" in status
