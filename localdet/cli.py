@@ -47,7 +47,8 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
-              help="How many trials may run at once (CPU slots).")
+              help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
+                   "one slot per GPU.")
 def daemon(slots: int) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon, DaemonAlreadyRunning
@@ -80,7 +81,8 @@ def submit(config: Path, model_dir: Path | None) -> None:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
-              help="How many trials may run at once (CPU slots).")
+              help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
+                   "one slot per GPU.")
 @click.option("--quiet", is_flag=True, help="Show progress bars, not the trials' logs.")
 def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
     """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
