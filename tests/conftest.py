@@ -97,6 +97,24 @@ class Daemon:
 
 
 @pytest.fixture
+def layout(tmp_path):
+    """A fresh state folder."""
+    from localdet.paths import Layout
+
+    return Layout(tmp_path / "home").ensure()
+
+
+@pytest.fixture
+def db(layout):
+    """The state folder's database, open."""
+    from localdet.db import StateDB
+
+    state = StateDB.open(layout.db)
+    yield state
+    state.close()
+
+
+@pytest.fixture
 def home(tmp_path) -> Home:
     return Home(tmp_path / "home")
 

@@ -9,22 +9,9 @@ import pytest
 
 from localdet.db import CheckpointDeleted, NotFound, StateDB
 from localdet.manifest import build_manifest
-from localdet.paths import Layout
 from localdet.store import FileEntry
 
 TABLES = ("experiments", "trials", "metrics", "checkpoints", "events")
-
-
-@pytest.fixture
-def layout(tmp_path) -> Layout:
-    return Layout(tmp_path / "home")
-
-
-@pytest.fixture
-def db(layout):
-    state = StateDB.open(layout.db)
-    yield state
-    state.close()
 
 
 def make_experiment(db: StateDB, name: str = "exp", metric: str = "val_loss",

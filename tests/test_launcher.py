@@ -12,11 +12,6 @@ from localdet.db import StateDB
 from localdet.paths import Layout
 
 
-@pytest.fixture
-def layout(tmp_path) -> Layout:
-    return Layout(tmp_path / "home").ensure()
-
-
 def recorded(layout: Layout, config: dict, kind: str = "experiment"):
     """An experiment (or job) and one trial in a real database, its model folder made."""
     db = StateDB.open(layout.db)

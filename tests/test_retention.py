@@ -20,7 +20,6 @@ from localdet.config import parse_config
 from localdet.db import CheckpointDeleted, StateDB
 from localdet.gc import GRACE_SECONDS, collect
 from localdet.manifest import build_manifest
-from localdet.paths import Layout
 from localdet.reporting import CheckpointReader, SQLiteReporter
 from localdet.retention import CheckpointRef, checkpoints_to_keep
 from localdet.store import Store
@@ -108,18 +107,6 @@ def test_ties_are_broken_by_batches_then_uuid_whatever_the_input_order():
 
 
 # -- garbage collection on a real database and store ----------------------------------------
-
-@pytest.fixture
-def layout(tmp_path) -> Layout:
-    return Layout(tmp_path / "home").ensure()
-
-
-@pytest.fixture
-def db(layout):
-    state = StateDB.open(layout.db)
-    yield state
-    state.close()
-
 
 @pytest.fixture
 def store(layout) -> Store:

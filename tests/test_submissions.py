@@ -14,7 +14,6 @@ import pytest
 
 import localdet.submissions as submissions
 from localdet.config import ConfigError
-from localdet.db import StateDB
 from localdet.paths import Layout
 from localdet.slots import Slot, cpu_only, write_slot_file
 from localdet.submissions import (SUBMITTED_CONFIG, Intake, SubmissionError, find_config,
@@ -39,18 +38,6 @@ searcher:
     batches: 10
 """
 MODEL_DEF = "class Trial:\n    pass\n"
-
-
-@pytest.fixture
-def layout(tmp_path) -> Layout:
-    return Layout(tmp_path / "home").ensure()
-
-
-@pytest.fixture
-def db(layout):
-    state = StateDB.open(layout.db)
-    yield state
-    state.close()
 
 
 @pytest.fixture

@@ -22,13 +22,6 @@ TRIAL_KEYS = {"id", "state", "hparams", "batches_trained", "restarts", "latest_v
 CHECKPOINT_KEYS = {"uuid", "trial_id", "batches_trained", "size_bytes", "metadata"}
 
 
-@pytest.fixture
-def db(tmp_path):
-    state = StateDB.open(Layout(tmp_path / "home").db)
-    yield state
-    state.close()
-
-
 def make_experiment(db: StateDB, name: str = "tiny", smaller_is_better: bool = True) -> int:
     config = parse_config({
         "name": name,

@@ -115,7 +115,8 @@ def run_bare() -> float:
     start = time.monotonic()
     with ThreadPoolExecutor(args.slots) as pool:
         list(pool.map(lambda _: subprocess.run([sys.executable, "-c", BARE_TRIAL], env=env,
-                                               check=True), range(args.trials)))
+                                               check=True, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL), range(args.trials)))
     return time.monotonic() - start
 
 
