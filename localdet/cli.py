@@ -51,7 +51,8 @@ def cli() -> None:
                    "one slot per GPU.")
 def daemon(slots: int) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
-    from localdet.daemon import Daemon, DaemonAlreadyRunning
+    from localdet.daemon import Daemon
+    from localdet.processes import DaemonAlreadyRunning
 
     try:
         Daemon(Layout.from_environment(), slots=slots,
@@ -111,7 +112,7 @@ def job() -> None:
 @click.option("--detach", is_flag=True, help="Queue the job and return at once.")
 def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
     """Queue a job (CONFIG and the MODEL_DIR holding its code) and follow its log."""
-    from localdet.daemon import DaemonLock
+    from localdet.processes import DaemonLock
     from localdet.jobs import JobNotTaken, follow
     from localdet.submissions import JOB, SubmissionError, submit as submit_job
 
@@ -149,7 +150,7 @@ def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def status(experiment_id: int | None, as_json: bool) -> None:
     """Experiments and jobs, or one experiment's trials (one job's log)."""
-    from localdet.daemon import DaemonLock
+    from localdet.processes import DaemonLock
 
     layout = Layout.from_environment()
     db = _open_db(layout)
@@ -200,7 +201,7 @@ ACTION_STATES = {  # what each action applies to, and what it can never apply to
 
 
 def _request(action: str, experiment_id: int | None, trial_id: int | None) -> None:
-    from localdet.daemon import DaemonLock
+    from localdet.processes import DaemonLock
 
     if (experiment_id is None) == (trial_id is None):
         _fail(f"name an experiment (`localdet {action} EXP`) or a trial "

@@ -13,7 +13,6 @@ same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -21,72 +20,22 @@ import signal
 import threading
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from localdet import gc, launcher, scheduler
-from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
-    write_slot_file
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
+from localdet.processes import DaemonLock, alive, exit_description, process_start
 from localdet.searching import Search, SearchError
+from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
+    write_slot_file
 from localdet.submissions import Intake
 
 
 SCRIPT_GONE = "the script ended without finishing its run (was it killed?)"
-
-
-class DaemonAlreadyRunning(RuntimeError):
-    pass
-
-
-class DaemonLock:
-    """An exclusive lock on `$LOCALDET_HOME/daemon.lock`, released by the OS if we die."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._file = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise DaemonAlreadyRunning(
-                f"another localdet daemon (pid {holder}) is running on {self.path.parent}; "
-                "stop it first, or set LOCALDET_HOME to use another state folder") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._file = handle
-
-    def release(self) -> None:
-        if self._file:
-            self._file.close()
-            self._file = None
-
-    @staticmethod
-    def holder(path: Path) -> int | None:
-        """The pid of the running daemon, or None when none holds the lock."""
-        if not path.exists():
-            return None
-        with open(path, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                text = handle.read().strip()
-                return int(text) if text.isdigit() else -1
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return None
 
 
 class _Wake(FileSystemEventHandler):
@@ -95,41 +44,6 @@ class _Wake(FileSystemEventHandler):
 
     def on_any_event(self, event) -> None:
         self.event.set()
-
-
-def _exit_description(returncode: int | None) -> str:
-    if returncode is None:
-        return "its process ended while no daemon watched it, without finishing"
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        if returncode == -signal.SIGKILL:
-            return f"killed by {name} (`kill -9`, or the kernel when memory ran out)"
-        return f"killed by {name}"
-    return f"exit status {returncode}"
-
-
-def process_start(pid: int) -> int | None:
-    """The kernel's start time of a process (clock ticks since boot), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @dataclass
@@ -395,7 +309,7 @@ class Daemon:
         for trial in self.db.trials(experiment_id, states=("RUNNING",)):
             if trial.experiment_id not in mine and experiment_id is None:
                 continue
-            if (trial.pid and _alive(trial.pid)
+            if (trial.pid and alive(trial.pid)
                     and trial.process_start in (None, process_start(trial.pid))):
                 self._adopted[trial.id] = trial.pid
                 self._slots_of[trial.id] = trial.slots or []
@@ -411,7 +325,7 @@ class Daemon:
                 del self._processes[trial_id]
                 self._finish(trial_id, code)
         for trial_id, pid in list(self._adopted.items()):
-            if not _alive(pid):
+            if not alive(pid):
                 del self._adopted[trial_id]
                 self._finish(trial_id, returncode=None)
 
@@ -457,7 +371,7 @@ class Daemon:
 
     def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None) -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)
-        how = _exit_description(returncode)
+        how = exit_description(returncode)
         if trial.restarts < experiment.config["max_restarts"]:
             self.db.update_trial(trial.id, state="QUEUED", restarts=trial.restarts + 1,
                                  stop_requested=None)
@@ -515,7 +429,7 @@ class Daemon:
             if experiment.runner != "script":
                 continue
             for trial in self.db.trials(experiment.id, states=("RUNNING",)):
-                if trial.pid and not _alive(trial.pid):
+                if trial.pid and not alive(trial.pid):
                     self.db.update_trial(trial.id, state="ERROR", error=SCRIPT_GONE)
                     self.db.set_experiment_state(experiment.id, "ERROR", error=SCRIPT_GONE)
                     self.log(f"experiment {experiment.id}: {SCRIPT_GONE}")

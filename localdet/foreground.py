@@ -28,7 +28,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from localdet import views
-from localdet.daemon import Daemon, DaemonLock
+from localdet.daemon import Daemon
+from localdet.processes import DaemonLock
 from localdet.db import TERMINAL_STATES, StateDB
 from localdet.paths import Layout
 from localdet.submissions import EXPERIMENT, Intake, copy_submission, read_submission

@@ -12,7 +12,7 @@ import time
 
 import click
 
-from localdet.daemon import DaemonLock
+from localdet.processes import DaemonLock
 from localdet.db import TERMINAL_STATES, StateDB
 from localdet.paths import Layout
 from localdet.submissions import ingested_as

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from conftest import Daemon, Home, wait_for
-from localdet.daemon import SCRIPT_GONE, DaemonLock
+from localdet.daemon import SCRIPT_GONE
+from localdet.processes import DaemonLock
 from localdet.db import StateDB
 from localdet.paths import Layout
 
