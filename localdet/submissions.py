@@ -30,6 +30,7 @@ from pathlib import Path
 from localdet.config import ConfigError, ParsedConfig, load_config_text, load_job_config_text
 from localdet.db import StateDB
 from localdet.paths import Layout
+from localdet.processes import DaemonLock
 from localdet.slots import GPU, Slot, cpu_only, describe, read_slot_file
 
 SETTLE_SECONDS = 1.0
@@ -329,8 +330,10 @@ def submit(layout: Layout, config_path: Path, model_dir: Path | None,
            kind: str = EXPERIMENT) -> tuple[Path, list[str]]:
     """Copy a config and model folder into the queue (`queue/jobs/` for a job) as one
     submission, atomically. Returns the queued path and the config's warnings. A config
-    asking for more slots than the daemon's slot file lists is refused here too."""
-    slots = read_slot_file(layout.slot_file)
+    asking for more slots than the running daemon has is refused here too (with no daemon
+    running, the next one to start decides: it may be given more slots)."""
+    slots = (read_slot_file(layout.slot_file)
+             if DaemonLock.holder(layout.daemon_lock) is not None else None)
     text, parsed = read_submission(config_path, model_dir, kind, slots)  # refuse a bad one now
     # The experiment name may hold anything; the queue entry's name must be a plain file name.
     safe_name = re.sub(r"[^\w.-]+", "_", parsed.config["name"]).lstrip(".") or kind

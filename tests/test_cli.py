@@ -120,12 +120,15 @@ def test_status_shows_jobs_apart_and_json_has_kind_and_runner(home):
     assert f"Job {job_id}" in shown and "Slots" in shown and "trial.log" in shown
 
 
-def test_submit_refuses_more_slots_than_the_last_daemon_found(home, tmp_path):
+def test_submit_refuses_more_slots_than_the_running_daemon_has(home, tmp_path):
+    from localdet.processes import DaemonLock
     from localdet.slots import Slot, cpu_only, write_slot_file
 
     layout = Layout(home.path).ensure()
     wide = write_config(tmp_path, "wide", resources={"slots_per_trial": 4})
     write_slot_file(layout.slot_file, cpu_only(2))
+    running = DaemonLock(layout.daemon_lock)
+    running.acquire()  # as a running daemon does
     assert_one_sentence_error(
         home.cli("submit", wide, EXAMPLE, check=False),
         "resources.slots_per_trial is 4 but this machine has 2 CPU slots; lower "
@@ -143,3 +146,4 @@ def test_submit_refuses_more_slots_than_the_last_daemon_found(home, tmp_path):
     assert list((home.path / "queue" / "jobs").iterdir()) == []
     fits = write_config(tmp_path, "fits", resources={"slots_per_trial": 3})
     assert home.cli("submit", fits, EXAMPLE).stdout.startswith("queued fits-")
+    running.release()

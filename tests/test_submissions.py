@@ -15,6 +15,7 @@ import pytest
 import localdet.submissions as submissions
 from localdet.config import ConfigError
 from localdet.paths import Layout
+from localdet.processes import DaemonLock
 from localdet.slots import Slot, cpu_only, write_slot_file
 from localdet.submissions import (SUBMITTED_CONFIG, Intake, SubmissionError, find_config,
                                   submit)
@@ -621,14 +622,17 @@ def test_submit_refuses_more_slots_than_the_slot_file_lists(tmp_path, layout):
     wide = tmp_path / "wide.yaml"
     wide.write_text(CONFIG + "resources:\n  slots_per_trial: 3\n")
     submit(layout, wide, model)  # no slot file yet: nothing to check against
-    [queued] = queue_entries(layout)
     write_slot_file(layout.slot_file, cpu_only(2))
+    submit(layout, wide, model)  # no daemon running: the next one may have more slots
+    queued = queue_entries(layout)
+    lock = DaemonLock(layout.daemon_lock)
+    lock.acquire()  # a daemon with those 2 slots runs
     with pytest.raises(SubmissionError) as error:
         submit(layout, wide, model)
     assert str(error.value) == ("resources.slots_per_trial is 3 but this machine has 2 CPU "
                                 "slots; lower resources.slots_per_trial or start `localdet "
                                 "daemon --slots 3`")
-    assert queue_entries(layout) == [queued]  # nothing new
+    assert queue_entries(layout) == queued  # nothing new
     assert [p.name for p in layout.queue.iterdir() if p.name.startswith(".")] == []
     job = tmp_path / "job.yaml"
     job.write_text(JOB_CONFIG.replace("slots: 2", "slots: 3"))
@@ -638,4 +642,5 @@ def test_submit_refuses_more_slots_than_the_slot_file_lists(tmp_path, layout):
     fits = tmp_path / "fits.yaml"
     fits.write_text(CONFIG + "resources:\n  slots_per_trial: 2\n")
     submit(layout, fits, model)
-    assert len(queue_entries(layout)) == 2
+    lock.release()
+    assert len(queue_entries(layout)) == 3
