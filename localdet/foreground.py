@@ -164,9 +164,11 @@ def _done(db: StateDB, experiment_id: int, daemon: Daemon) -> bool:
     if experiment.state in TERMINAL_STATES or experiment.state == "PAUSED":
         return True
     trials = db.trials(experiment_id)
-    # Every trial paused one by one (`localdet pause --trial`): nothing left to drive.
-    return bool(trials) and all(t.state == "PAUSED" or t.state in TERMINAL_STATES
-                                for t in trials)
+    # Every trial paused one by one (`localdet pause --trial`), the rest waiting on the
+    # searcher or ended: nothing left to drive.
+    return (any(t.state == "PAUSED" for t in trials)
+            and all(t.state in ("PAUSED", "WAITING") or t.state in TERMINAL_STATES
+                    for t in trials))
 
 
 def _show(db: StateDB, experiment_id: int, progress: Progress, tasks: dict,
