@@ -110,7 +110,8 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
         deadline = time.monotonic() + 600
         while query(stormy, "SELECT state FROM experiments")[0][0] == "ACTIVE":
             assert time.monotonic() < deadline, "the interrupted search did not end"
-            if kill_daemon_at and searcher_events(stormy) >= kill_daemon_at[0]:
+            if (kill_daemon_at and searcher_events(stormy) >= kill_daemon_at[0]
+                    and query(stormy, "SELECT id FROM trials WHERE state = 'RUNNING'")):
                 kill_daemon_at.pop(0)
                 daemons[1].process.kill()      # kill -9: no chance to tidy up
                 daemons[1].process.wait()

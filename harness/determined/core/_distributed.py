@@ -1,40 +1,156 @@
-"""DistributedContext: who this process is among the trial's processes."""
+"""DistributedContext: who this process is among the trial's processes, and collectives
+across them.
+
+In a trial, use the context the harness made (`context.distributed`):
+
+    distributed = context.distributed
+    distributed.get_rank(), distributed.get_size()     # e.g. 1, 4
+    distributed.allgather(loss)                        # every rank: [rank 0's loss, ...]
+    distributed.gather(stats)                          # rank 0: [.., .., .., ..]; others: None
+    distributed.broadcast(plan)                        # every rank: rank 0's plan
+    distributed.allgather_local(x)                     # the same, over this machine's ranks
+
+Every rank must call the same collectives in the same order, as in Determined: rank 0
+checks, and a rank that calls a different one, goes away or stays silent for 30 minutes
+makes every rank raise an error that names it. The collectives are for coordination (any
+picklable objects), not a replacement for the training framework's own all-reduce.
+
+The harness builds the context in every trial process with
+`DistributedContext.from_environment()`, from the LOCALDET_* variables the launcher sets
+(see `determined.core._distributed_env`). Without them a process is rank 0 of 1 and the
+collectives return at once (`[x]`, `x`) without opening a socket. Other processes can
+describe themselves with `from_horovod(hvd)` or `from_tf_config()`; their collectives use
+the same transport, and so need LOCALDET_CHIEF_ADDR (or chief_ip and pub_port) and
+LOCALDET_DIST_AUTHKEY. With more than one process the connections open on the first
+collective and close with `close()` (or at exit); see `determined.core._process_group`.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Union
+
+from determined.core._distributed_env import (
+    AUTHKEY_VAR,
+    read_distributed_environment,
+    read_rendezvous,
+)
+from determined.core._process_group import ProcessGroup
 
 
 class DistributedContext:
-    """Rank information for the processes of one trial.
+    """Rank information for the processes of one trial, and collectives across them.
 
-    A one-slot trial is rank 0 of size 1, which is what `DistributedContext()` gives:
+    rank/size: this process among all of the trial's; local_rank/local_size: among those on
+    this machine; cross_rank/cross_size: this machine among the trial's machines. localdet
+    runs on one machine, where local equals global and cross is 0 of 1, which is what the
+    local and cross arguments default to:
 
-        distributed = DistributedContext()
-        distributed.get_rank()     # 0
-        distributed.allgather(x)   # [x]
+        DistributedContext()                      # rank 0 of 1: a one-slot trial
+        DistributedContext(rank=1, size=4)        # local rank 1 of 4, machine 0 of 1
 
-    Collective operations across several processes arrive with multi-slot trials; until
-    then a context of size > 1 refuses them rather than return wrong answers.
+    chief_ip (or DET_CHIEF_IP) and pub_port + port_offset say where rank 0 listens when
+    LOCALDET_CHIEF_ADDR does not; pull_port and force_tcp are Determined's ZeroMQ settings,
+    accepted so that code written for it runs, and unused (one port serves here).
     """
 
-    def __init__(self, *, rank: int = 0, size: int = 1, local_rank: int = 0,
-                 local_size: int = 1, cross_rank: int = 0, cross_size: int = 1,
-                 chief_ip: Optional[str] = None, pub_port: int = 12360,
-                 pull_port: int = 12376, port_offset: int = 0, force_tcp: bool = False):
-        if not 0 <= rank < size:
-            raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    def __init__(self, *, rank: int = 0, size: int = 1, local_rank: Optional[int] = None,
+                 local_size: Optional[int] = None, cross_rank: Optional[int] = None,
+                 cross_size: Optional[int] = None, chief_ip: Optional[str] = None,
+                 pub_port: int = 12360, pull_port: int = 12376, port_offset: int = 0,
+                 force_tcp: bool = False):
+        _check_index("rank", rank, "size", size)
+        if cross_size is None or cross_size == 1:
+            local_rank = rank if local_rank is None else local_rank
+            local_size = size if local_size is None else local_size
+            cross_rank, cross_size = (0 if cross_rank is None else cross_rank), 1
+            if (local_rank, local_size) != (rank, size):
+                raise ValueError(f"on one machine (cross_size 1) local_rank and local_size "
+                                 f"equal rank and size ({rank}, {size}), got "
+                                 f"({local_rank}, {local_size})")
+        elif local_rank is None or local_size is None or cross_rank is None:
+            raise ValueError("with cross_size > 1 (several machines) DistributedContext "
+                             "needs local_rank, local_size and cross_rank too")
+        _check_index("local_rank", local_rank, "local_size", local_size)
+        _check_index("cross_rank", cross_rank, "cross_size", cross_size)
         self.rank, self.size = rank, size
         self.local_rank, self.local_size = local_rank, local_size
         self.cross_rank, self.cross_size = cross_rank, cross_size
+
+        # Where rank 0 listens and the key that admits the trial's processes: the launcher's
+        # LOCALDET_CHIEF_ADDR first, else chief_ip/DET_CHIEF_IP (this machine when there is
+        # only one) at pub_port + port_offset.
         self._chief_ip = chief_ip or os.environ.get("DET_CHIEF_IP")
+        self._chief_addr, self._authkey = read_rendezvous() if size > 1 else (None, None)
+        if self._chief_addr is None and size > 1:
+            if cross_size > 1 and not self._chief_ip:
+                raise ValueError(f"a trial on {cross_size} machines needs the chief's "
+                                 "address: pass chief_ip or set DET_CHIEF_IP")
+            self._chief_addr = (self._chief_ip or "127.0.0.1", pub_port + port_offset)
+        self._group: Optional[ProcessGroup] = None
+
+    @classmethod
+    def from_environment(cls) -> "DistributedContext":
+        """This process's context in a trial the localdet launcher started: LOCALDET_RANK,
+        LOCALDET_SIZE, LOCALDET_CHIEF_ADDR, LOCALDET_DIST_AUTHKEY; rank 0 of 1 without them."""
+        env = read_distributed_environment()
+        return cls(rank=env.rank, size=env.size)
 
     @classmethod
     def from_horovod(cls, hvd: Any, chief_ip: Optional[str] = None) -> "DistributedContext":
+        """Rank information from an initialised Horovod module:
+
+            import horovod.tensorflow.keras as hvd
+            hvd.init()
+            distributed = DistributedContext.from_horovod(hvd)
+        """
         return cls(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                    cross_size=hvd.cross_size(), chief_ip=chief_ip)
+
+    @classmethod
+    def from_tf_config(cls, tf_config: Union[str, Dict[str, Any], None] = None
+                       ) -> "DistributedContext":
+        """Rank information from MultiWorkerMirroredStrategy's TF_CONFIG (a JSON string or
+        its dict; default: the TF_CONFIG environment variable):
+
+            {"cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]},
+             "task": {"type": "worker", "index": 1}}          # rank 1 of 2
+
+        A "chief" task, if the cluster has one, comes first. Machines are told apart by the
+        host part of the addresses; the first worker's host is where rank 0 listens unless
+        LOCALDET_CHIEF_ADDR says otherwise.
+        """
+        if tf_config is None:
+            tf_config = os.environ.get("TF_CONFIG")
+            if not tf_config:
+                raise ValueError("TF_CONFIG is not set: from_tf_config() needs the cluster "
+                                 "description of MultiWorkerMirroredStrategy")
+        try:
+            config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
+            cluster, task = config["cluster"], config["task"]
+            chiefs, workers = list(cluster.get("chief", [])), list(cluster.get("worker", []))
+            kind, index = task["type"], int(task["index"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"TF_CONFIG must be JSON with cluster.worker (a list of "
+                             f"host:port) and task.type and task.index: {error}") from None
+        if kind not in ("chief", "worker"):
+            raise ValueError(f"TF_CONFIG task type {kind!r} does not train; "
+                             "DistributedContext describes 'chief' and 'worker' tasks")
+        same_kind = chiefs if kind == "chief" else workers
+        if not 0 <= index < len(same_kind):
+            raise ValueError(f"TF_CONFIG task index {index} is not in cluster.{kind}, which "
+                             f"has {len(same_kind)} entries")
+        rank = index if kind == "chief" else len(chiefs) + index
+        hosts = [_host(str(address)) for address in chiefs + workers]
+        machines = list(dict.fromkeys(hosts))
+        return cls(rank=rank, size=len(hosts), local_rank=hosts[:rank].count(hosts[rank]),
+                   local_size=hosts.count(hosts[rank]),
+                   cross_rank=machines.index(hosts[rank]), cross_size=len(machines),
+                   chief_ip=hosts[0])
+
+    # -- who this process is ----------------------------------------------------------------
 
     def get_rank(self) -> int:
         return self.rank
@@ -44,6 +160,9 @@ class DistributedContext:
 
     def get_size(self) -> int:
         return self.size
+
+    def get_num_agents(self) -> int:
+        return self.cross_size
 
     def shard_batch_size(self, global_batch_size: int) -> int:
         """This process's share of a global batch, so that the effective batch size stays
@@ -60,35 +179,98 @@ class DistributedContext:
                              f"over {self.size} processes; make it a multiple of {self.size}")
         return global_batch_size // self.size
 
-    def get_num_agents(self) -> int:
-        return self.cross_size
-
-    def _single_process(self, operation: str) -> None:
-        if self.size > 1:
-            raise NotImplementedError(
-                f"DistributedContext.{operation}() across {self.size} processes is not "
-                "available yet in localdet; run the trial with slots_per_trial: 1")
+    # -- collectives: every rank calls the same ones in the same order ----------------------
 
     def gather(self, stuff: Any) -> Optional[List]:
-        self._single_process("gather")
-        return [stuff]
-
-    def gather_local(self, stuff: Any) -> Optional[List]:
-        self._single_process("gather_local")
-        return [stuff]
+        """Rank 0 gets everyone's stuff in rank order; the other ranks get None."""
+        if self.size == 1:
+            return [stuff]
+        return self._process_group("gather").gather("gather", stuff)
 
     def allgather(self, stuff: Any) -> List:
-        self._single_process("allgather")
-        return [stuff]
-
-    def allgather_local(self, stuff: Any) -> List:
-        self._single_process("allgather_local")
-        return [stuff]
+        """Every rank gets everyone's stuff in rank order."""
+        if self.size == 1:
+            return [stuff]
+        return self._process_group("allgather").allgather("allgather", stuff)
 
     def broadcast(self, stuff: Any) -> Any:
-        self._single_process("broadcast")
-        return stuff
+        """Every rank gets rank 0's stuff."""
+        if self.size == 1:
+            return stuff
+        return self._process_group("broadcast").broadcast("broadcast", stuff)
+
+    # On one machine, this machine's ranks are all the ranks: the local collectives are the
+    # global ones (under their own names, for the order check).
+
+    def gather_local(self, stuff: Any) -> Optional[List]:
+        """This machine's local rank 0 gets the stuff of this machine's ranks in local rank
+        order; the others get None."""
+        if self.size == 1:
+            return [stuff]
+        if self.cross_size == 1:
+            return self._process_group("gather_local").gather("gather_local", stuff)
+        mine = self._machine_entries("gather_local", stuff)
+        return mine if self.local_rank == 0 else None
+
+    def allgather_local(self, stuff: Any) -> List:
+        """Every rank gets the stuff of this machine's ranks in local rank order."""
+        if self.size == 1:
+            return [stuff]
+        if self.cross_size == 1:
+            return self._process_group("allgather_local").allgather("allgather_local", stuff)
+        return self._machine_entries("allgather_local", stuff)
 
     def broadcast_local(self, stuff: Optional[Any] = None) -> Any:
-        self._single_process("broadcast_local")
-        return stuff
+        """Every rank gets the stuff of this machine's local rank 0."""
+        if self.size == 1:
+            return stuff
+        if self.cross_size == 1:
+            return self._process_group("broadcast_local").broadcast("broadcast_local", stuff)
+        return self._machine_entries("broadcast_local",
+                                     stuff if self.local_rank == 0 else None)[0]
+
+    def close(self) -> None:
+        """Close the connections to the other ranks (also done at exit); collectives across
+        processes fail after this."""
+        if self._group is not None:
+            self._group.close()
+
+    def __enter__(self) -> "DistributedContext":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _machine_entries(self, name: str, stuff: Any) -> List:
+        # Several machines: one allgather through rank 0, each rank keeping its machine's
+        # entries. Enough for coordination, and every rank takes part, so the order of
+        # collectives stays the same on every rank.
+        entries = self._process_group(name).allgather(
+            name, (self.cross_rank, self.local_rank, stuff))
+        mine = sorted((entry for entry in entries if entry[0] == self.cross_rank),
+                      key=lambda entry: entry[1])
+        return [entry[2] for entry in mine]
+
+    def _process_group(self, operation: str) -> ProcessGroup:
+        if self._group is None:
+            if self._authkey is None:
+                raise RuntimeError(
+                    f"{operation}() across {self.size} processes needs {AUTHKEY_VAR}: the "
+                    "same secret key (hex) in every process of the trial, which localdet's "
+                    "launcher sets; to set it yourself: "
+                    "python3 -c 'import secrets; print(secrets.token_hex(32))'")
+            assert self._chief_addr is not None
+            self._group = ProcessGroup(self.rank, self.size, self._chief_addr, self._authkey)
+        return self._group
+
+
+def _check_index(index_name: str, index: int, count_name: str, count: int) -> None:
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"{count_name} must be a positive integer, got {count!r}")
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise ValueError(f"{index_name} must be in [0, {count}), got {index!r}")
+
+
+def _host(address: str) -> str:
+    host, sep, _ = address.rpartition(":")
+    return (host if sep else address).strip("[]")
