@@ -10,10 +10,11 @@ In a trial, use the context the harness made (`context.distributed`):
     distributed.broadcast(plan)                        # every rank: rank 0's plan
     distributed.allgather_local(x)                     # the same, over this machine's ranks
 
-Every rank must call the same collectives in the same order, as in Determined: rank 0
-checks, and a rank that calls a different one, goes away or stays silent for 30 minutes
-makes every rank raise an error that names it. The collectives are for coordination (any
-picklable objects), not a replacement for the training framework's own all-reduce.
+Every rank must call the same collectives in the same order (each from one thread), as in
+Determined: rank 0 checks, and a rank that calls a different one, goes away or stays silent
+for 30 minutes makes every rank raise an error that names it; after that the context's
+collectives fail at once. The collectives are for coordination (any picklable objects),
+not a replacement for the training framework's own all-reduce.
 
 The harness builds the context in every trial process with
 `DistributedContext.from_environment()`, from the LOCALDET_* variables the launcher sets
