@@ -59,11 +59,19 @@ def test_metric_rows_and_checkpoints_follow_the_periods(state):
     # 45) or a checkpoint (every 90) is due, and at the end.
     assert training == [45, 90, 100, 135, 180, 200, 225]
     assert validation == [45, 90, 135, 180, 225]
-    checkpoints = home.json("checkpoints", facts["id"])
+    checkpoints = home.json("checkpoints", facts["id"], "--all")
     assert [c["batches_trained"] for c in checkpoints] == [90, 180, 225]
     assert all(c["size_bytes"] > 0 and c["metadata"]["keras_line"] == "keras3"
                for c in checkpoints)
     assert home.experiment(facts["id"])["trials"][0]["latest_checkpoint"] == checkpoints[-1]["uuid"]
+    # Retention (save_trial_best 1, save_trial_latest 1) kept the latest and the best only.
+    accuracy = {r.batches_trained: r.metrics["val_accuracy"]
+                for r in db.metrics(trial_id, "validation")}
+    best = max((90, 180, 225), key=lambda batches: accuracy[batches])
+    kept = [c["batches_trained"] for c in home.json("checkpoints", facts["id"])]
+    assert kept == sorted({best, 225})
+    assert {c["batches_trained"]: c["state"] for c in checkpoints if c["state"] == "DELETED"} \
+        == {b: "DELETED" for b in (90, 180, 225) if b not in kept}
 
 
 def test_exported_checkpoint_loads_and_predicts_like_the_final_model(state, tmp_path):
