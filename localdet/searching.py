@@ -119,13 +119,18 @@ class Search:
                 created[op.request_id] = op
             elif isinstance(op, ValidateAfter):
                 state = "PAUSED" if paused else "QUEUED"
-                if op.request_id in created:
+                existing = self.db.trial_by_request(experiment.id, op.request_id)
+                if op.request_id in created and existing is not None:
+                    # Recorded before the search was (an experiment from before searcher
+                    # events, or one `localdet run` began): it is that trial.
+                    created.pop(op.request_id)
+                elif op.request_id in created:
                     create = created.pop(op.request_id)
                     self.db.create_trial(experiment_id=experiment.id, request_id=op.request_id,
                                          hparams=create.hparams, seed=create.seed,
                                          target_batches=op.length, state=state)
                 else:  # a promotion: it continues from its latest checkpoint
-                    trial = self.db.trial_by_request(experiment.id, op.request_id)
+                    trial = existing
                     if trial.state in TERMINAL_STATES:
                         continue
                     self.db.update_trial(trial.id, state=state, target_batches=op.length)

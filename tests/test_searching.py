@@ -188,3 +188,18 @@ def test_a_process_the_daemon_did_not_record_never_trains(layout, db, monkeypatc
         reporter._await_launch_record(seconds=0.2)
     db.update_trial(trial_id, state="RUNNING", pid=os.getpgrp())
     reporter._await_launch_record(seconds=0.2)  # recorded: it may train
+
+
+def test_a_search_started_over_a_trial_recorded_before_it_takes_that_trial(db):
+    # An experiment from before searcher events existed, or one `localdet run` began.
+    config = parse_config({
+        "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "loss", "max_length": 10}}).config
+    experiment_id = new_experiment(db, config)
+    trial_id = db.create_trial(experiment_id=experiment_id, request_id=1, hparams={"x": 0.5},
+                               seed=1, target_batches=10, state="RUNNING")
+    search = Search(db, log=lambda message: None)
+    search.start(db.experiment(experiment_id))
+    assert [t.id for t in db.trials(experiment_id)] == [trial_id]
+    finish(db, search, experiment_id, trial_id)
+    assert db.trial(trial_id).state == "COMPLETED"
