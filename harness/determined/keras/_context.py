@@ -29,7 +29,7 @@ class TFKerasTrialContext:
 
     def __init__(self, info: TrialInfo, distributed: Optional[DistributedContext] = None):
         self._info = info
-        self.distributed = distributed or DistributedContext()
+        self.distributed = distributed or DistributedContext.from_environment()
         self.experimental = TFKerasExperimentalContext()
         self.models: List[Any] = []
         self.optimizers: List[Any] = []

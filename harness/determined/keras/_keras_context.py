@@ -109,7 +109,7 @@ class KerasContext:
         self._info = info
         self._reporter = reporter
         self._managed = managed  # started by localdet (daemon, `localdet run`, a job)
-        self.distributed = distributed or DistributedContext()
+        self.distributed = distributed or DistributedContext.from_environment()
         # The TFKerasTrial context carries what the runner reads (fit settings, wrapped
         # optimizers and datasets, stop requests), so both APIs share one runner.
         self._trial_context = TFKerasTrialContext(info, self.distributed)
