@@ -101,3 +101,34 @@ def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
     message = str(error.value)
     assert "'no-such-program-x'" in message and "no such program" in message
     assert launcher.log_tail(spec.log_path) == f"error: {message}"
+
+
+def test_a_trial_sees_only_its_slots_devices(layout, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the daemon's own: not inherited
+    experiment, trial = recorded(layout, parse_config({
+        "entrypoint": "python3 -c \"import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']),"
+                      " os.environ.get('CUDA_DEVICE_ORDER'))\""}).config)
+    for devices, order in (("", None), ("1,3", "PCI_BUS_ID")):
+        spec = launcher.launch_spec(layout, experiment, trial, [1, 3], visible_devices=devices)
+        assert launcher.start(spec).wait(timeout=30) == 0
+        log = launcher.log_tail(layout.trial_log(experiment.id, trial.id), lines=1)
+        assert log == f"{devices!r} {order}"
+
+
+def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
+    from localdet.daemon import Daemon
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU slots, on a machine with GPUs too
+
+    experiment, trial = recorded(layout, parse_config({
+        "entrypoint": "python3 -c \"import os; print('devices=' + "
+                      "repr(os.environ['CUDA_VISIBLE_DEVICES']))\""}).config)
+    daemon = Daemon(layout, slots=2, log=lambda message: None).open()
+    try:
+        assert [slot.kind for slot in daemon.machine] == ["cpu", "cpu"]
+        daemon._schedule()
+        assert daemon.running() == {trial.id}
+        daemon._processes[trial.id].wait(timeout=30)
+    finally:
+        daemon.db.close()
+    assert "devices=''" in launcher.log_tail(layout.trial_log(experiment.id, trial.id))

@@ -135,6 +135,11 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
     assert restarted == 1
     log = "".join(path.read_text() for path in stormy.path.glob("daemon-test-*.log"))
     assert log.count("adopted trial") >= 1  # at least one kill caught a trial running
+    assert "1 CPU slot" in log and "running" in log  # the slot table, at each start
+    status = stormy.cli("status", "1").stdout
+    assert "Rungs" in status and "Promoted" in status and "12 completed" in status
+    rungs = stormy.json("status", "1")["rungs"]
+    assert [(r["rung"], r["reached"]) for r in rungs][0] == (0, 12)
 
     expected, actual = outcome(calm, tmp_path), outcome(stormy, tmp_path)
     assert expected["state"] == actual["state"] == "COMPLETED"
