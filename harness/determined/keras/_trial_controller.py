@@ -25,7 +25,7 @@ import tensorflow as tf
 import yaml
 
 from determined.core import TrialInfo, TrialReporter
-from determined.keras import _data, _state
+from determined.keras import _data, _state, _strategy
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._quiet import quiet_keras_warnings
 
@@ -83,6 +83,14 @@ def prepare_process(info: TrialInfo) -> None:
     place, and seeded random generators."""
     info.trial_dir.mkdir(parents=True, exist_ok=True)
     os.environ["LOCALDET_TENSORBOARD_DIR"] = str(info.trial_dir / "tensorboard")
+    try:  # before anything starts TensorFlow's runtime: it may add logical devices
+        strategy = _strategy.enter_strategy(_strategy.slots_in_this_process(), keras_line())
+    except _strategy.StrategyError as error:
+        raise TrialError(str(error)) from None
+    if strategy is not None:
+        devices = ", ".join(strategy.extended.worker_devices)
+        print(f"[trial {info.trial_id}] {strategy.num_replicas_in_sync} slots in this process: "
+              f"MirroredStrategy over {devices}", flush=True)
     if keras_line() == "keras2":
         # Keras 2 dropout otherwise draws from stateful ops whose state no checkpoint
         # can hold; generator-backed layers keep it in variables.
@@ -253,7 +261,18 @@ class TrialController:
         class_weight = self.context.fit_config.get("class_weight")
         if class_weight:
             dataset = _data.with_class_weight(dataset, class_weight)
-        self.iterator = iter(dataset)
+        if _strategy.current() is not None:
+            if self.train_stream.position_in_iterator:
+                raise TrialError("a tf.data.Dataset cannot resume exactly on several slots "
+                                 "yet; use slots_per_trial: 1, or NumPy or Sequence data")
+            # The optimizer's and metrics' variables must exist, mirrored, before the first
+            # distributed step: Keras would create them inside it, which fails.
+            # A batch of zeros shaped like the data: reading a real one could disturb a
+            # Sequence's workers.
+            self.model._symbolic_build(data_batch=tf.nest.map_structure(
+                lambda spec: tf.zeros([d or 1 for d in spec.shape], spec.dtype),
+                dataset.element_spec))
+        self.iterator = iter(_strategy.distribute(dataset))
         if state and self.train_stream.position_in_iterator:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()

@@ -1,0 +1,41 @@
+"""A trial on two slots trains data-parallel and ends like the same trial on one slot with
+the same global batch size. Under Keras 3 the two slots are one process with a
+MirroredStrategy over two logical CPU devices (GPUs where there are some)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLE, Daemon, write_config
+from test_pause_resume_e2e import final_weights, trial_of
+
+pytestmark = pytest.mark.slow
+
+SHORT = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
+                       "max_length": {"batches": 60}},
+             min_validation_period={"batches": 30},
+             environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
+
+
+def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        for name, slots in (("one", 1), ("two", 2)):
+            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                            **SHORT), EXAMPLE)
+        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+        assert home.wait_until_ended(one)["state"] == "COMPLETED"
+        assert home.wait_until_ended(two)["state"] == "COMPLETED"
+    finally:
+        daemon.stop()
+    log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
+           / "trial.log").read_text()
+    assert "2 slots in this process: MirroredStrategy over" in log
+    for (name_a, a), (name_b, b) in zip(final_weights(home, one, tmp_path),
+                                        final_weights(home, two, tmp_path)):
+        assert name_a == name_b
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    one_metrics = trial_of(home, one)["latest_validation"]
+    two_metrics = trial_of(home, two)["latest_validation"]
+    assert one_metrics["val_accuracy"] == pytest.approx(two_metrics["val_accuracy"], abs=1e-5)
