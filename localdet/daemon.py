@@ -277,10 +277,10 @@ class Daemon:
 
     def _launch(self, trial: Trial, slots: list[int]) -> None:
         experiment = self.db.experiment(trial.experiment_id)
-        spec = launcher.launch_spec(
-            self.layout, experiment, trial, slots,
-            visible_devices=cuda_visible_devices([self.machine[i] for i in slots]))
         try:
+            spec = launcher.launch_spec(
+                self.layout, experiment, trial, slots,
+                visible_devices=cuda_visible_devices([self.machine[i] for i in slots]))
             process = launcher.start(spec)
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
@@ -299,7 +299,8 @@ class Daemon:
                          name=f"wait-trial-{trial.id}").start()
         self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
                           trial_id=trial.id, pid=process.pid, slots=slots,
-                          keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason)
+                          keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason,
+                          engine=spec.engine)
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started "
                  f"(pid {process.pid}, slots {slots})")
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localdet import keras_line
+from localdet import engines, keras_line
 from localdet.db import Experiment, Trial
 from localdet.paths import Layout
 
@@ -27,6 +27,7 @@ class LaunchSpec:
     log_path: Path
     keras_line: str
     keras_line_reason: str
+    engine: str = engines.SINGLE   # how it trains on its slots (localdet/engines.py)
 
 
 # `python`, `python3`, `python3.11`: the interpreter the user means is localdet's own, so that
@@ -73,7 +74,17 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         log_path=layout.trial_log(experiment.id, trial.id),
         keras_line=line,
         keras_line_reason=reason,
+        engine=_engine(experiment),
     )
+
+
+def _engine(experiment: Experiment) -> str:
+    if experiment.kind == "job":
+        return engines.SINGLE  # a job's slots are only reserved for it
+    try:
+        return engines.choose(experiment.config, Path(experiment.model_dir))[0]
+    except engines.EngineError as error:  # submitted before engines were checked
+        raise LaunchError(str(error)) from None
 
 
 class LaunchError(RuntimeError):

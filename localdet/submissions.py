@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from localdet import engines
 from localdet.config import ConfigError, ParsedConfig, load_config_text, load_job_config_text
 from localdet.db import StateDB
 from localdet.paths import Layout
@@ -99,6 +100,17 @@ def check_slots(config: dict, kind: str, slots: list[Slot] | None) -> None:
     else:
         remedy = f"lower {key} or start `localdet daemon --slots {asked}`"
     raise SubmissionError(f"{key} is {asked} but this machine has {describe(slots)}; {remedy}")
+
+
+def check_engine(config: dict, kind: str, model_dir: Path) -> None:
+    """Raise SubmissionError when no engine here can train a trial on its slots (a job's
+    slots are only reserved for it: any number goes)."""
+    if kind == JOB:
+        return
+    try:
+        engines.choose(config, model_dir)
+    except engines.EngineError as error:
+        raise SubmissionError(str(error)) from None
 
 
 @dataclass
@@ -197,6 +209,7 @@ class Intake:
         text = config_file.read_text(encoding="utf-8")
         parsed = _load(kind, text)
         check_slots(parsed.config, kind, self.slot_list)
+        check_engine(parsed.config, kind, staged)
         config = parsed.config
         seed = config["reproducibility"].get("experiment_seed")
         if seed is None:
@@ -323,6 +336,8 @@ def read_submission(config_path: Path, model_dir: Path | None, kind: str = EXPER
         raise SubmissionError(f"config file '{config_path}' is not UTF-8 text") from None
     parsed = _load(kind, text)
     check_slots(parsed.config, kind, slots)
+    if model_dir is not None:
+        check_engine(parsed.config, kind, Path(model_dir))
     return text, parsed
 
 

@@ -32,6 +32,13 @@ def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
     log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
            / "trial.log").read_text()
     assert "2 slots in this process: MirroredStrategy over" in log
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    engines = {e["experiment_id"]: e["payload"]["engine"] for e in db.events()
+               if e["kind"] == "trial_launched"}
+    db.close()
+    assert engines == {one: "single", two: "mirrored"}  # recorded on each trial's launch
     for (name_a, a), (name_b, b) in zip(final_weights(home, one, tmp_path),
                                         final_weights(home, two, tmp_path)):
         assert name_a == name_b
