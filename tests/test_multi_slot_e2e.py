@@ -46,3 +46,40 @@ def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
     one_metrics = trial_of(home, one)["latest_validation"]
     two_metrics = trial_of(home, two)["latest_validation"]
     assert one_metrics["val_accuracy"] == pytest.approx(two_metrics["val_accuracy"], abs=1e-5)
+
+
+SCRIPT = '''
+import determined as det
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+context = det.keras.init()
+x, y = load_digits(return_X_y=True)
+x, y = (x / 16.0).astype("float32"), y.astype("int32")
+x_train, y_train = context.wrap_data(x[:1400], y[:1400])
+x_val, y_val = context.wrap_data(x[1400:], y[1400:])
+model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                             tf.keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=context.wrap_optimizer(tf.keras.optimizers.SGD(0.05)),
+              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+context.fit(model, x=x_train, y=y_train, batch_size=context.distributed.shard_batch_size(32),
+            epochs=2, validation_data=(x_val, y_val))
+'''
+
+
+def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path):
+    model = tmp_path / "script"
+    model.mkdir()
+    (model / "train.py").write_text(SCRIPT)
+    ids = []
+    for slots in (1, 2):
+        config = write_config(tmp_path, f"script{slots}", entrypoint="python3 train.py",
+                              resources={"slots_per_trial": slots},
+                              environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
+        home.cli("run", config, model, "--slots", "2", "--quiet")
+        ids.append(home.experiment_named(f"script{slots}")["id"])
+    for (name_a, a), (name_b, b) in zip(final_weights(home, ids[0], tmp_path),
+                                        final_weights(home, ids[1], tmp_path)):
+        assert name_a == name_b
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert trial_of(home, ids[1])["batches_trained"] == trial_of(home, ids[0])["batches_trained"]
