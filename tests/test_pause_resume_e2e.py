@@ -20,15 +20,20 @@ LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_be
             environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
-def final_weights(home, experiment_id, tmp_path):
-    last = home.json("checkpoints", experiment_id)[-1]
-    home.cli("checkpoint", "export", last["uuid"], tmp_path / f"export-{experiment_id}")
-    with h5py.File(tmp_path / f"export-{experiment_id}" / "determined-keras-model.h5") as h5:
-        arrays = []
+def h5_weights(path) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of every weight in a saved Keras .h5 model, in file order."""
+    arrays = []
+    with h5py.File(path) as h5:
         h5["model_weights"].visititems(
             lambda name, obj: arrays.append((name, np.asarray(obj)))
             if isinstance(obj, h5py.Dataset) else None)
     return arrays
+
+
+def final_weights(home, experiment_id, tmp_path):
+    last = home.json("checkpoints", experiment_id)[-1]
+    home.cli("checkpoint", "export", last["uuid"], tmp_path / f"export-{experiment_id}")
+    return h5_weights(tmp_path / f"export-{experiment_id}" / "determined-keras-model.h5")
 
 
 def trial_of(home, experiment_id):

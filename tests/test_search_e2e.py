@@ -8,11 +8,11 @@ import signal
 import sqlite3
 import time
 
-import h5py
 import numpy as np
 import pytest
 
 from conftest import REPO, Daemon, Home, write_config
+from test_pause_resume_e2e import h5_weights
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +61,7 @@ def weights(home: Home, uuid: str, folder) -> list[tuple[str, np.ndarray]]:
     from localdet.reporting import CheckpointReader
 
     path = CheckpointReader(Layout(home.path)).materialize(uuid, folder / uuid)
-    arrays = []
-    with h5py.File(path / "determined-keras-model.h5") as h5:
-        h5["model_weights"].visititems(
-            lambda name, obj: arrays.append((name, np.asarray(obj)))
-            if isinstance(obj, h5py.Dataset) else None)
-    return arrays
+    return h5_weights(path / "determined-keras-model.h5")
 
 
 def outcome(home: Home, tmp_path) -> dict:
