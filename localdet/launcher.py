@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -67,15 +68,28 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    engine = _engine(experiment)
+    env["LOCALDET_ENGINE"] = engine
     return LaunchSpec(
-        argv=argv_for(experiment.config),
+        argv=_ranked(argv_for(experiment.config), engine, len(slots)),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),
         keras_line=line,
         keras_line_reason=reason,
-        engine=_engine(experiment),
+        engine=engine,
     )
+
+
+def _ranked(argv: list[str], engine: str, slots: int) -> list[str]:
+    """A multi-process engine's trial is the rank supervisor, which runs one rank per slot
+    and stands for them all (one pid, one process group, one log)."""
+    if engines.processes(engine, slots) == 1:
+        return argv
+    flag = "--horovod" if engine == engines.HOROVOD else "--tf-config"
+    # -P: the trial's folder is the working directory; its modules must not shadow ours.
+    return [sys.executable, "-P", "-m", "localdet.ranks", "--size", str(slots), flag,
+            "--", *argv]
 
 
 def _engine(experiment: Experiment) -> str:
@@ -99,6 +113,10 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
         # A session of its own: the trial outlives a daemon restart, and can be signalled
         # as a group.
         try:
+            program = spec.argv[spec.argv.index("--") + 1] if _supervised(spec) else None
+            if program and shutil.which(program, path=spec.env.get("PATH")) is None \
+                    and not (spec.cwd / program).is_file():
+                raise FileNotFoundError(program)  # say so now, not as each rank's exit 127
             return subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -109,9 +127,15 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
                 reason = ("there is no such program; install it, or fix the entrypoint"
                           if isinstance(error, FileNotFoundError)
                           else error.strerror or str(error))
-                message = f"cannot start '{spec.argv[0]}' from the entrypoint: {reason}"
+                program = spec.argv[spec.argv.index("--") + 1] if _supervised(spec) \
+                    else spec.argv[0]
+                message = f"cannot start '{program}' from the entrypoint: {reason}"
             log.write(f"error: {message}\n".encode())
             raise LaunchError(message) from None
+
+
+def _supervised(spec: LaunchSpec) -> bool:
+    return spec.argv[1:4] == ["-P", "-m", "localdet.ranks"]
 
 
 def log_tail(path: Path, lines: int = 5) -> str:

@@ -31,29 +31,60 @@ def test_one_slot_is_single_and_several_under_keras_3_are_mirrored(tmp_path):
     assert engine == engines.MIRRORED and "MirroredStrategy" in why
 
 
+def config_with(slots: int, engine: str, **environment) -> dict:
+    base = config(slots, **environment)
+    base["resources"]["engine"] = engine
+    return base
+
+
 @pytest.mark.parametrize("keras2", [
     {"environment": {"TF_USE_LEGACY_KERAS": "1"}, "source": "import tensorflow as tf\n",
      "reason": "TF_USE_LEGACY_KERAS"},
     {"environment": {}, "source": "opt = tf.keras.optimizers.legacy.Adam()\n",
      "reason": "model_def.py uses optimizers.legacy"},
 ])
-def test_several_slots_under_keras_2_are_refused_with_the_reason(tmp_path, keras2):
+def test_several_slots_under_keras_2_run_one_process_per_slot(tmp_path, keras2, monkeypatch):
     folder = model_dir(tmp_path, keras2["source"])
-    with pytest.raises(engines.EngineError) as error:
-        engines.choose(config(2, **keras2["environment"]), folder)
-    message = str(error.value)
-    assert message.startswith("resources.slots_per_trial is 2 but the trial runs under Keras 2")
-    assert keras2["reason"] in message and "use slots_per_trial: 1, or Keras 3" in message
+    monkeypatch.setattr(engines, "horovod_installed", lambda: False)
+    engine, why = engines.choose(config(2, **keras2["environment"]), folder)
+    assert engine == engines.MULTI_WORKER_MIRRORED and "MultiWorkerMirroredStrategy" in why
+    assert engines.processes(engine, 2) == 2
+    monkeypatch.setattr(engines, "horovod_installed", lambda: True)
+    assert engines.choose(config(2, **keras2["environment"]), folder)[0] == engines.HOROVOD
     assert engines.choose(config(1, **keras2["environment"]), folder)[0] == engines.SINGLE
+    # A forced engine that cannot run this Keras is refused, naming why it runs under it.
+    with pytest.raises(engines.EngineError) as error:
+        engines.choose(config_with(2, "mirrored", **keras2["environment"]), folder)
+    assert str(error.value).startswith("resources.engine mirrored cannot train this trial")
+    assert keras2["reason"] in str(error.value)
+
+
+def test_the_config_can_force_an_engine_and_one_that_cannot_run_is_refused(
+        tmp_path, monkeypatch):
+    folder = model_dir(tmp_path)
+    monkeypatch.setattr(engines, "horovod_installed", lambda: False)
+    keras2 = {"TF_USE_LEGACY_KERAS": "1"}
+    assert engines.choose(config_with(2, "multi_worker_mirrored", **keras2),
+                          folder)[0] == engines.MULTI_WORKER_MIRRORED
+    with pytest.raises(engines.EngineError, match="horovod.tensorflow is not installed here"):
+        engines.choose(config_with(2, "horovod", **keras2), folder)
+    with pytest.raises(engines.EngineError, match="Horovod does not support Keras 3"):
+        engines.choose(config_with(2, "horovod"), folder)
+    with pytest.raises(engines.EngineError, match="Keras 3 fails under MultiWorker"):
+        engines.choose(config_with(2, "multi_worker_mirrored"), folder)
+    assert engines.processes(engines.MIRRORED, 4) == 1
+    with pytest.raises(ValueError, match="engine"):  # the schema knows the names
+        parse_config({"entrypoint": "model_def:Trial", "hyperparameters": {},
+                      "searcher": {"name": "single", "metric": "loss", "max_length": 10},
+                      "resources": {"slots_per_trial": 2, "engine": "ray"}})
 
 
 def test_submit_refuses_a_config_no_engine_can_run(tmp_path):
     path = tmp_path / "wide.yaml"
     path.write_text("entrypoint: model_def:Trial\nhyperparameters: {global_batch_size: 32}\n"
                     "searcher: {name: single, metric: loss, max_length: 10}\n"
-                    "resources: {slots_per_trial: 2}\n"
-                    "environment: {environment_variables: [TF_USE_LEGACY_KERAS=1]}\n")
-    with pytest.raises(SubmissionError, match="runs under Keras 2"):
+                    "resources: {slots_per_trial: 2, engine: horovod}\n")
+    with pytest.raises(SubmissionError, match="Horovod does not support Keras 3"):
         read_submission(path, model_dir(tmp_path))
     # A job's slots are only reserved for it: no engine is involved.
     job = tmp_path / "job.yaml"

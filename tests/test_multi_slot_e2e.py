@@ -32,17 +32,9 @@ def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
     log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
            / "trial.log").read_text()
     assert "2 slots in this process: MirroredStrategy over" in log
-    from localdet.db import StateDB
-
-    db = StateDB.open(home.path / "localdet.db")
-    engines = {e["experiment_id"]: e["payload"]["engine"] for e in db.events()
-               if e["kind"] == "trial_launched"}
-    db.close()
-    assert engines == {one: "single", two: "mirrored"}  # recorded on each trial's launch
-    for (name_a, a), (name_b, b) in zip(final_weights(home, one, tmp_path),
-                                        final_weights(home, two, tmp_path)):
-        assert name_a == name_b
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    # recorded on each trial's launch
+    assert launched_engines(home) == {one: "single", two: "mirrored"}
+    assert_same_weights(home, one, two, tmp_path)
     one_metrics = trial_of(home, one)["latest_validation"]
     two_metrics = trial_of(home, two)["latest_validation"]
     assert one_metrics["val_accuracy"] == pytest.approx(two_metrics["val_accuracy"], abs=1e-5)
@@ -67,19 +59,65 @@ context.fit(model, x=x_train, y=y_train, batch_size=context.distributed.shard_ba
 '''
 
 
-def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path):
+@pytest.mark.parametrize("line", ["keras3", "keras2"])
+def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path, line):
+    """Keras 3: one process, two devices; Keras 2: two processes, each fed its rows of the
+    same shuffled global batches (wrap_data's shards are put back together)."""
     model = tmp_path / "script"
     model.mkdir()
     (model / "train.py").write_text(SCRIPT)
+    variables = ["TF_DETERMINISTIC_OPS=1", f"TF_USE_LEGACY_KERAS={int(line == 'keras2')}"]
     ids = []
     for slots in (1, 2):
         config = write_config(tmp_path, f"script{slots}", entrypoint="python3 train.py",
                               resources={"slots_per_trial": slots},
-                              environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
+                              environment={"environment_variables": variables})
         home.cli("run", config, model, "--slots", "2", "--quiet")
         ids.append(home.experiment_named(f"script{slots}")["id"])
-    for (name_a, a), (name_b, b) in zip(final_weights(home, ids[0], tmp_path),
-                                        final_weights(home, ids[1], tmp_path)):
-        assert name_a == name_b
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert_same_weights(home, ids[0], ids[1], tmp_path)
     assert trial_of(home, ids[1])["batches_trained"] == trial_of(home, ids[0])["batches_trained"]
+
+
+KERAS2 = dict(SHORT, environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1",
+                                                             "TF_USE_LEGACY_KERAS=1"]})
+
+
+def launched_engines(home) -> dict:
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return {e["experiment_id"]: e["payload"]["engine"] for e in db.events()
+                if e["kind"] == "trial_launched"}
+    finally:
+        db.close()
+
+
+def assert_same_weights(home, a: int, b: int, tmp_path) -> None:
+    for (name_a, wa), (name_b, wb) in zip(final_weights(home, a, tmp_path),
+                                          final_weights(home, b, tmp_path)):
+        assert name_a == name_b
+        np.testing.assert_allclose(wa, wb, atol=1e-5)
+
+
+def test_two_processes_under_keras_2_end_like_one(home, tmp_path):
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        for name, slots in (("one", 1), ("two", 2)):
+            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                            **KERAS2), EXAMPLE)
+        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+        assert home.wait_until_ended(one)["state"] == "COMPLETED"
+        assert home.wait_until_ended(two)["state"] == "COMPLETED"
+    finally:
+        daemon.stop()
+    log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
+           / "trial.log").read_text()
+    assert "[rank 1] " in log and "rank 1 of 2: MultiWorkerMirroredStrategy" in log
+    assert launched_engines(home) == {one: "single", two: "multi_worker_mirrored"}
+    assert_same_weights(home, one, two, tmp_path)
+    # Training metrics are the global ones, recorded once (by the chief), as on one slot.
+    one_trial, two_trial = trial_of(home, one), trial_of(home, two)
+    for key in ("val_accuracy", "val_loss"):
+        assert one_trial["latest_validation"][key] == pytest.approx(
+            two_trial["latest_validation"][key], abs=1e-5)

@@ -76,7 +76,10 @@ def reporter_from_environment() -> TrialReporter:
                            "localdet; submit the experiment with `localdet submit`")
     from localdet.reporting import SQLiteReporter  # the only import of localdet by a trial
 
-    return SQLiteReporter.from_environment(int(trial_id))
+    reporter = SQLiteReporter.from_environment(int(trial_id))
+    if int(os.environ.get("LOCALDET_RANK", "0")) > 0:
+        return WorkerReporter(reporter)
+    return reporter
 
 
 def reporter_for_script(script: Path, hparams: Optional[Dict[str, Any]],
@@ -124,6 +127,46 @@ class DiscardingReporter:
 
     def set_target_batches(self, batches: int) -> None:
         self._info.target_batches = batches
+
+    def should_pause(self) -> bool:
+        return False
+
+    def heartbeat(self) -> None:
+        pass
+
+
+class WorkerReporter:
+    """The reporter of a rank other than the chief in a multi-process trial: it reads (the
+    trial, checkpoints to restore) and records nothing, as only the chief records; the
+    chief's pause decision reaches it by broadcast."""
+
+    def __init__(self, reporter: TrialReporter):
+        self._reporter = reporter
+
+    def trial_info(self) -> TrialInfo:
+        return self._reporter.trial_info()
+
+    def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        pass
+
+    def report_validation_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        pass
+
+    def save_checkpoint(self, directory: Path, batches_trained: int,
+                        metadata: Dict[str, Any]) -> str:
+        raise RuntimeError("only the chief (rank 0) saves checkpoints")
+
+    def wait_for_checkpoints(self) -> None:
+        pass
+
+    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
+        return self._reporter.restore_checkpoint(uuid, destination)
+
+    def verify_restored_checkpoint(self) -> None:
+        self._reporter.verify_restored_checkpoint()
+
+    def set_target_batches(self, batches: int) -> None:
+        pass
 
     def should_pause(self) -> bool:
         return False

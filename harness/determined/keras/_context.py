@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from determined.core import DistributedContext, TrialInfo
+from determined.keras import _engine
 
 
 class _ArgNotProvided:
@@ -29,7 +30,8 @@ class TFKerasTrialContext:
 
     def __init__(self, info: TrialInfo, distributed: Optional[DistributedContext] = None):
         self._info = info
-        self.distributed = distributed or DistributedContext.from_environment()
+        # The engine's context: one per process, as its collectives need one connection.
+        self.distributed = distributed or _engine.current().distributed
         self.experimental = TFKerasExperimentalContext()
         self.models: List[Any] = []
         self.optimizers: List[Any] = []
@@ -94,6 +96,9 @@ class TFKerasTrialContext:
         return model
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
+        """Track the optimizer for checkpoints; under Horovod, wrap it in Horovod's
+        DistributedOptimizer (compile the model with what this returns)."""
+        optimizer = _engine.current().wrap_optimizer(optimizer)
         self.optimizers.append(optimizer)
         return optimizer
 

@@ -122,9 +122,10 @@ def _records(arrays: tuple) -> int:
 
 
 def _numpy_training(arrays: tuple, batch_size: int, seed: int, start_batch: int,
-                    shuffle: bool) -> tf.data.Dataset:
+                    shuffle: bool, part: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
     n = _records(arrays)
     bs = batch_size
+    rank, size = part
     tensors = tf.nest.map_structure(tf.constant, arrays)
     seed_t = tf.constant(seed & 0x7FFFFFFFFFFFFFFF, tf.int64)
     start = tf.constant(start_batch, tf.int64)
@@ -147,6 +148,7 @@ def _numpy_training(arrays: tuple, batch_size: int, seed: int, start_batch: int,
         return tf.data.Dataset.from_tensor_slices(tf.gather(indices, rows))
 
     def gather(rows):
+        rows = rows[rank::size]  # this rank's rows of the global batch
         return tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), tensors)
 
     first_pass = start_batch * bs // n
@@ -191,8 +193,14 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
                     shuffle: bool = True, workers: int | None = None,
                     use_multiprocessing: bool | None = None,
                     max_queue_size: int | None = None,
-                    tf_data_resume: str = "iterator") -> TrainingStream:
+                    tf_data_resume: str = "iterator",
+                    part: tuple[int, int] = (0, 1)) -> TrainingStream:
     """The endless training batches of `loader`, starting at batch `start_batch`.
+
+    part: (rank, size) of a process among the trial's several: NumPy batches are then the
+        global batches of `batch_size * size` records that one process would train on, of
+        which this rank takes rows rank, rank+size, ... (`batch_size` of them). Other
+        loaders are this rank's already (wrapped, or sharded by the caller).
 
     shuffle: reshuffle the NumPy records, or a Sequence's batch order, every pass (by seed
         and pass); ignored for a tf.data.Dataset, which shuffles itself.
@@ -209,13 +217,15 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
     arrays = _array_tuple(loader, "training")
     if arrays is not None:
         count = _records(arrays)
+        batch_size *= part[1]
         if batch_size < 1:
             raise DataLoaderError(f"NumPy training data needs a batch size of 1 or more, not "
                                   f"{batch_size}; set the global_batch_size hyperparameter")
         if count < batch_size:
             raise DataLoaderError(f"the training data has {count} examples, fewer than one "
                                   f"batch of {batch_size}; lower global_batch_size")
-        return TrainingStream(_numpy_training(arrays, batch_size, seed, start_batch, shuffle),
+        return TrainingStream(_numpy_training(arrays, batch_size, seed, start_batch, shuffle,
+                                              part),
                               position_in_iterator=False, batches_per_pass=count // batch_size)
     if isinstance(loader, tf.data.Dataset):
         cardinality = int(loader.cardinality())

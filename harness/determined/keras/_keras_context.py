@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import DistributedContext, TrialInfo, TrialReporter
-from determined.keras import _data, _sharding
+from determined.keras import _data, _engine, _sharding
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._load import load_model_from_checkpoint_path
 
@@ -109,7 +109,7 @@ class KerasContext:
         self._info = info
         self._reporter = reporter
         self._managed = managed  # started by localdet (daemon, `localdet run`, a job)
-        self.distributed = distributed or DistributedContext.from_environment()
+        self.distributed = distributed or _engine.current().distributed
         # The TFKerasTrial context carries what the runner reads (fit settings, wrapped
         # optimizers and datasets, stop requests), so both APIs share one runner.
         self._trial_context = TFKerasTrialContext(info, self.distributed)
@@ -221,7 +221,7 @@ class KerasContext:
         validation metrics, as test_<name>."""
         return_dict = kwargs.pop("return_dict", False)
         results = model.evaluate(*args, return_dict=True, **kwargs)
-        if self._training is not None:
+        if self._training is not None and self.distributed.rank == 0:
             self._reporter.report_validation_metrics(
                 self._batches_trained,
                 {f"test_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0})

@@ -5,17 +5,26 @@ batches `r, r+n, ...`, a tf.data.Dataset's elements through `Dataset.shard(n, r)
 process the data comes back unchanged.
 
     x_train, y_train = shard_data([x_train, y_train], rank=0, size=2)
+    whole(x_train)   # the arrays x_train was cut from
+
+NumPy shards remember the arrays they were cut from: for NumPy training data the trainer
+builds the same global batches as one process would, from the whole arrays, and gives each
+rank its rows of every batch, so that a shuffled pass is the same on 1 and N slots.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, List
+import weakref
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from determined.keras._sequence_batches import is_keras_sequence
+
+# id(shard) -> (a weak reference to the shard, the whole array it was cut from)
+_wholes: Dict[int, Tuple[Any, np.ndarray]] = {}
 
 
 class ShardedSequence(tf.keras.utils.Sequence):
@@ -41,7 +50,22 @@ def _shard_arrays(value: Any, rank: int, size: int) -> Any:
         return {key: _shard_arrays(item, rank, size) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_shard_arrays(item, rank, size) for item in value)
-    return np.asarray(value)[rank::size]
+    whole = np.asarray(value)
+    shard = whole[rank::size]
+    _wholes[id(shard)] = (weakref.ref(shard, lambda _, key=id(shard): _wholes.pop(key, None)),
+                          whole)
+    return shard
+
+
+def whole(value: Any) -> Any:
+    """The arrays a NumPy shard (or a list, tuple or dict of them) was cut from; anything
+    else unchanged."""
+    if isinstance(value, dict):
+        return {key: whole(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(whole(item) for item in value)
+    entry = _wholes.get(id(value))
+    return entry[1] if entry is not None and entry[0]() is value else value
 
 
 def shard_one(data: Any, rank: int, size: int) -> Any:

@@ -25,7 +25,7 @@ import tensorflow as tf
 import yaml
 
 from determined.core import TrialInfo, TrialReporter
-from determined.keras import _data, _state, _strategy
+from determined.keras import _data, _engine, _sharding, _state
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._quiet import quiet_keras_warnings
 
@@ -84,13 +84,11 @@ def prepare_process(info: TrialInfo) -> None:
     info.trial_dir.mkdir(parents=True, exist_ok=True)
     os.environ["LOCALDET_TENSORBOARD_DIR"] = str(info.trial_dir / "tensorboard")
     try:  # before anything starts TensorFlow's runtime: it may add logical devices
-        strategy = _strategy.enter_strategy(_strategy.slots_in_this_process(), keras_line())
-    except _strategy.StrategyError as error:
+        engine = _engine.start(keras_line())
+    except _engine.EngineError as error:
         raise TrialError(str(error)) from None
-    if strategy is not None:
-        devices = ", ".join(strategy.extended.worker_devices)
-        print(f"[trial {info.trial_id}] {strategy.num_replicas_in_sync} slots in this process: "
-              f"MirroredStrategy over {devices}", flush=True)
+    if engine.describe():
+        print(f"[trial {info.trial_id}] {engine.describe()}", flush=True)
     if keras_line() == "keras2":
         # Keras 2 dropout otherwise draws from stateful ops whose state no checkpoint
         # can hold; generator-backed layers keep it in variables.
@@ -130,6 +128,11 @@ class TrialController:
         self.user_callbacks = list(callbacks)
         self.explicit_batch_size = batch_size
         self.fit = fit
+        self.engine = _engine.current()
+        self.distributed = context.distributed
+        # With several processes only the chief (rank 0) records: metrics, checkpoints, the
+        # length, heartbeats; its decisions (pause, stop) are broadcast to the others.
+        self.is_chief = self.distributed.rank == 0
         self.target = info.target_batches
         self.scheduling_unit = info.scheduling_unit
         self.validation_period = info.validation_period
@@ -214,7 +217,8 @@ class TrialController:
                              "pass steps_per_epoch=, or set searcher.max_length in the "
                              "experiment config")
         self.target = max(0, self.fit.epochs - self.fit.initial_epoch) * per_epoch
-        self.reporter.set_target_batches(self.target)
+        if self.is_chief:
+            self.reporter.set_target_batches(self.target)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -229,9 +233,9 @@ class TrialController:
         workers = {key: fit_config.get(key)
                    for key in ("workers", "use_multiprocessing", "max_queue_size")}
         self.train_stream = _data.training_stream(
-            self.train_loader, self._batch_size(), self.info.seed,
+            self._training_part(), self._batch_size(), self.info.seed,
             start_batch=self.batches_trained, shuffle=fit_config.get("shuffle", True),
-            **workers)
+            part=(self.distributed.rank, self.distributed.size), **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         self.validation_data = _data.validation_stream(
             self.validation_loader, validation_batch_size, **workers)
@@ -248,6 +252,23 @@ class TrialController:
             if self._restore_dir is not None:
                 shutil.rmtree(self._restore_dir, ignore_errors=True)
 
+    def _training_part(self) -> Any:
+        """The training data as this rank reads it: NumPy arrays whole (the stream takes
+        this rank's rows of every global batch), a bare Sequence's every size-th batch."""
+        loader, size = self.train_loader, self.distributed.size
+        if size == 1:
+            return loader
+        if isinstance(loader, tuple):
+            return _sharding.whole(loader)
+        if _data.is_sequence(loader) and not isinstance(
+                loader, (_sharding.ShardedSequence, _data.SequenceAdapter)):
+            return _sharding.ShardedSequence(loader, self.distributed.rank, size)
+        return loader
+
+    def _agreed(self, value: Any) -> Any:
+        """The chief's value, on every rank."""
+        return self.distributed.broadcast(value) if self.distributed.size > 1 else value
+
     def _finish(self) -> None:
         # Training may have stopped early (set_stop_requested, EarlyStopping); whatever
         # happened, the trial ends validated and checkpointed where it stopped.
@@ -261,18 +282,14 @@ class TrialController:
         class_weight = self.context.fit_config.get("class_weight")
         if class_weight:
             dataset = _data.with_class_weight(dataset, class_weight)
-        if _strategy.current() is not None:
-            if self.train_stream.position_in_iterator:
-                raise TrialError("a tf.data.Dataset cannot resume exactly on several slots "
-                                 "yet; use slots_per_trial: 1, or NumPy or Sequence data")
-            # The optimizer's and metrics' variables must exist, mirrored, before the first
-            # distributed step: Keras would create them inside it, which fails.
-            # A batch of zeros shaped like the data: reading a real one could disturb a
-            # Sequence's workers.
-            self.model._symbolic_build(data_batch=tf.nest.map_structure(
-                lambda spec: tf.zeros([d or 1 for d in spec.shape], spec.dtype),
-                dataset.element_spec))
-        self.iterator = iter(_strategy.distribute(dataset))
+        if self.train_stream.position_in_iterator and not self.engine.resumes_tf_data_exactly:
+            raise TrialError("a tf.data.Dataset cannot resume exactly on several slots "
+                             "yet; use slots_per_trial: 1, or NumPy or Sequence data")
+        try:
+            self.engine.prepare(self.model, dataset)
+        except _engine.EngineError as error:
+            raise TrialError(str(error)) from None
+        self.iterator = self.engine.training_iterator(dataset)
         if state and self.train_stream.position_in_iterator:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()
@@ -334,7 +351,7 @@ class TrialController:
     def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
         """An epoch's end as `model.fit` reports it: training metrics, plus validation
         metrics every `validation_freq` epochs."""
-        epoch_logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+        epoch_logs = self.engine.training_metrics(logs)
         number = self.epochs_completed + 1
         if always or number % max(1, self.fit.validation_freq) == 0:
             if self.last_validation != self.batches_trained:
@@ -343,11 +360,13 @@ class TrialController:
         return epoch_logs
 
     def is_boundary(self, batches_trained: int) -> bool:
+        # Several ranks agree on a stop request only at a workload's end (where the chief's
+        # is broadcast); ending a workload on one rank alone would leave the others waiting.
         return (batches_trained % self.scheduling_unit == 0
                 or batches_trained >= self.target
                 or self._due(batches_trained, self.validation_period)
                 or self._due(batches_trained, self.checkpoint_period)
-                or self.context.get_stop_requested())
+                or (self.distributed.size == 1 and self.context.get_stop_requested()))
 
     def _next_boundary(self) -> int:
         following = self.batches_trained + 1
@@ -370,17 +389,19 @@ class TrialController:
 
     def end_workload(self, logs: Dict[str, Any]) -> None:
         batches_trained = self.batches_trained
-        metrics = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
-        self.reporter.report_training_metrics(batches_trained, metrics)
+        metrics = self.engine.training_metrics(logs)
+        if self.is_chief:
+            self.reporter.report_training_metrics(batches_trained, metrics)
+            print(f"[trial {self.info.trial_id}] batches {batches_trained}/{self.target} "
+                  + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         self._call("on_train_workload_end", batches_trained, metrics)
-        print(f"[trial {self.info.trial_id}] batches {batches_trained}/{self.target} "
-              + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
-        stop = self.context.get_stop_requested()
+        stop = self._agreed(self.context.get_stop_requested())
+        self.context.set_stop_requested(stop)
         finished = batches_trained >= self.target or stop
         if ((finished or self._due(batches_trained, self.validation_period))
                 and self.last_validation != batches_trained):
             self.validate()
-        self.paused = not finished and self.reporter.should_pause()
+        self.paused = self._agreed(not finished and self.reporter.should_pause())
         if finished or self.paused or self._due(batches_trained, self.checkpoint_period):
             self.checkpoint()
         # Validation shares the compiled metrics; the next workload averages from zero.
@@ -394,19 +415,22 @@ class TrialController:
     def validate(self) -> Dict[str, float]:
         steps = self.context.fit_config.get("validation_steps")
         hooks = [_ValidationHooks(self.user_callbacks)] if self.user_callbacks else []
-        results = self.model.evaluate(self.validation_data, steps=steps, verbose=0,
-                                      return_dict=True, callbacks=hooks)
-        metrics = {f"val_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0}
+        results = self.engine.evaluate(self.model, self.validation_data, steps, hooks)
+        metrics = {f"val_{k}": v for k, v in results.items()}
         self._call("on_test_end", dict(metrics))
-        self.reporter.report_validation_metrics(self.batches_trained, metrics)
-        print(f"[trial {self.info.trial_id}] validation at {self.batches_trained} "
-              + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
+        if self.is_chief:
+            self.reporter.report_validation_metrics(self.batches_trained, metrics)
+            print(f"[trial {self.info.trial_id}] validation at {self.batches_trained} "
+                  + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         self.last_validation = self.batches_trained
         self.last_validation_metrics = metrics
         return metrics
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint(self) -> str:
+        if not self.is_chief:  # the ranks' weights are the same; the chief saves them
+            self.last_checkpoint = self.batches_trained
+            return ""
         directory = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".checkpoint-"))
         try:
             with quiet_keras_warnings():

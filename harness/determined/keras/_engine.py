@@ -1,0 +1,252 @@
+"""How this training process trains on its share of a trial's slots: the harness side of
+`localdet/engines.py`, picked from LOCALDET_ENGINE (which the launcher sets) and started once,
+before TensorFlow starts its runtime:
+
+    engine = start(keras_line)                     # in prepare_process
+    optimizer = engine.wrap_optimizer(optimizer)   # context.wrap_optimizer
+    engine.prepare(model, dataset)                 # before the first step
+    iterator = engine.training_iterator(dataset)   # the batches as this process trains on them
+    logs = engine.training_metrics(model.train_function(iterator))
+    metrics = engine.evaluate(model, dataset, steps=None, callbacks=[])
+
+- single: one slot, one process.
+- mirrored (Keras 3): one process, a MirroredStrategy over its slots' GPUs, or as many logical
+  CPU devices; it splits each batch among the replicas. It is the process's default strategy,
+  so every model, optimizer and metric the trial's code creates is mirrored without a scope.
+- multi_worker_mirrored (Keras 2): this process is one rank of several (one per slot), joined
+  by a MultiWorkerMirroredStrategy over localhost (TF_CONFIG), likewise the default strategy.
+- horovod (Keras 2): one rank of several; Horovod's DistributedOptimizer averages gradients.
+
+In the multi-process engines every rank is fed its own part of each global batch (the
+controller builds the parts), so N slots train on exactly the batches one slot does, and
+every rank reports the same, global, metrics.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from determined.core import DistributedContext
+
+_current: Optional["Single"] = None
+
+
+class EngineError(RuntimeError):
+    """The trial's slots cannot be used this way here; the message says what to change."""
+
+
+def slots_in_this_process() -> int:
+    """How many slots the launcher gave this process (`LOCALDET_SLOTS`, e.g. "0,1")."""
+    slots = os.environ.get("LOCALDET_SLOTS", "")
+    return len([s for s in slots.split(",") if s.strip()]) or 1
+
+
+def start(keras_line: str) -> "Single":
+    """This process's engine, made once; later calls return the same one."""
+    global _current
+    if _current is None:
+        name = os.environ.get("LOCALDET_ENGINE") or (
+            "mirrored" if slots_in_this_process() > 1 else "single")
+        kinds = {"single": Single, "mirrored": Mirrored,
+                 "multi_worker_mirrored": MultiWorkerMirrored, "horovod": Horovod}
+        if name not in kinds:
+            raise EngineError(f"LOCALDET_ENGINE={name!r} is not an engine; it is one of "
+                              f"{', '.join(kinds)}")
+        _current = kinds[name](DistributedContext.from_environment(), keras_line)
+    return _current
+
+
+def current() -> "Single":
+    """The engine started in this process, or a single-process one if none was."""
+    global _current
+    if _current is None:
+        _current = Single(DistributedContext.from_environment(), "")
+    return _current
+
+
+def _not_resharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    # Each rank's dataset is already its own part; tf.distribute must not shard it again.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
+def _batches(dataset: tf.data.Dataset) -> int:
+    count = int(dataset.cardinality())
+    return count if count >= 0 else int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
+
+
+class Single:
+    """One process trains alone; also the base of the others."""
+
+    name = "single"
+    resumes_tf_data_exactly = True  # a tf.data iterator's position can be checkpointed
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        self.distributed = distributed
+        self.keras_line = keras_line
+
+    def describe(self) -> str:
+        return ""
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return optimizer
+
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        pass
+
+    def training_iterator(self, dataset: tf.data.Dataset) -> Any:
+        return iter(dataset)
+
+    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
+        return {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+
+    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
+                 callbacks: List[Any]) -> Dict[str, float]:
+        results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True,
+                                 callbacks=callbacks)
+        return {k: float(v) for k, v in results.items() if np.ndim(v) == 0}
+
+
+class Mirrored(Single):
+    name = "mirrored"
+    resumes_tf_data_exactly = False
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        super().__init__(distributed, keras_line)
+        slots = slots_in_this_process()
+        if keras_line == "keras2":
+            raise EngineError(
+                f"resources.slots_per_trial is {slots} but the mirrored engine runs Keras 3 "
+                "only; under Keras 2 use resources.engine: auto (one process per slot)")
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            if len(gpus) < slots:
+                raise EngineError(f"the trial was given {slots} slots but TensorFlow sees "
+                                  f"{len(gpus)} GPU(s) (CUDA_VISIBLE_DEVICES="
+                                  f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+            devices = [f"/gpu:{i}" for i in range(slots)]
+        else:
+            # CPU slots: as many logical devices, so that the replicas really are separate.
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(slots)])
+            devices = [f"/cpu:{i}" for i in range(slots)]
+        self.strategy = tf.distribute.MirroredStrategy(devices)
+        tf.distribute.experimental_set_strategy(self.strategy)
+
+    def describe(self) -> str:
+        return (f"{self.strategy.num_replicas_in_sync} slots in this process: MirroredStrategy "
+                f"over {', '.join(self.strategy.extended.worker_devices)}")
+
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        # The optimizer's and metrics' variables must exist, mirrored, before the first
+        # distributed step: Keras 3 would create them inside it, which fails. A batch of
+        # zeros shaped like the data: reading a real one could disturb a Sequence's workers.
+        model._symbolic_build(data_batch=tf.nest.map_structure(
+            lambda spec: tf.zeros([d or 1 for d in spec.shape], spec.dtype),
+            dataset.element_spec))
+
+    def training_iterator(self, dataset: tf.data.Dataset) -> Any:
+        return iter(self.strategy.experimental_distribute_dataset(dataset))
+
+
+class MultiWorkerMirrored(Single):
+    name = "multi_worker_mirrored"
+    resumes_tf_data_exactly = False
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        super().__init__(distributed, keras_line)
+        if keras_line != "keras2":
+            raise EngineError("the multi_worker_mirrored engine runs Keras 2 only (Keras 3 "
+                              "fails under MultiWorkerMirroredStrategy); use "
+                              "resources.engine: auto")
+        if not os.environ.get("TF_CONFIG"):
+            raise EngineError("the multi_worker_mirrored engine needs TF_CONFIG, which the "
+                              "rank supervisor (python -m localdet.ranks --tf-config) sets")
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        tf.distribute.experimental_set_strategy(self.strategy)
+
+    def describe(self) -> str:
+        return (f"rank {self.distributed.rank} of {self.distributed.size}: "
+                "MultiWorkerMirroredStrategy")
+
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        # The metrics a step returns are already global; Keras 2's "auto" would sum them
+        # over the workers.
+        model.distribute_reduction_method = "first"
+
+    def training_iterator(self, dataset: tf.data.Dataset) -> Any:
+        part = _not_resharded(dataset)
+        return iter(self.strategy.distribute_datasets_from_function(lambda _: part))
+
+    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
+                 callbacks: List[Any]) -> Dict[str, float]:
+        model.distribute_reduction_method = "first"
+        part = _not_resharded(dataset)
+        if steps is None:
+            # Every rank runs as many steps as the longest part; a rank whose part is over
+            # feeds empty batches, which count for nothing.
+            steps = max(self.distributed.allgather(_batches(part)))
+        distributed = self.strategy.distribute_datasets_from_function(lambda _: part)
+        return super().evaluate(model, distributed, steps, callbacks)
+
+
+class Horovod(Single):
+    name = "horovod"
+    resumes_tf_data_exactly = False
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        super().__init__(distributed, keras_line)
+        if keras_line != "keras2":
+            raise EngineError("Horovod does not support Keras 3; use resources.engine: auto")
+        try:
+            import horovod.tensorflow.keras as hvd
+        except ImportError as error:
+            raise EngineError(f"the horovod engine needs horovod.tensorflow.keras, which "
+                              f"does not import here: {error}") from None
+        self.hvd = hvd
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (distributed.rank, distributed.size):
+            raise EngineError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but localdet "
+                              f"started rank {distributed.rank} of {distributed.size}")
+        self._records: Dict[int, int] = {}
+
+    def describe(self) -> str:
+        return f"rank {self.hvd.rank()} of {self.hvd.size()}: Horovod"
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        if getattr(optimizer, "_localdet_horovod", False):
+            return optimizer
+        wrapped = self.hvd.DistributedOptimizer(optimizer)
+        wrapped._localdet_horovod = True
+        return wrapped
+
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        if not getattr(model.optimizer, "_localdet_horovod", False):
+            raise EngineError("under Horovod the model must be compiled with the optimizer "
+                              "that context.wrap_optimizer(optimizer) returns")
+        # The ranks start from the chief's weights (they are the same when seeded alike).
+        self.hvd.broadcast_variables(model.variables, root_rank=0)
+
+    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
+        # Each rank's metrics cover its own part of the batches: average them.
+        local = super().training_metrics(logs)
+        every = self.distributed.allgather(local)
+        return {k: float(np.mean([ranks[k] for ranks in every])) for k in local}
+
+    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
+                 callbacks: List[Any]) -> Dict[str, float]:
+        local = super().evaluate(model, dataset, steps, callbacks)
+        key = id(dataset)
+        if key not in self._records:  # validation data does not change: count it once
+            self._records[key] = sum(int(tf.shape(tf.nest.flatten(batch)[0])[0])
+                                     for batch in dataset)
+        every = self.distributed.allgather((local, self._records[key]))
+        total = sum(records for _, records in every) or 1
+        return {k: float(sum(metrics[k] * records for metrics, records in every) / total)
+                for k in local}
