@@ -55,7 +55,12 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 experiment.config["environment"]["environment_variables"].items()}
     env.update(user_env)
     line, reason = keras_line.choose(Path(experiment.model_dir), user_env)
-    env["TF_USE_LEGACY_KERAS"] = "1" if line == "keras2" else "0"
+    version = keras_line.tensorflow_version()
+    if version and version < (2, 16):
+        # Keras 2 is its only Keras; the variable would make it look for tf-keras.
+        env.pop("TF_USE_LEGACY_KERAS", None)
+    else:
+        env["TF_USE_LEGACY_KERAS"] = "1" if line == "keras2" else "0"
     env["LOCALDET_KERAS_LINE_REASON"] = reason
     env.update({
         "LOCALDET_HOME": str(layout.home),

@@ -3,14 +3,16 @@
 The daemon keeps one process per trial (its pid, adoption after a restart, killpg), so a
 multi-process trial starts this instead, in its own session, its stdout the trial's log:
 
-    python -P -m localdet.ranks --size 2 [--tf-config] [--grace 5] -- python3 train.py ...
+    python -P -m localdet.ranks --size 2 [--tf-config | --horovod] [--grace 5] -- python3 train.py
 
 (-P: the trial's folder is the working directory, and its json.py must not shadow ours.)
 
 - Each rank gets distributed_environments(N) (LOCALDET_RANK, ...), the r-th of the
   supervisor's LOCALDET_SLOTS and, when it lists one device per rank, the r-th of its
   CUDA_VISIBLE_DEVICES; with --tf-config a TF_CONFIG for MultiWorkerMirroredStrategy on
-  127.0.0.1 (worker r of N, a free port each).
+  127.0.0.1 (worker r of N, a free port each); with --horovod, Horovod's Gloo variables
+  (HOROVOD_RANK, ...) and the rendezvous server that `horovodrun --gloo` would run, here in
+  the supervisor, on 127.0.0.1.
 - Every line a rank writes (stdout and stderr) is copied to stdout as "[rank r] line".
 - The first rank to fail (non-zero, or a signal) stops the others (SIGTERM, SIGKILL after
   --grace seconds) and the supervisor exits with its status (128+signum for a signal).
@@ -33,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from determined.core import distributed_environments
@@ -62,6 +65,33 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                            "task": {"type": "worker", "index": index}})
     return envs
+
+
+def horovod_rendezvous(size: int):
+    """Horovod's HTTP rendezvous for `size` Gloo ranks on this machine, bound to 127.0.0.1
+    but not yet serving (`serve_forever` in a thread once the ranks are started: a thread
+    must not run while the supervisor forks them). Horovod's own runner parts, as
+    `horovodrun --gloo` uses them; its last release (0.28.1) is what localdet supports."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+    server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
+    return server
+
+
+def horovod_environments(envs: list[dict[str, str]], port: int) -> None:
+    """Add what Horovod's Gloo controller reads to each rank's environment."""
+    for rank, env in enumerate(envs):
+        env.update({
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": "lo", "HOROVOD_HOSTNAME": "localhost",
+            "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(len(envs)),
+            "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(len(envs)),
+            "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+        })
 
 
 def _free_ports(count: int, taken: int) -> list[int]:
@@ -99,8 +129,9 @@ class _Pipe:
 
 
 class Supervisor:
-    def __init__(self, grace: float = 5.0):
+    def __init__(self, grace: float = 5.0, serving=None):
         self.grace = grace
+        self.serving = serving  # a server to serve_forever once the ranks are started
         self.procs: list[subprocess.Popen] = []
         self.selector = selectors.DefaultSelector()  # the open pipes, data: a _Pipe
         self.signals: list[int] = []                 # stop requests, from the handler
@@ -166,6 +197,8 @@ class Supervisor:
             self.procs.append(proc)
             os.set_blocking(proc.stdout.fileno(), False)
             self.selector.register(proc.stdout, selectors.EVENT_READ, _Pipe(rank, proc.stdout))
+        if self.serving is not None:
+            threading.Thread(target=self.serving.serve_forever, daemon=True).start()
         return None
 
     def stop(self, signum: int) -> None:
@@ -222,10 +255,13 @@ def _signal_name(signum: int) -> str:
 def main(args: list[str] | None = None) -> int:
     args = sys.argv[1:] if args is None else args
     parser = argparse.ArgumentParser(prog="python -m localdet.ranks",
-                                     usage="%(prog)s --size N [--tf-config] -- ARGV...")
+                                     usage="%(prog)s --size N [--tf-config | --horovod] "
+                                           "-- ARGV...")
     parser.add_argument("--size", type=int, required=True, help="how many ranks")
     parser.add_argument("--tf-config", action="store_true",
                         help="set TF_CONFIG for MultiWorkerMirroredStrategy")
+    parser.add_argument("--horovod", action="store_true",
+                        help="run Horovod's Gloo rendezvous and set its variables")
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds between SIGTERM and SIGKILL when stopping ranks")
     split = args.index("--") if "--" in args else len(args)
@@ -237,7 +273,16 @@ def main(args: list[str] | None = None) -> int:
             if options.size > 1 else []
     except ValueError as error:
         parser.error(str(error))
-    supervisor = Supervisor(grace=options.grace)
+    rendezvous = None
+    if options.horovod and options.size > 1:
+        try:
+            rendezvous = horovod_rendezvous(options.size)
+        except ImportError as error:
+            print(f"[localdet] --horovod needs Horovod's runner, which does not import here: "
+                  f"{error}", flush=True)
+            return 1
+        horovod_environments(envs, rendezvous.server_address[1])
+    supervisor = Supervisor(grace=options.grace, serving=rendezvous)
     if options.size == 1:
         try:
             os.execvp(argv[0], argv)  # the trial as if started directly

@@ -30,12 +30,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 class Home:
     """A `$LOCALDET_HOME` and the `localdet` command pointed at it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, python: str = sys.executable):
         self.path = path
+        self.python = python  # the environment localdet runs in (the Horovod one, say)
         self.env = {**os.environ, "LOCALDET_HOME": str(path), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "localdet", *map(str, args)],
+        result = subprocess.run([self.python, "-m", "localdet", *map(str, args)],
                                 env=self.env, capture_output=True, text=True, timeout=120)
         if check and result.returncode != 0:
             raise AssertionError(f"localdet {' '.join(map(str, args))} failed:\n"
@@ -72,7 +73,7 @@ class Daemon:
         self.log_path = home.path / f"daemon-test-{Daemon.started}.log"
         home.path.mkdir(parents=True, exist_ok=True)
         self.log = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "localdet", "daemon", *args],
+        self.process = subprocess.Popen([home.python, "-m", "localdet", "daemon", *args],
                                         env=home.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: "watching" in self.log_path.read_text() or self.process.poll() is not None,
                  60, "the daemon to start")

@@ -231,7 +231,9 @@ class Horovod(Single):
             raise EngineError("under Horovod the model must be compiled with the optimizer "
                               "that context.wrap_optimizer(optimizer) returns")
         # The ranks start from the chief's weights (they are the same when seeded alike).
-        self.hvd.broadcast_variables(model.variables, root_rank=0)
+        from horovod.tensorflow import broadcast_variables
+
+        broadcast_variables(model.variables, root_rank=0)
 
     def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
         # Each rank's metrics cover its own part of the batches: average them.

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import numpy as np
 import tensorflow as tf
 import yaml
 
@@ -40,7 +39,10 @@ class TrialError(Exception):
 
 
 def keras_line() -> str:
-    return "keras2" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras3"
+    """"keras2" (tf-keras, or TensorFlow before 2.16) or "keras3"."""
+    # TensorFlow before 2.16 has Keras 2 only, without a __version__ of its own.
+    version = getattr(tf.keras, "__version__", None) or tf.__version__
+    return "keras2" if version.startswith("2.") else "keras3"
 
 
 class _ValidationHooks(tf.keras.callbacks.Callback):

@@ -1,0 +1,42 @@
+# localdet's GPU image: the daemon on NVIDIA's TensorFlow container.
+#
+# 25.02 is the newest tag with TensorFlow 2 and Horovod, and the last one: its release notes
+# say NVIDIA releases no TensorFlow containers after 25.02. It has TensorFlow 2.17.0+nv25.2,
+# Keras 3.3.2 and tf_keras 2.17.0 (Keras 2), Horovod 0.28.1+nv25.2 built for that TensorFlow,
+# Python 3.12, CUDA 12.8 and Ubuntu 24.04. Its entrypoint, which sets up CUDA, is kept.
+FROM nvcr.io/nvidia/tensorflow:25.02-tf2-py3
+
+# The state (localdet.db, queue/, store/, experiments/) lives in $LOCALDET_HOME.
+# PYTHONUNBUFFERED: the daemon's slot table reaches `docker logs` at once.
+ENV LOCALDET_HOME=/localdet \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /opt/localdet
+COPY pyproject.toml README.md ./
+COPY localdet/ localdet/
+COPY harness/ harness/
+COPY state/ state/
+
+# --no-deps: the container's own TensorFlow, tf_keras and TensorBoard meet pyproject's pins.
+# Resolving those pins again could let pip change packages under NVIDIA's TensorFlow build.
+# The rest of pyproject's dependencies are listed here (most are already in the container),
+# with scikit-learn for the examples.
+RUN pip install --no-cache-dir --no-deps . \
+ && pip install --no-cache-dir "h5py>=3.10" "sqlite-utils>=4.0" "watchdog>=4.0" \
+        "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0" "numpy>=1.26" \
+        "scikit-learn>=1.3"
+
+# Make the build fail, instead of the first multi-GPU trial, if pip replaced NVIDIA's
+# TensorFlow or Horovod is missing. Nothing here imports TensorFlow, so no GPU is needed.
+RUN python -c "import importlib.metadata as m; v = m.version('tensorflow'); assert '+nv' in v, f'NVIDIA TensorFlow was replaced by {v}'" \
+ && python -c "from localdet.engines import horovod_installed; assert horovod_installed(), 'horovod.tensorflow is missing'" \
+ && localdet --help > /dev/null
+
+COPY examples/ examples/
+
+VOLUME /localdet
+
+# The daemon serves nothing (the CLI works on the files in $LOCALDET_HOME), so nothing is
+# exposed. It finds the GPUs given by `docker run --gpus` with nvidia-smi; with no GPU, it
+# uses `--slots N` CPU slots (default 1).
+CMD ["localdet", "daemon"]

@@ -1,0 +1,64 @@
+"""The Horovod engine, for real: in the second environment (TensorFlow 2.15, Keras 2.15,
+Horovod 0.28.1 built with Gloo; `scripts/horovod-env` sets it up once per machine and the
+test command passes its python as LOCALDET_HOROVOD_PYTHON), a 2-slot trial runs as two
+Horovod ranks under the rank supervisor and ends like the same trial on one slot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLE, REPO, Daemon, Home, write_config
+from test_pause_resume_e2e import h5_weights
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def horovod_python() -> str:
+    python = os.environ.get("LOCALDET_HOROVOD_PYTHON")
+    if python:
+        return python
+    setup = subprocess.run([str(REPO / "scripts" / "horovod-env")], capture_output=True,
+                           text=True, timeout=1800)
+    assert setup.returncode == 0, f"scripts/horovod-env failed:\n{setup.stderr[-4000:]}"
+    return setup.stdout.strip().splitlines()[-1]
+
+
+def weights(home: Home, experiment_id: int, folder) -> list:
+    last = home.json("checkpoints", experiment_id)[-1]
+    home.cli("checkpoint", "export", last["uuid"], folder / f"export-{experiment_id}")
+    return h5_weights(folder / f"export-{experiment_id}" / "determined-keras-model.h5")
+
+
+def test_two_horovod_ranks_end_like_one_slot(tmp_path, horovod_python):
+    home = Home(tmp_path / "home", python=horovod_python)
+    short = dict(searcher={"name": "single", "metric": "val_accuracy",
+                           "smaller_is_better": False, "max_length": {"batches": 60}},
+                 min_validation_period={"batches": 30},
+                 environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        for name, slots in (("one", 1), ("two", 2)):
+            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                            **short), EXAMPLE)
+        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+        assert home.wait_until_ended(one)["state"] == "COMPLETED"
+        assert home.wait_until_ended(two)["state"] == "COMPLETED"
+    finally:
+        daemon.stop()
+    trial = home.experiment(two)["trials"][0]
+    log = (home.path / "experiments" / str(two) / "trials" / str(trial["id"])
+           / "trial.log").read_text()
+    assert "[rank 0] [trial" in log and "rank 1 of 2: Horovod" in log
+    # Chosen because horovod.tensorflow imports here and TensorFlow 2.15 has Keras 2 only:
+    for (name_a, a), (name_b, b) in zip(weights(home, one, tmp_path),
+                                        weights(home, two, tmp_path)):
+        assert name_a == name_b
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    one_trial = home.experiment(one)["trials"][0]
+    assert one_trial["latest_validation"]["val_accuracy"] == pytest.approx(
+        trial["latest_validation"]["val_accuracy"], abs=1e-5)
