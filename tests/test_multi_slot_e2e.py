@@ -4,10 +4,14 @@ MirroredStrategy over two logical CPU devices (GPUs where there are some)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import numpy as np
 import pytest
 
-from conftest import EXAMPLE, Daemon, write_config
+from conftest import EXAMPLE, Daemon, wait_for, write_config
 from test_pause_resume_e2e import final_weights, trial_of
 
 pytestmark = pytest.mark.slow
@@ -100,20 +104,58 @@ def assert_same_weights(home, a: int, b: int, tmp_path) -> None:
         np.testing.assert_allclose(wa, wb, atol=1e-5)
 
 
-def test_two_processes_under_keras_2_end_like_one(home, tmp_path):
+def rank_pids(home, trial_id: int) -> list[int]:
+    """The rank processes under a trial's supervisor (the process the daemon records)."""
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        supervisor = db.trial(trial_id).pid
+    finally:
+        db.close()
+    found = subprocess.run(["pgrep", "-P", str(supervisor)], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_one(
+        home, tmp_path):
+    """Keras 2: two processes (MultiWorkerMirroredStrategy). The 2-slot trial is paused and
+    resumed (both ranks stop and start again), and one rank is killed with kill -9 (the
+    other is stopped, the trial restarts from its checkpoint); it still ends like one slot."""
+    long = dict(KERAS2, scheduling_unit=10, max_restarts=1,
+                searcher=dict(KERAS2["searcher"], max_length={"batches": 200}),
+                min_checkpoint_period={"batches": 40})
     daemon = Daemon(home, "--slots", "2")
     try:
-        for name, slots in (("one", 1), ("two", 2)):
-            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **KERAS2), EXAMPLE)
-        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
-        assert home.wait_until_ended(one)["state"] == "COMPLETED"
+        home.cli("submit", write_config(tmp_path, "two", resources={"slots_per_trial": 2},
+                                        **long), EXAMPLE)
+        two = home.experiment_named("two")["id"]
+        wait_for(lambda: trial_of(home, two)["batches_trained"] >= 20, 180, "20 batches")
+        home.cli("pause", two)
+        wait_for(lambda: trial_of(home, two)["state"] == "PAUSED", 120, "the pause")
+        paused_at = trial_of(home, two)["batches_trained"]
+        assert paused_at < 200
+        home.cli("resume", two)
+        wait_for(lambda: trial_of(home, two)["state"] == "RUNNING"
+                 and trial_of(home, two)["batches_trained"] > paused_at, 180, "the resume")
+        wait_for(lambda: any(c["batches_trained"] >= 80 for c in home.json("checkpoints", two)),
+                 180, "a checkpoint after the resume")
+        trial_id = trial_of(home, two)["id"]
+        ranks = wait_for(lambda: len(rank_pids(home, trial_id)) == 2
+                         and rank_pids(home, trial_id), 30, "the ranks")
+        os.kill(ranks[1], signal.SIGKILL)
+        home.cli("submit", write_config(tmp_path, "one", resources={"slots_per_trial": 1},
+                                        **long), EXAMPLE)
+        one = home.experiment_named("one")["id"]
         assert home.wait_until_ended(two)["state"] == "COMPLETED"
+        assert home.wait_until_ended(one)["state"] == "COMPLETED"
     finally:
         daemon.stop()
     log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
            / "trial.log").read_text()
     assert "[rank 1] " in log and "rank 1 of 2: MultiWorkerMirroredStrategy" in log
+    assert "rank 1 was killed by SIGKILL; stopping the other ranks" in log
+    assert trial_of(home, two)["restarts"] == 1
     assert launched_engines(home) == {one: "single", two: "multi_worker_mirrored"}
     assert_same_weights(home, one, two, tmp_path)
     # Training metrics are the global ones, recorded once (by the chief), as on one slot.
