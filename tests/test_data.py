@@ -105,6 +105,29 @@ def test_numpy_batches_hold_whole_records_each_pass_a_permutation(form):
     assert not all(np.array_equal(a[0], b[0]) for a, b in zip(batches, other_seed))
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_ranks_read_their_rows_of_the_global_batches_one_process_reads(shuffle):
+    """Two ranks with 2-record batches together read exactly the 4-record batches of one
+    process, shuffled passes and resumption at k included; wrap_data's shards are put back
+    together first (sharding.whole)."""
+    from determined.keras import _sharding
+
+    loader = numpy_loader("weights")
+    one = take(_data.training_stream(loader, BS, SEED, shuffle=shuffle), 8)
+    shards = [_sharding.shard_data(list(loader), rank, 2) for rank in (0, 1)]
+    assert len(shards[1][0]) == N // 2
+    for k in (0, 3):
+        parts = [take(_data.training_stream(tuple(_sharding.whole(shards[rank])), BS // 2, SEED,
+                                            start_batch=k, shuffle=shuffle, part=(rank, 2)),
+                      8 - k) for rank in (0, 1)]
+        for batch, rank0, rank1 in zip(one[k:], *parts):
+            for column, a, b in zip(batch, rank0, rank1):
+                assert len(a) == len(b) == BS // 2
+                assert np.array_equal(column[0::2], a) and np.array_equal(column[1::2], b)
+    plain = np.arange(3)
+    assert _sharding.whole(plain) is plain  # what no shard was cut from comes back as is
+
+
 def test_numpy_validation_is_one_ordered_pass_and_reiterable():
     dataset = _data.validation_stream(numpy_loader("weights"), BS)
     for _ in range(2):

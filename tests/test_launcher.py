@@ -132,3 +132,23 @@ def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
     finally:
         daemon.db.close()
     assert "devices=''" in launcher.log_tail(layout.trial_log(experiment.id, trial.id))
+
+
+def test_a_multi_process_engine_starts_the_rank_supervisor(layout, monkeypatch):
+    from localdet import engines
+
+    monkeypatch.setattr(engines, "horovod_installed", lambda: False)
+    experiment, trial = recorded(layout, parse_config({
+        "entrypoint": "model_def:Trial", "resources": {"slots_per_trial": 2},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": 10},
+        "environment": {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}}).config)
+    spec = launcher.launch_spec(layout, experiment, trial, [0, 1], visible_devices="")
+    assert spec.engine == spec.env["LOCALDET_ENGINE"] == "multi_worker_mirrored"
+    assert spec.argv == [sys.executable, "-P", "-m", "localdet.ranks", "--size", "2",
+                         "--tf-config", "--", sys.executable, "-m", "determined.exec.run_trial"]
+    monkeypatch.setattr(engines, "horovod_installed", lambda: True)
+    spec = launcher.launch_spec(layout, experiment, trial, [0, 1], visible_devices="")
+    assert spec.engine == "horovod" and spec.argv[6] == "--horovod"
+    # One slot: the trial's own command, as before.
+    single = launcher.launch_spec(layout, experiment, trial, [0], visible_devices="")
+    assert single.argv[:3] == [sys.executable, "-m", "determined.exec.run_trial"]

@@ -187,6 +187,11 @@ class TrialController:
         if self.explicit_batch_size:
             return self.explicit_batch_size
         if "global_batch_size" in self.info.hparams:
+            size = self.distributed.size
+            if self.context.get_global_batch_size() % size:
+                raise TrialError(f"global_batch_size {self.context.get_global_batch_size()} "
+                                 f"does not split evenly over {size} processes; make it a "
+                                 "multiple of resources.slots_per_trial")
             return self.context.get_per_slot_batch_size()
         if all(isinstance(loader, tf.data.Dataset) or _data.is_sequence(loader)
                for loader in (self.train_loader, self.validation_loader)):
