@@ -76,7 +76,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     engine = _engine(experiment)
     env["LOCALDET_ENGINE"] = engine
     return LaunchSpec(
-        argv=_ranked(argv_for(experiment.config), engine, len(slots)),
+        argv=supervised_argv(argv_for(experiment.config), engine, len(slots)),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),
@@ -86,7 +86,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     )
 
 
-def _ranked(argv: list[str], engine: str, slots: int) -> list[str]:
+def supervised_argv(argv: list[str], engine: str, slots: int) -> list[str]:
     """A multi-process engine's trial is the rank supervisor, which runs one rank per slot
     and stands for them all (one pid, one process group, one log)."""
     if engines.processes(engine, slots) == 1:

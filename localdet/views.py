@@ -26,7 +26,9 @@ def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None
     return (min if smaller_is_better else max)(scored, key=lambda r: r[metric])
 
 
-def trial_facts(db: StateDB, trial: Trial, experiment: Experiment) -> dict[str, Any]:
+def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
+                launch: dict | None = None) -> dict[str, Any]:
+    """`launch`: the payload of the trial's latest `trial_launched` event, if any."""
     validations = [row.metrics for row in db.metrics(trial.id, "validation")]
     return {
         "id": trial.id,
@@ -37,6 +39,9 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment) -> dict[str, 
         "batches_trained": trial.batches_trained,
         "target_batches": trial.target_batches,
         "restarts": trial.restarts,
+        # How it trains on its slots (localdet/engines.py), as recorded at its last launch.
+        "engine": (launch or {}).get("engine"),
+        "slots": (launch or {}).get("slots"),
         "latest_validation": validations[-1] if validations else None,
         "best_validation": _best(validations, experiment.metric, experiment.smaller_is_better),
         "latest_checkpoint": trial.latest_checkpoint,
@@ -59,7 +64,10 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
 
 
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
-    trials = [trial_facts(db, t, experiment) for t in db.trials(experiment.id)]
+    events = db.events(experiment.id)
+    launches = {e["trial_id"]: e["payload"] for e in events if e["kind"] == "trial_launched"}
+    trials = [trial_facts(db, t, experiment, launches.get(t.id))
+              for t in db.trials(experiment.id)]
     scored = [t for t in trials if t["best_validation"]]
     best = _best([t["best_validation"] for t in scored],
                  experiment.metric, experiment.smaller_is_better)
@@ -83,8 +91,7 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
         "submitted_at": experiment.submitted_at,
         "ended_at": experiment.ended_at,
         "error": experiment.error,
-        "warnings": [e["payload"]["message"] for e in db.events(experiment.id)
-                     if e["kind"] == "config_warning"],
+        "warnings": [e["payload"]["message"] for e in events if e["kind"] == "config_warning"],
         "trials": trials,
     }
 
@@ -257,16 +264,19 @@ def trials_table(experiment: dict) -> Table:
     metric = experiment["metric"]
     table = Table(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
                         f"{experiment['state']}, searcher {experiment['searcher']}")
-    for column in ("Trial", "State", "Batches", "Restarts", "Hyperparameters",
-                   f"Latest {metric}", f"Best {metric}", "Checkpoint"):
+    # The engine matters only where a trial has several slots.
+    engines = any(t.get("engine") not in (None, "single") for t in experiment["trials"])
+    for column in ("Trial", "State", "Batches", "Restarts", *(("Engine",) if engines else ()),
+                   "Hyperparameters", f"Latest {metric}", f"Best {metric}", "Checkpoint"):
         table.add_column(escape(column))
     for t in experiment["trials"]:
         hparams = ", ".join(f"{k}={_number(v)}" for k, v in _flat(t["hparams"]).items())
         latest = (t["latest_validation"] or {}).get(metric)
         best = (t["best_validation"] or {}).get(metric)
+        engine = (f"{t['engine'] or ''} x{len(t['slots'] or [])}",) if engines else ()
         table.add_row(str(t["id"]), _state(t["state"]),
                       f"{t['batches_trained']}/{t['target_batches']}", str(t["restarts"]),
-                      escape(hparams), _number(latest), _number(best),
+                      *engine, escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
     return table
 

@@ -1,24 +1,37 @@
-"""How does a trial's throughput scale with its slots?
+"""How does a trial's throughput scale with its slots, on every engine?
 
-For each slot count (1, 2, and every GPU count above 2 where GPUs exist), a fresh process
-trains the same TFKerasTrial (a small conv net on scikit-learn's digits, upsampled to 28x28)
-through localdet's own TrialController, as the launcher would start it with that many
-slots (LOCALDET_SLOTS): one slot trains on one device; N slots under Keras 3 train in one
-process on a MirroredStrategy over N GPUs, or N logical CPU devices without a GPU. Each
-process first trains a short warm-up trial (tracing, threads), then times a second trial
-of `--batches` batches of `--global-batch-size` samples.
+Each engine line trains the same TFKerasTrial (a small conv net on scikit-learn's digits,
+upsampled to 28x28) through localdet's own TrialController on 1 slot (engine "single") and
+on 2 slots (and on every GPU count above 2 where GPUs exist), each run started as the
+launcher would start that trial (LOCALDET_ENGINE, LOCALDET_SLOTS, localdet/launcher.py):
 
-Prints samples per second for each slot count, the scaling efficiency
-((samples/s on N) / (N x samples/s on 1)) and, as the correctness check, the largest
-difference between the final weights on N slots and on 1 (the same global batch size
-must give the same training, to float rounding). On CPU, N logical devices share the same
-cores: the efficiency there measures overhead, not speed-up; on GPUs it is the real figure.
+- Keras 3: "mirrored", one process with a MirroredStrategy over N GPUs, or over N logical
+  CPU devices without a GPU.
+- Keras 2 (TF_USE_LEGACY_KERAS=1): "multi_worker_mirrored", N processes under the rank
+  supervisor (python -m localdet.ranks --tf-config).
+- Horovod: "horovod", N processes under the rank supervisor (--horovod), in the TensorFlow
+  2.15 + Horovod environment that scripts/horovod-env makes (or `--horovod-python`); the line
+  is skipped, with a note, where there is none.
+
+This process makes the state folder and each run's two trials (create_trial imports no
+TensorFlow); every rank of the run trains them: a short warm-up trial (tracing, threads),
+then the timed one of `--batches` batches of `--global-batch-size` samples. Rank 0 reports
+the timed trial's seconds and final weights.
+
+Prints, per engine line, samples per second on 1 and on N slots, the scaling efficiency
+((samples/s on N) / (N x samples/s on 1), against that line's own 1-slot run in this same
+bench run) and, as the correctness check, the largest difference between the final weights
+on N slots and on 1 (the same global batch size must give the same training, to float
+rounding). On CPU the N processes (or logical devices) share the machine's cores (on a
+2-core machine, 2 processes share its 2 cores): the efficiency measures the engine's
+overhead, not a speed-up, and the run is an overhead-and-correctness check; on GPUs it is
+the real figure.
 In float32 the weight difference grows with training (a rounding difference flips a ReLU or
-a max-pool choice now and then, and SGD carries it on): measured here, 3e-8 after 10
-batches, 2.5e-4 after 200; with `set_floatx("float64")` it is 6e-17 after 200, so the
-training itself is the same.
+a max-pool choice now and then, and SGD carries it on): measured on CPU for every engine,
+1e-8 after 10 batches, 1e-4 to 3e-4 after 100, 2e-4 to 2e-3 after 200; with
+`set_floatx("float64")` it is 6e-17 after 200, so the training itself is the same.
 
-    python scripts/bench/scaling.py                 # 1 and 2 slots
+    python scripts/bench/scaling.py                 # 1 and 2 slots, every engine
     python scripts/bench/scaling.py --batches 400   # longer timed run
 
 Timings are printed, never asserted.
@@ -35,13 +48,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from localdet.paths import Layout
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _trial_setup import create_trial  # noqa: E402  (imports no TensorFlow)
+
+# Where scripts/horovod-env makes the Horovod environment.
+HOROVOD_PYTHON = (Path(os.environ.get("LOCALDET_CACHE") or Path.home() / ".cache" / "localdet")
+                  / "horovod-0.28.1-tf2.15" / "bin" / "python")
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batches", type=int, default=200, help="batches in the timed trial")
 parser.add_argument("--global-batch-size", type=int, default=64)
-parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # slots, in a worker
+parser.add_argument("--horovod-python", default=str(HOROVOD_PYTHON) if HOROVOD_PYTHON.exists()
+                    else None, help=f"the Python of a Horovod environment (default: "
+                    f"{HOROVOD_PYTHON}, where it exists)")
+parser.add_argument("--trials", type=int, nargs=2, help=argparse.SUPPRESS)  # in a worker
 parser.add_argument("--out", help=argparse.SUPPRESS)
 args = parser.parse_args()
 
@@ -92,30 +114,57 @@ def raw_config(name: str, batches: int) -> dict:
             "reproducibility": {"experiment_seed": 5}}
 
 
-def worker(slots: int, out: Path) -> None:
-    """One slot count, in a process of its own (the strategy is made once per process)."""
-    from localdet.paths import Layout
-
-    home = Path(tempfile.mkdtemp(prefix="scaling-"))
-    os.environ["LOCALDET_HOME"] = str(home)
-    layout = Layout(home).ensure()
-    model_def = home / "model_def.py"
-    model_def.write_text(MODEL_DEF)
-    sys.path.insert(0, str(home))
+def worker(trials: list[int], out: Path) -> None:
+    """One rank of a run (the only one for "single" and "mirrored"): trains the warm-up
+    trial, then the timed one; rank 0 writes the result."""
+    layout = Layout.from_environment()
+    sys.path.insert(0, str(layout.home))
+    from determined.core import WorkerReporter
     from determined.keras._trial_controller import TrialController  # starts TensorFlow
     from localdet.reporting import SQLiteReporter
     from model_def import ConvDigits
 
-    timings = {}
-    for name, batches in (("warm-up", 20), ("timed", args.batches)):
-        _, trial_id = create_trial(layout, raw_config(name, batches), [model_def])
+    rank = int(os.environ.get("LOCALDET_RANK", "0"))
+    for trial_id in trials:
         reporter = SQLiteReporter(layout, trial_id)
+        if rank > 0:  # only the chief records, as reporter_from_environment has it
+            reporter = WorkerReporter(reporter)
         controller = TrialController.for_trial_class(ConvDigits, reporter.trial_info(), reporter)
         start = time.perf_counter()
         controller.run()
-        timings[name] = time.perf_counter() - start
-    weights = [w.tolist() for w in controller.model.get_weights()]
-    out.write_text(json.dumps({"seconds": timings["timed"], "weights": weights}))
+        seconds = time.perf_counter() - start
+    if rank == 0:
+        weights = [w.tolist() for w in controller.model.get_weights()]
+        out.write_text(json.dumps({"seconds": seconds, "weights": weights}))
+
+
+def run(layout: Layout, python: str, legacy_keras: str | None, engine: str, slots: int,
+        gpus: int) -> dict:
+    """Train a warm-up and a timed trial on `slots` slots with `engine`, started as the
+    launcher would start them; rank 0's result (seconds, weights)."""
+    from localdet.launcher import supervised_argv
+
+    home = layout.home
+    trials = [create_trial(layout, raw_config(name, batches), [home / "model_def.py"])[1]
+              for name, batches in (("warm-up", 20), ("timed", args.batches))]
+    devices = ",".join(map(str, range(slots)))
+    env = {**os.environ, "LOCALDET_HOME": str(home), "LOCALDET_ENGINE": engine,
+           "LOCALDET_SLOTS": devices, "CUDA_VISIBLE_DEVICES": devices if gpus else "",
+           "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_USE_LEGACY_KERAS", None)  # None: TensorFlow 2.15, whose only Keras is Keras 2
+    if legacy_keras is not None:
+        env["TF_USE_LEGACY_KERAS"] = legacy_keras
+    out = home / f"result-{trials[-1]}.json"
+    argv = [python, __file__, "--trials", *map(str, trials), "--out", str(out)]
+    # One process, or the rank supervisor as the launcher starts it, run by `python` (the
+    # Horovod environment's, whose Horovod runner it needs).
+    argv = [python, *supervised_argv(argv, engine, slots)[1:]]
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, check=False)
+    if done.returncode:
+        sys.exit(f"{engine} on {slots} slot(s) failed (status {done.returncode}):\n"
+                 f"{done.stdout}")
+    return json.loads(out.read_text())
 
 
 def gpu_count() -> int:
@@ -127,34 +176,38 @@ def gpu_count() -> int:
 def main() -> None:
     import numpy as np
 
+    from localdet import engines
+
     gpus = gpu_count()
-    counts = [1, 2] + list(range(3, gpus + 1))
-    results = {}
-    for slots in counts:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            env = {**os.environ, "LOCALDET_SLOTS": ",".join(map(str, range(slots))),
-                   "TF_CPP_MIN_LOG_LEVEL": "2"}
-            if not gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ""
-            subprocess.run([sys.executable, __file__, "--worker", str(slots), "--out", out.name,
-                            "--batches", str(args.batches),
-                            "--global-batch-size", str(args.global_batch_size)],
-                           env=env, check=True, stdout=subprocess.DEVNULL)
-            results[slots] = json.loads(Path(out.name).read_text())
+    lines = [("Keras 3", sys.executable, "0", engines.MIRRORED),
+             ("Keras 2", sys.executable, "1", engines.MULTI_WORKER_MIRRORED)]
+    if args.horovod_python:
+        lines.append(("Horovod", args.horovod_python, None, engines.HOROVOD))
     samples = args.batches * args.global_batch_size
-    one = samples / results[1]["seconds"]
-    kind = f"{gpus} GPU(s)" if gpus else "CPU (logical devices share 2 cores: overhead only)"
-    print(f"{args.batches} batches of {args.global_batch_size} samples, conv net on digits; {kind}")
-    for slots in counts:
-        rate = samples / results[slots]["seconds"]
-        difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                         for a, b in zip(results[slots]["weights"], results[1]["weights"]))
-        print(f"  {slots} slot(s)  {rate:8.0f} samples/s   efficiency {rate / (slots * one):.2f}"
-              f"   max |weights - 1 slot| {difference:.1e}")
+    kind = (f"{gpus} GPU(s)" if gpus else
+            f"CPU (the slots share {os.cpu_count()} cores: overhead and correctness only)")
+    print(f"{args.batches} batches of {args.global_batch_size} samples, conv net on digits; "
+          f"{kind}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="scaling-") as folder:
+        layout = Layout(Path(folder)).ensure()
+        (layout.home / "model_def.py").write_text(MODEL_DEF)
+        for label, python, legacy_keras, engine in lines:
+            one = run(layout, python, legacy_keras, engines.SINGLE, 1, gpus)
+            for slots in [2, *range(3, gpus + 1)]:
+                result = run(layout, python, legacy_keras, engine, slots, gpus)
+                rate_one, rate = samples / one["seconds"], samples / result["seconds"]
+                difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                                 for a, b in zip(result["weights"], one["weights"]))
+                print(f"  {label}  {engine:21}  1 slot {rate_one:6.0f}  {slots} slots "
+                      f"{rate:6.0f} samples/s  efficiency {rate / (slots * rate_one):.2f}  "
+                      f"max |weights - 1 slot| {difference:.1e}", flush=True)
+    if not args.horovod_python:
+        print(f"  Horovod  skipped: no --horovod-python, and {HOROVOD_PYTHON} does not exist "
+              "(scripts/horovod-env makes it)")
 
 
 if __name__ == "__main__":
-    if args.worker:
-        worker(args.worker, Path(args.out))
+    if args.trials:
+        worker(args.trials, Path(args.out))
     else:
         main()

@@ -10,10 +10,11 @@ from determined.core._reporting import (
     DiscardingReporter,
     TrialInfo,
     TrialReporter,
+    WorkerReporter,
     reporter_for_script,
     reporter_from_environment,
 )
 
 __all__ = ["DiscardingReporter", "DistributedContext", "DistributedEnvironment", "TrialInfo",
-           "TrialReporter", "distributed_environments", "read_distributed_environment",
-           "reporter_for_script", "reporter_from_environment"]
+           "TrialReporter", "WorkerReporter", "distributed_environments",
+           "read_distributed_environment", "reporter_for_script", "reporter_from_environment"]
