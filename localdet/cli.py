@@ -5,6 +5,9 @@
     localdet status 1
     localdet run const.yaml ./model_dir            # one experiment in the foreground
     localdet job run job.yaml ./code               # a batch job, followed to its end
+    localdet metrics 1 --csv                       # recorded metrics (--plot curves.png)
+    localdet logs 3 -f                             # a trial's log, followed to its end
+    localdet tensorboard 1                         # TensorBoard over experiment 1's trials
 """
 
 from __future__ import annotations
@@ -49,15 +52,43 @@ def cli() -> None:
 @click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
                    "one slot per GPU.")
-def daemon(slots: int) -> None:
+@click.option("--web", is_flag=True, help="Serve the dashboard too (see `localdet web`).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The dashboard's address (with --web).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
+              help="The dashboard's port (with --web).")
+def daemon(slots: int, web: bool, host: str, port: int) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.processes import DaemonAlreadyRunning
 
+    layout = Layout.from_environment()
+    if web:
+        from localdet.web.server import WebError, start_in_thread
+
+        try:
+            _, url = start_in_thread(layout.ensure(), host, port)
+        except WebError as error:
+            _fail(str(error))
+        click.echo(f"dashboard at {url}", err=True)
     try:
-        Daemon(Layout.from_environment(), slots=slots,
-               log=lambda message: click.echo(message, err=True)).run()
+        Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True)).run()
     except DaemonAlreadyRunning as error:
+        _fail(str(error))
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to serve on; any but a loopback one requires the printed token.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True)
+def web(host: str, port: int) -> None:
+    """Serve the dashboard: experiments, trials, curves, checkpoints, logs, jobs."""
+    from localdet.web.server import WebError, serve
+
+    try:
+        serve(Layout.from_environment().ensure(), host, port,
+              announce=lambda text: click.echo(text, err=True))
+    except WebError as error:
         _fail(str(error))
 
 
@@ -193,47 +224,21 @@ def status(experiment_id: int | None, as_json: bool) -> None:
             console.print(f"[yellow]warning:[/] {warning}")
 
 
-ACTION_STATES = {  # what each action applies to, and what it can never apply to
-    "pause": ("ACTIVE", "QUEUED", "RUNNING"),
-    "resume": ("PAUSED",),
-    "kill": ("ACTIVE", "PAUSED", "QUEUED", "RUNNING", "WAITING"),
-}
-
-
 def _request(action: str, experiment_id: int | None, trial_id: int | None) -> None:
-    from localdet.processes import DaemonLock
+    from localdet.actions import ActionError, request
 
-    if (experiment_id is None) == (trial_id is None):
-        _fail(f"name an experiment (`localdet {action} EXP`) or a trial "
-              f"(`localdet {action} --trial ID`), not both or neither")
     layout = Layout.from_environment()
     db = _open_db(layout)
     try:
-        if trial_id is not None:
-            target, what = db.trial(trial_id), f"trial {trial_id}"
-            experiment = db.experiment(target.experiment_id)
-            states = [target.state]
-        else:
-            target = experiment = db.experiment(experiment_id)
-            what = f"{experiment.kind} {experiment_id}"
-            states = [target.state] + [t.state for t in db.trials(experiment_id)]
-    except NotFound as error:
+        message = request(layout, db, action, experiment_id=experiment_id, trial_id=trial_id)
+    except ActionError as error:
         _fail(str(error))
-    if experiment.runner == "script":
-        _fail(f"experiment {experiment.id} is a script running outside the daemon; stop it "
-              "with Ctrl-C in its terminal")
-    if experiment.kind == "job" and action != "kill":
-        _fail(f"job {experiment.id} cannot be {action}d, since jobs keep no checkpoints to "
-              f"resume from; `localdet kill {experiment.id}` stops it")
-    if not any(state in ACTION_STATES[action] for state in states):
-        _fail(f"{what} is {target.state}; there is nothing to {action}")
-    db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
-    click.echo(f"{action} requested for {what}")
-    if (experiment.runner == "foreground"
-            and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
-        return  # its `localdet run` carries it out
-    if DaemonLock.holder(layout.daemon_lock) is None:
-        click.echo("the daemon is not running; it will carry this out when it starts", err=True)
+    finally:
+        db.close()
+    done, _, note = message.partition("; ")
+    click.echo(done)
+    if note:
+        click.echo(note, err=True)
 
 
 def _target_options(command):
@@ -335,6 +340,92 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
         for sha in report.blobs:
             click.echo(f"would delete blob {sha}")
     click.echo(report.summary())
+
+
+@cli.command()
+@click.argument("experiment_id", type=int)
+@click.option("--trial", "trial_id", type=int, help="Only this trial.")
+@click.option("--metric", help="Only this metric.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV (header row) instead of a table.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the learning curves to this PNG instead.")
+def metrics(experiment_id: int, trial_id: int | None, metric: str | None, as_csv: bool,
+            plot: Path | None) -> None:
+    """The training and validation metrics an experiment recorded: a table, CSV or a PNG."""
+    from localdet import metrics_report
+
+    if as_csv and plot:
+        _fail("--csv and --plot do not go together; choose one")
+    db = _open_db(Layout.from_environment())
+    try:
+        experiment = db.experiment(experiment_id)
+        report = metrics_report.collect(db, experiment, trial_id, metric)
+        if plot:
+            best = views.experiment_facts(db, experiment)["best_trial"]
+            click.echo(f"learning curves written to {metrics_report.plot(report, plot, best)}")
+        elif as_csv:
+            metrics_report.write_csv(report, sys.stdout)
+        else:
+            console.print(metrics_report.table(report))
+    except (NotFound, metrics_report.MetricsError) as error:
+        _fail(str(error))
+    finally:
+        db.close()
+
+
+@cli.command()
+@click.argument("trial_id", type=int)
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines until the trial stops running.")
+def logs(trial_id: int, follow: bool) -> None:
+    """Print a trial's log (with -f, follow it)."""
+    from localdet import trial_logs
+
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    out = click.get_binary_stream("stdout")
+    try:
+        if follow:
+            trial_logs.follow(layout, db, trial_id, out)
+        else:
+            trial_logs.show(layout, db, trial_id, out)
+    except trial_logs.LogError as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        db.close()
+
+
+@cli.command()
+@click.argument("experiment_id", type=int)
+@click.option("--port", type=click.IntRange(1, 65535), default=6006, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--logdir-only", is_flag=True,
+              help="Write the event files, print their folder and exit.")
+def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> None:
+    """TensorBoard over an experiment's trials: their recorded metrics, and what the
+    TensorBoard callback wrote."""
+    import os
+
+    from localdet import tensorboard_export
+
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    try:
+        folder = tensorboard_export.export(layout, db, db.experiment(experiment_id))
+    except NotFound as error:
+        _fail(str(error))
+    finally:
+        db.close()
+    if logdir_only:
+        click.echo(str(folder))
+        return
+    click.echo(f"TensorBoard over {folder}: http://{host}:{port}/ (Ctrl-C stops it)")
+    sys.stdout.flush()
+    command = tensorboard_export.server_command(folder, port, host)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorBoard imports TensorFlow
+    os.execv(command[0], command)  # TensorBoard takes this process over: Ctrl-C and all
 
 
 def main() -> None:

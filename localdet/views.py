@@ -165,11 +165,12 @@ def _number(value: Any) -> str:
     return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _flat(hparams: dict, prefix: str = "") -> dict:
+def flat_hparams(hparams: dict, prefix: str = "") -> dict:
+    """Nested hyperparameters as dotted names: {"opt": {"lr": 1}} -> {"opt.lr": 1}."""
     flat = {}
     for key, value in hparams.items():
         if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
+            flat.update(flat_hparams(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -270,7 +271,8 @@ def trials_table(experiment: dict) -> Table:
                    "Hyperparameters", f"Latest {metric}", f"Best {metric}", "Checkpoint"):
         table.add_column(escape(column))
     for t in experiment["trials"]:
-        hparams = ", ".join(f"{k}={_number(v)}" for k, v in _flat(t["hparams"]).items())
+        hparams = ", ".join(f"{k}={_number(v)}"
+                            for k, v in flat_hparams(t["hparams"]).items())
         latest = (t["latest_validation"] or {}).get(metric)
         best = (t["best_validation"] or {}).get(metric)
         engine = (f"{t['engine'] or ''} x{len(t['slots'] or [])}",) if engines else ()

@@ -55,7 +55,7 @@ class Home:
             return facts if facts["state"] in ("COMPLETED", "CANCELED", "ERROR") else None
         return wait_for(ended, timeout, f"experiment {experiment_id} to end", interval=1)
 
-    def experiment_named(self, name: str, timeout: float = 60) -> dict:
+    def experiment_named(self, name: str, timeout: float = 180) -> dict:
         def find():
             result = self.cli("status", "--json", check=False)
             if result.returncode != 0:
@@ -76,7 +76,7 @@ class Daemon:
         self.process = subprocess.Popen([home.python, "-m", "localdet", "daemon", *args],
                                         env=home.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: "watching" in self.log_path.read_text() or self.process.poll() is not None,
-                 60, "the daemon to start")
+                 180, "the daemon to start")
 
     def stop(self) -> None:
         if self.process.poll() is None:

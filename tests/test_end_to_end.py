@@ -132,7 +132,7 @@ def test_bad_config_is_rejected_and_a_good_one_after_it_still_runs(state, tmp_pa
     (bad / "model_def.py").write_text((EXAMPLE / "model_def.py").read_text())
     shutil.copytree(bad, home.path / "queue" / "bad")
     error_file = home.path / "queue" / "rejected" / "bad" / "error.txt"
-    wait_for(error_file.exists, 30, "the bad submission to be rejected")
+    wait_for(error_file.exists, 120, "the bad submission to be rejected")
     message = error_file.read_text()
     assert "serarcher" in message and "did you mean 'searcher'" in message
 

@@ -116,4 +116,4 @@ def test_ctrl_c_twice_kills_the_trials(home, tmp_path):
     [experiment] = StateDB.open(db_path).experiments()
     assert experiment.state == "CANCELED", out + err
     assert "was CANCELED" in err
-    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the process to end")
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 60, "the process to end")

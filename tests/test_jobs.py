@@ -126,7 +126,7 @@ def test_a_job_can_be_killed_but_not_paused(daemon, tmp_path):
     config.write_text("name: sleepy\nentrypoint: sleep 300\n")
     home.cli("job", "run", config, "--detach")
     job_id = home.experiment_named("sleepy")["id"]
-    wait_for(lambda: home.experiment(job_id)["trials"][0]["state"] == "RUNNING", 30, "the start")
+    wait_for(lambda: home.experiment(job_id)["trials"][0]["state"] == "RUNNING", 120, "the start")
     pid = db_of(home).trial(home.experiment(job_id)["trials"][0]["id"]).pid
     for action in ("pause", "resume"):
         refused = home.cli(action, job_id, check=False)
@@ -134,7 +134,7 @@ def test_a_job_can_be_killed_but_not_paused(daemon, tmp_path):
         assert "cannot be" in refused.stderr and f"`localdet kill {job_id}`" in refused.stderr
     assert home.cli("kill", job_id).stdout.startswith(f"kill requested for job {job_id}")
     assert home.wait_until_ended(job_id, timeout=30)["state"] == "CANCELED"
-    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the process to be gone")
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 60, "the process to be gone")
 
 
 @pytest.mark.slow
@@ -244,7 +244,7 @@ def test_a_request_for_a_foreground_run_waits_for_it_then_the_daemon_takes_over(
                 if r["experiment_id"] == experiment_id] == [None]
     finally:
         lock.release()  # `localdet run` ended
-    wait_for(lambda: db_of(home).experiment(experiment_id).runner == "daemon", 30, "the takeover")
+    wait_for(lambda: db_of(home).experiment(experiment_id).runner == "daemon", 120, "the takeover")
     home.wait_until_ended(experiment_id, timeout=30)
     log = layout.trial_log(experiment_id, trial_id).read_text()
     assert "resumed by the daemon" in log

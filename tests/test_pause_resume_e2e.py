@@ -68,7 +68,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
 
     daemon = Daemon(home)
     try:
-        wait_for(lambda: "watching" in daemon.log_path.read_text(), 30, "the restart")
+        wait_for(lambda: "watching" in daemon.log_path.read_text(), 120, "the restart")
         assert home.experiment(paused_id)["state"] == "PAUSED"
         assert trial_of(home, paused_id)["state"] == "PAUSED"
         home.cli("resume", paused_id)
@@ -88,14 +88,14 @@ def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path):
     try:
         home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
         experiment_id = home.experiment_named("killed")["id"]
-        wait_for(lambda: trial_of(home, experiment_id)["state"] == "RUNNING", 60, "the start")
+        wait_for(lambda: trial_of(home, experiment_id)["state"] == "RUNNING", 180, "the start")
         from localdet.db import StateDB
         pid = StateDB.open(home.path / "localdet.db").trial(
             trial_of(home, experiment_id)["id"]).pid
         home.cli("kill", "--trial", trial_of(home, experiment_id)["id"])
         facts = home.wait_until_ended(experiment_id, timeout=30)
         assert facts["state"] == "CANCELED" and facts["trials"][0]["state"] == "CANCELED"
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the process to be gone")
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 60, "the process to be gone")
         result = home.cli("resume", experiment_id, check=False)
         assert result.returncode == 1 and "CANCELED" in result.stderr
     finally:

@@ -49,7 +49,7 @@ def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str, float
 
 
 def rank_pids(folder, size: int) -> list[int]:
-    wait_for(lambda: all((folder / str(r)).exists() for r in range(size)), 30,
+    wait_for(lambda: all((folder / str(r)).exists() for r in range(size)), 120,
              "every rank to write its pid", interval=0.05)
     return [int((folder / str(r)).read_text()) for r in range(size)]
 
@@ -123,7 +123,7 @@ def test_ranks_die_with_a_supervisor_killed_alone(tmp_path):
         pids = rank_pids(tmp_path, 2)
         proc.kill()  # the supervisor only, not its group: PR_SET_PDEATHSIG takes the ranks
         proc.wait()
-        wait_for(lambda: not any(map(alive, pids)), 10, "the ranks to die", interval=0.05)
+        wait_for(lambda: not any(map(alive, pids)), 60, "the ranks to die", interval=0.05)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # on failure, what is left of its session

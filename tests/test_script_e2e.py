@@ -44,7 +44,7 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
         wait_for(lambda: trial_of(home, paused_id)["batches_trained"] >= 20, 120,
                  "the script to train a while")
         home.cli("pause", paused_id)
-        wait_for(lambda: trial_of(home, paused_id)["state"] == "PAUSED", 120, "the pause")
+        wait_for(lambda: trial_of(home, paused_id)["state"] == "PAUSED", 300, "the pause")
         stopped_at = trial_of(home, paused_id)["batches_trained"]
         assert 20 <= stopped_at < 120
         home.cli("resume", paused_id)

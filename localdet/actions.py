@@ -1,0 +1,64 @@
+"""Pause, resume and kill requests, from the CLI and the dashboard alike:
+
+    message = request(layout, db, "pause", experiment_id=3)   # "pause requested for ..."
+
+A request is recorded in the database and carried out by whoever runs the experiment (the
+daemon, or its `localdet run`); ActionError says, in one sentence, why one cannot be made.
+"""
+
+from __future__ import annotations
+
+from localdet.db import NotFound, StateDB
+from localdet.paths import Layout
+
+ACTION_STATES = {  # what each action applies to, and what it can never apply to
+    "pause": ("ACTIVE", "QUEUED", "RUNNING"),
+    "resume": ("PAUSED",),
+    "kill": ("ACTIVE", "PAUSED", "QUEUED", "RUNNING", "WAITING"),
+}
+
+
+class ActionError(ValueError):
+    """The request cannot be made; the message says why."""
+
+
+def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None = None,
+            trial_id: int | None = None) -> str:
+    """Record the request; returns what was requested, with a note when nothing runs to
+    carry it out yet."""
+    from localdet.processes import DaemonLock
+
+    if action not in ACTION_STATES:
+        raise ActionError(f"unknown action {action!r}; it is one of "
+                          f"{', '.join(ACTION_STATES)}")
+    if (experiment_id is None) == (trial_id is None):
+        raise ActionError(f"name an experiment (`localdet {action} EXP`) or a trial "
+                          f"(`localdet {action} --trial ID`), not both or neither")
+    try:
+        if trial_id is not None:
+            target, what = db.trial(trial_id), f"trial {trial_id}"
+            experiment = db.experiment(target.experiment_id)
+            states = [target.state]
+        else:
+            target = experiment = db.experiment(experiment_id)
+            what = f"{experiment.kind} {experiment_id}"
+            states = [target.state] + [t.state for t in db.trials(experiment_id)]
+    except NotFound as error:
+        raise ActionError(str(error)) from None
+    if experiment.runner == "script":
+        raise ActionError(f"experiment {experiment.id} is a script running outside the "
+                          "daemon; stop it with Ctrl-C in its terminal")
+    if experiment.kind == "job" and action != "kill":
+        raise ActionError(f"job {experiment.id} cannot be {action}d, since jobs keep no "
+                          f"checkpoints to resume from; `localdet kill {experiment.id}` "
+                          "stops it")
+    if not any(state in ACTION_STATES[action] for state in states):
+        raise ActionError(f"{what} is {target.state}; there is nothing to {action}")
+    db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
+    message = f"{action} requested for {what}"
+    if (experiment.runner == "foreground"
+            and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
+        return message  # its `localdet run` carries it out
+    if DaemonLock.holder(layout.daemon_lock) is None:
+        message += "; the daemon is not running; it will carry this out when it starts"
+    return message
