@@ -16,6 +16,7 @@ from localdet.processes import DaemonLock
 from localdet.db import TERMINAL_STATES, StateDB
 from localdet.paths import Layout
 from localdet.submissions import ingested_as
+from localdet.trial_logs import copy_new
 
 POLL_SECONDS = 0.3
 
@@ -52,14 +53,7 @@ def follow(layout: Layout, queued_name: str) -> int:
         offset = 0
         while True:
             ended = db.experiment(job_id).state in TERMINAL_STATES  # read before the log
-            if log_path.exists():
-                with open(log_path, "rb") as log:
-                    log.seek(offset)
-                    data = log.read()
-                    offset = log.tell()
-                if data:
-                    out.write(data)
-                    out.flush()
+            offset = copy_new(log_path, offset, out)
             if ended:
                 break
             if DaemonLock.holder(layout.daemon_lock) is None:

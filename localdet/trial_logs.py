@@ -37,7 +37,7 @@ def log_path(layout: Layout, db: StateDB, trial_id: int, wait: bool = False) -> 
     return path
 
 
-def _copy(path: Path, offset: int, out: BinaryIO) -> int:
+def copy_new(path: Path, offset: int, out: BinaryIO) -> int:
     """Write what the log holds past `offset`; returns the new offset."""
     if not path.exists():
         return offset
@@ -59,7 +59,7 @@ def follow(layout: Layout, db: StateDB, trial_id: int, out: BinaryIO,
     offset = 0
     while True:
         ended = db.trial(trial_id).state not in ACTIVE_STATES  # read before the log
-        offset = _copy(path, offset, out)
+        offset = copy_new(path, offset, out)
         if ended:
             return
         time.sleep(poll_seconds)
@@ -67,4 +67,4 @@ def follow(layout: Layout, db: StateDB, trial_id: int, out: BinaryIO,
 
 def show(layout: Layout, db: StateDB, trial_id: int, out: BinaryIO) -> None:
     """Copy the whole log to `out`. Raises LogError."""
-    _copy(log_path(layout, db, trial_id), 0, out)
+    copy_new(log_path(layout, db, trial_id), 0, out)

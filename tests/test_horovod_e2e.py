@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from conftest import EXAMPLE, REPO, Daemon, Home, write_config
-from test_multi_slot_e2e import assert_same_weights
+from conftest import REPO, Home
+from test_multi_slot_e2e import SHORT, assert_same_weights, one_and_two_slots
 
 pytestmark = pytest.mark.slow
 
@@ -29,23 +29,8 @@ def horovod_python() -> str:
 
 def test_two_horovod_ranks_end_like_one_slot(tmp_path, horovod_python):
     home = Home(tmp_path / "home", python=horovod_python)
-    short = dict(searcher={"name": "single", "metric": "val_accuracy",
-                           "smaller_is_better": False, "max_length": {"batches": 60}},
-                 min_validation_period={"batches": 30},
-                 environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        for name, slots in (("one", 1), ("two", 2)):
-            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **short), EXAMPLE)
-        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
-        assert home.wait_until_ended(one)["state"] == "COMPLETED"
-        assert home.wait_until_ended(two)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
+    one, two, log = one_and_two_slots(home, tmp_path, SHORT)
     trial = home.experiment(two)["trials"][0]
-    log = (home.path / "experiments" / str(two) / "trials" / str(trial["id"])
-           / "trial.log").read_text()
     assert "[rank 0] [trial" in log and "rank 1 of 2: Horovod" in log
     # Chosen because horovod.tensorflow imports here and TensorFlow 2.15 has Keras 2 only.
     assert (home.experiment(one)["trials"][0]["engine"], trial["engine"]) == ("single",

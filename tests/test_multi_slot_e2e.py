@@ -22,12 +22,13 @@ SHORT = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_b
              environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
-def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
+def one_and_two_slots(home, tmp_path, config: dict) -> tuple[int, int, str]:
+    """The same experiment on one slot and on two, under one daemon: (one, two, two's log)."""
     daemon = Daemon(home, "--slots", "2")
     try:
         for name, slots in (("one", 1), ("two", 2)):
             home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **SHORT), EXAMPLE)
+                                            **config), EXAMPLE)
         one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
         assert home.wait_until_ended(one)["state"] == "COMPLETED"
         assert home.wait_until_ended(two)["state"] == "COMPLETED"
@@ -35,6 +36,11 @@ def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
         daemon.stop()
     log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
            / "trial.log").read_text()
+    return one, two, log
+
+
+def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
+    one, two, log = one_and_two_slots(home, tmp_path, SHORT)
     assert "2 slots in this process: MirroredStrategy over" in log
     # recorded on each trial's launch
     assert (trial_of(home, one)["engine"], trial_of(home, two)["engine"]) == ("single", "mirrored")

@@ -135,41 +135,21 @@ class DiscardingReporter:
         pass
 
 
-class WorkerReporter:
+class WorkerReporter(DiscardingReporter):
     """The reporter of a rank other than the chief in a multi-process trial: it reads (the
     trial, checkpoints to restore) and records nothing, as only the chief records; the
     chief's pause decision reaches it by broadcast."""
 
     def __init__(self, reporter: TrialReporter):
+        super().__init__(reporter.trial_info())
         self._reporter = reporter
-
-    def trial_info(self) -> TrialInfo:
-        return self._reporter.trial_info()
-
-    def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
-        pass
-
-    def report_validation_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
-        pass
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
                         metadata: Dict[str, Any]) -> str:
         raise RuntimeError("only the chief (rank 0) saves checkpoints")
-
-    def wait_for_checkpoints(self) -> None:
-        pass
 
     def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
         return self._reporter.restore_checkpoint(uuid, destination)
 
     def verify_restored_checkpoint(self) -> None:
         self._reporter.verify_restored_checkpoint()
-
-    def set_target_batches(self, batches: int) -> None:
-        pass
-
-    def should_pause(self) -> bool:
-        return False
-
-    def heartbeat(self) -> None:
-        pass
