@@ -28,6 +28,7 @@ import plotly
 import yaml
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -77,9 +78,7 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
     def api(handler):
         """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409."""
         async def endpoint(request: Request) -> Response:
-            from starlette.concurrency import run_in_threadpool
-
-            try:
+            try:  # in a thread: SQLite and the store block
                 result = await run_in_threadpool(handler, request)
             except NotFound as error:
                 return JSONResponse({"error": str(error)}, status_code=404)
