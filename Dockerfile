@@ -24,6 +24,7 @@ COPY state/ state/
 RUN pip install --no-cache-dir --no-deps . \
  && pip install --no-cache-dir "h5py>=3.10" "sqlite-utils>=4.0" "watchdog>=4.0" \
         "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0" "numpy>=1.26" \
+        "starlette>=0.37" "uvicorn>=0.29" "plotly>=5.20" "matplotlib>=3.8" \
         "scikit-learn>=1.3"
 
 # Make the build fail, instead of the first multi-GPU trial, if pip replaced NVIDIA's
@@ -36,7 +37,8 @@ COPY examples/ examples/
 
 VOLUME /localdet
 
-# The daemon serves nothing (the CLI works on the files in $LOCALDET_HOME), so nothing is
-# exposed. It finds the GPUs given by `docker run --gpus` with nvidia-smi; with no GPU, it
-# uses `--slots N` CPU slots (default 1).
-CMD ["localdet", "daemon"]
+# The daemon also serves the dashboard; bound to 0.0.0.0 inside the container it prints an
+# address with a token (`docker logs`), and refuses requests without it. It finds the GPUs
+# given by `docker run --gpus` with nvidia-smi; with no GPU, it uses `--slots N` CPU slots.
+EXPOSE 8090
+CMD ["localdet", "daemon", "--web", "--host", "0.0.0.0", "--port", "8090"]
