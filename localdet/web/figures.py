@@ -84,8 +84,8 @@ def hyperparameters(experiment: Experiment, trials: list[dict]) -> dict[str, Any
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             dimensions.append({"label": name, "values": values})
         else:  # categories: positions with their names as ticks
-            labels = sorted({repr(v) for v in values})
-            dimensions.append({"label": name, "values": [labels.index(repr(v)) for v in values],
+            labels = sorted({str(v) for v in values})
+            dimensions.append({"label": name, "values": [labels.index(str(v)) for v in values],
                                "tickvals": list(range(len(labels))), "ticktext": labels})
     metric = [t["best_validation"][experiment.metric] for t in scored]
     dimensions.append({"label": experiment.metric, "values": metric})
