@@ -91,8 +91,15 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
             link = page.locator("a", has_text="download .tar.gz")
             expect(link).to_have_count(1, timeout=30_000)
             expect(page.locator("#log")).to_contain_text("paused at")
+            assert home.experiment(experiment)["state"] == "PAUSED"  # as `localdet pause` does
+            # The trial's own buttons act on it alone, as `localdet resume|kill --trial ID`.
+            page.locator("button[data-action=resume]").click()
+            expect(page.locator("#message")).to_contain_text("resume requested for trial")
+            expect(page.locator("#state")).to_have_text("RUNNING", timeout=60_000)
+            page.locator("button[data-action=kill]").click()
+            expect(page.locator("#state")).to_have_text("CANCELED", timeout=60_000)
+            page.screenshot(path=tmp_path / "trial.png", full_page=True)
             browser.close()
-        assert home.experiment(experiment)["state"] == "PAUSED"  # as `localdet pause` does
         status, body = get(f"{base}/api/checkpoints/{trial['latest_checkpoint']}.tar.gz")
         assert status == 200
         with tarfile.open(fileobj=io.BytesIO(body)) as archive:
@@ -102,7 +109,7 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
         assert status == 405  # actions are POSTs only
     finally:
         daemon.stop()
-    for shot in ("experiments.png", "running.png", "paused.png"):
+    for shot in ("experiments.png", "running.png", "paused.png", "trial.png"):
         assert (tmp_path / shot).stat().st_size > 10_000
 
 

@@ -10,6 +10,7 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/jobs                                      jobs
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
+    POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
 
 With a token, every request must carry it (`Authorization: Bearer T`, `?token=T`, or the
 cookie a page opened with `?token=T` sets); others get 401 and one sentence.
@@ -142,11 +143,12 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
             db.close()
 
     def act(request: Request) -> dict:
+        target = {"experiments": "experiment_id",
+                  "trials": "trial_id"}[request.url.path.split("/")[2]]
         db = database()
         try:
-            return {"message": actions.request(
-                layout, db, request.path_params["action"],
-                experiment_id=int(request.path_params["id"]))}
+            return {"message": actions.request(layout, db, request.path_params["action"],
+                                               **{target: int(request.path_params["id"])})}
         finally:
             db.close()
 
@@ -179,6 +181,7 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
         Route("/api/experiments/{id:int}", api(experiment)),
         Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),
         Route("/api/trials/{id:int}", api(trial)),
+        Route("/api/trials/{id:int}/{action:str}", api(act), methods=["POST"]),
         Route("/api/jobs", api(jobs)),
         Route("/api/checkpoints/{uuid:str}.tar.gz", api(download)),
         Route("/static/plotly.min.js", plotly_js),

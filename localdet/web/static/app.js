@@ -116,8 +116,15 @@ async function experimentsPage() {
     : `<p class="muted">No experiments yet: <code>localdet submit CONFIG MODEL_DIR</code>.</p>`);
 }
 
+// What each button can act on, by the state of an experiment or of a trial (as the CLI).
+const ACTIONABLE = {
+  experiments: {pause: ["ACTIVE"], resume: ["PAUSED"], kill: ["ACTIVE", "PAUSED"]},
+  trials: {pause: ["QUEUED", "RUNNING"], resume: ["PAUSED"],
+           kill: ["QUEUED", "RUNNING", "PAUSED", "WAITING"]},
+};
+
 function actionButtons(kind, id, currentState) {
-  const can = {pause: ["ACTIVE"], resume: ["PAUSED"], kill: ["ACTIVE", "PAUSED"]};
+  const can = ACTIONABLE[kind];
   return ["pause", "resume", "kill"].map((action) =>
     `<button data-action="${action}" data-kind="${kind}" data-id="${id}"
       ${can[action].includes(currentState) ? "" : "disabled"}>${action[0].toUpperCase() + action.slice(1)}</button>`).join(" ");
@@ -128,7 +135,7 @@ document.addEventListener("click", async (event) => {
   if (!button) return;
   const message = document.getElementById("message");
   try {
-    const result = await getJSON(`/api/experiments/${button.dataset.id}/${button.dataset.action}`, {method: "POST"});
+    const result = await getJSON(`/api/${button.dataset.kind}/${button.dataset.id}/${button.dataset.action}`, {method: "POST"});
     message.className = ""; message.textContent = result.message;
   } catch (error) {
     message.className = "error"; message.textContent = error.message;
@@ -160,7 +167,7 @@ async function experimentPage(id) {
     <details id="config"><summary>Config</summary><pre id="config-text"></pre></details>`);
   fill("head", `
     <h1>Experiment ${e.id}: ${esc(e.name)} <span id="state">${state(e.state)}</span>
-      ${actionButtons("experiment", e.id, e.state)}</h1>
+      ${actionButtons("experiments", e.id, e.state)}</h1>
     <div class="facts"><span><b>searcher</b> ${esc(e.searcher)}</span>
       <span><b>progress</b> ${Math.round(100 * e.progress)}%</span>
       <span><b>best ${esc(e.metric)}</b> ${esc(num(e.best_metric))}${e.best_trial ? ` (trial ${e.best_trial})` : ""}</span>
@@ -188,17 +195,20 @@ async function trialPage(id) {
       .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ")},
     {key: "download", label: "", html: (c) => `<a href="/api/checkpoints/${esc(c.uuid)}.tar.gz" download>download .tar.gz</a>`},
   ], t.checkpoints);
-  frame(`<div id="head"></div>
+  frame(`<div id="head"></div><span id="message"></span>
     <h2>Learning curves</h2><div class="card"><div id="curves"></div></div>
     <div id="rest"></div>`);
   fill("head", `
     <h1>Trial ${t.id} <span id="state">${state(t.state)}</span>
+      ${actionButtons("trials", t.id, t.state)}
       <a data-nav href="/experiments/${t.experiment.id}">experiment ${t.experiment.id}: ${esc(t.experiment.name)}</a></h1>
     <div class="facts"><span><b>batches</b> ${t.batches_trained}/${t.target_batches}</span>
       <span><b>restarts</b> ${t.restarts}</span>${t.engine ? `<span><b>engine</b> ${esc(t.engine)} on ${(t.slots || []).length} slot(s)</span>` : ""}</div>
     <h2>Hyperparameters</h2><div class="facts">${hparams || '<span class="muted">none</span>'}</div>`);
   fill("rest", `<h2>Checkpoints</h2>${t.checkpoints.length ? checkpoints : '<p class="muted">none yet</p>'}
     <h2>Log</h2><pre id="log">${esc(t.log_tail || "(empty)")}</pre>`);
+  const log = document.getElementById("log");
+  log.scrollTop = log.scrollHeight;  // the latest lines in view
   chart("curves", t.charts.curves);
 }
 
