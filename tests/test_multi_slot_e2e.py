@@ -160,3 +160,68 @@ def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_o
     for key in ("val_accuracy", "val_loss"):
         assert one_trial["latest_validation"][key] == pytest.approx(
             two_trial["latest_validation"][key], abs=1e-5)
+
+
+DATASET_TRIAL = '''
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+from determined import keras
+
+
+class DatasetDigits(keras.TFKerasTrial):
+    def __init__(self, context):
+        self.context = context
+        x, y = load_digits(return_X_y=True)
+        self.x, self.y = (x / 16.0).astype("float32"), y.astype("int32")
+
+    def build_model(self):
+        model = self.context.wrap_model(tf.keras.Sequential([
+            tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(10, activation="softmax")]))
+        model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.SGD(0.05)),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    def build_training_data_loader(self):
+        data = self.context.wrap_dataset(
+            tf.data.Dataset.from_tensor_slices((self.x[:1400], self.y[:1400])))
+        return data.shuffle(1400, seed=3).batch(self.context.get_per_slot_batch_size())
+
+    def build_validation_data_loader(self):
+        data = self.context.wrap_dataset(
+            tf.data.Dataset.from_tensor_slices((self.x[1400:], self.y[1400:])))
+        return data.batch(self.context.get_per_slot_batch_size())
+'''
+
+
+@pytest.mark.parametrize(("base", "engine"), [(SHORT, "mirrored"),
+                                             (KERAS2, "multi_worker_mirrored")],
+                         ids=["keras3", "keras2"])
+def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_run(
+        home, tmp_path, base, engine):
+    """A distributed tf.data iterator cannot be checkpointed; on several slots the stream
+    finds its place again by reading up to it, which ends exactly where a straight run does."""
+    model = tmp_path / "dataset_trial"
+    model.mkdir()
+    (model / "model_def.py").write_text(DATASET_TRIAL)
+    config = dict(base, entrypoint="model_def:DatasetDigits", scheduling_unit=5,
+                  resources={"slots_per_trial": 2},
+                  searcher=dict(SHORT["searcher"], max_length={"batches": 100}))
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        home.cli("submit", write_config(tmp_path, "paused", **config), model)
+        paused = home.experiment_named("paused")["id"]
+        wait_for(lambda: trial_of(home, paused)["batches_trained"] >= 15, 180, "15 batches")
+        home.cli("pause", paused)
+        wait_for(lambda: trial_of(home, paused)["state"] == "PAUSED", 120, "the pause")
+        assert 15 <= trial_of(home, paused)["batches_trained"] < 100
+        home.cli("resume", paused)
+        home.cli("submit", write_config(tmp_path, "straight", **config), model)
+        straight = home.experiment_named("straight")["id"]
+        assert home.wait_until_ended(paused)["state"] == "COMPLETED"
+        assert home.wait_until_ended(straight)["state"] == "COMPLETED"
+    finally:
+        daemon.stop()
+    assert trial_of(home, paused)["engine"] == engine
+    assert_same_weights(home, paused, straight, tmp_path)

@@ -84,7 +84,7 @@ class Single:
     """One process trains alone; also the base of the others."""
 
     name = "single"
-    resumes_tf_data_exactly = True  # a tf.data iterator's position can be checkpointed
+    iterator_checkpoints = True  # its tf.data iterator can be saved in a checkpoint
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         self.distributed = distributed
@@ -114,7 +114,7 @@ class Single:
 
 class Mirrored(Single):
     name = "mirrored"
-    resumes_tf_data_exactly = False
+    iterator_checkpoints = False
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         super().__init__(distributed, keras_line)
@@ -157,7 +157,7 @@ class Mirrored(Single):
 
 class MultiWorkerMirrored(Single):
     name = "multi_worker_mirrored"
-    resumes_tf_data_exactly = False
+    iterator_checkpoints = False
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         super().__init__(distributed, keras_line)
@@ -198,7 +198,7 @@ class MultiWorkerMirrored(Single):
 
 class Horovod(Single):
     name = "horovod"
-    resumes_tf_data_exactly = False
+    iterator_checkpoints = False
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         super().__init__(distributed, keras_line)

@@ -242,7 +242,11 @@ class TrialController:
         self.train_stream = _data.training_stream(
             self._training_part(), self._batch_size(), self.info.seed,
             start_batch=self.batches_trained, shuffle=fit_config.get("shuffle", True),
-            part=(self.distributed.rank, self.distributed.size), **workers)
+            part=(self.distributed.rank, self.distributed.size),
+            # A distributed iterator cannot be checkpointed: on several slots a tf.data
+            # stream finds its place by reading up to it.
+            tf_data_resume="iterator" if self.engine.iterator_checkpoints else "skip",
+            **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         self.validation_data = _data.validation_stream(
             self.validation_loader, validation_batch_size, **workers)
@@ -289,9 +293,6 @@ class TrialController:
         class_weight = self.context.fit_config.get("class_weight")
         if class_weight:
             dataset = _data.with_class_weight(dataset, class_weight)
-        if self.train_stream.position_in_iterator and not self.engine.resumes_tf_data_exactly:
-            raise TrialError("a tf.data.Dataset cannot resume exactly on several slots "
-                             "yet; use slots_per_trial: 1, or NumPy or Sequence data")
         try:
             self.engine.prepare(self.model, dataset)
         except _engine.EngineError as error:
