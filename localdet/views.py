@@ -63,9 +63,14 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
     return {"progress": 1.0 if done else min(progress, 1.0), "rungs": method.rungs()}
 
 
+def latest_launches(events: list[dict]) -> dict[int, dict]:
+    """trial id -> the payload of its latest `trial_launched` event (engine, slots, ...)."""
+    return {e["trial_id"]: e["payload"] for e in events if e["kind"] == "trial_launched"}
+
+
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     events = db.events(experiment.id)
-    launches = {e["trial_id"]: e["payload"] for e in events if e["kind"] == "trial_launched"}
+    launches = latest_launches(events)
     trials = [trial_facts(db, t, experiment, launches.get(t.id))
               for t in db.trials(experiment.id)]
     scored = [t for t in trials if t["best_validation"]]

@@ -18,12 +18,13 @@ cookie a page opened with `?token=T` sets); others get 401 and one sentence.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import plotly
 import yaml
@@ -71,10 +72,16 @@ class TokenCheck(BaseHTTPMiddleware):
 
 
 def create_app(layout: Layout, token: str | None = None) -> Starlette:
-    def database() -> StateDB:
+    @contextlib.contextmanager
+    def database() -> Iterator[StateDB]:
+        """The database, open for one request."""
         if not layout.db.exists():
             raise NotFound(f"no localdet state at {layout.home} yet; submit an experiment")
-        return StateDB.open(layout.db)
+        db = StateDB.open(layout.db)
+        try:
+            yield db
+        finally:
+            db.close()
 
     def api(handler):
         """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409."""
@@ -91,16 +98,12 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
     def experiments(request: Request) -> list[dict]:
         if not layout.db.exists():
             return []  # nothing submitted yet
-        db = database()
-        try:
+        with database() as db:
             return [_summary(views.experiment_facts(db, e)) for e in db.experiments()
                     if e.kind != "job"]
-        finally:
-            db.close()
 
     def experiment(request: Request) -> dict:
-        db = database()
-        try:
+        with database() as db:
             record = db.experiment(int(request.path_params["id"]))
             facts = views.experiment_facts(db, record)
             facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
@@ -110,17 +113,13 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
                 "hyperparameters": figures.hyperparameters(record, facts["trials"]),
             }
             return facts
-        finally:
-            db.close()
 
     def trial(request: Request) -> dict:
-        db = database()
-        try:
+        with database() as db:
             record = db.trial(int(request.path_params["id"]))
             experiment = db.experiment(record.experiment_id)
-            launches = [e["payload"] for e in db.events(experiment.id)
-                        if e["kind"] == "trial_launched" and e["trial_id"] == record.id]
-            facts = views.trial_facts(db, record, experiment, launches[-1] if launches else None)
+            launch = views.latest_launches(db.events(experiment.id)).get(record.id)
+            facts = views.trial_facts(db, record, experiment, launch)
             facts["experiment"] = {"id": experiment.id, "name": experiment.name,
                                    "metric": experiment.metric}
             facts["checkpoints"] = [views.checkpoint_facts(c)
@@ -129,28 +128,20 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
             facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),
                                          LOG_TAIL_LINES)
             return facts
-        finally:
-            db.close()
 
     def jobs(request: Request) -> list[dict]:
         if not layout.db.exists():
             return []
-        db = database()
-        try:
+        with database() as db:
             return [_summary(views.job_facts(db, layout, e)) for e in db.experiments()
                     if e.kind == "job"]
-        finally:
-            db.close()
 
     def act(request: Request) -> dict:
         target = {"experiments": "experiment_id",
                   "trials": "trial_id"}[request.url.path.split("/")[2]]
-        db = database()
-        try:
+        with database() as db:
             return {"message": actions.request(layout, db, request.path_params["action"],
                                                **{target: int(request.path_params["id"])})}
-        finally:
-            db.close()
 
     def download(request: Request) -> Response:
         from localdet.reporting import CheckpointReader

@@ -170,6 +170,7 @@ class MultiWorkerMirrored(Single):
                               "rank supervisor (python -m localdet.ranks --tf-config) sets")
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         tf.distribute.experimental_set_strategy(self.strategy)
+        self._steps: Dict[int, int] = {}
 
     def describe(self) -> str:
         return (f"rank {self.distributed.rank} of {self.distributed.size}: "
@@ -190,8 +191,11 @@ class MultiWorkerMirrored(Single):
         part = _not_resharded(dataset)
         if steps is None:
             # Every rank runs as many steps as the longest part; a rank whose part is over
-            # feeds empty batches, which count for nothing.
-            steps = max(self.distributed.allgather(_batches(part)))
+            # feeds empty batches, which count for nothing. Validation data does not change:
+            # counted once.
+            if id(dataset) not in self._steps:
+                self._steps[id(dataset)] = max(self.distributed.allgather(_batches(part)))
+            steps = self._steps[id(dataset)]
         distributed = self.strategy.distribute_datasets_from_function(lambda _: part)
         return super().evaluate(model, distributed, steps, callbacks)
 
