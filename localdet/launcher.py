@@ -6,6 +6,7 @@ Everything a backend needs to start a trial is decided in `launch_spec`; another
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -29,6 +30,7 @@ class LaunchSpec:
     keras_line: str
     keras_line_reason: str
     engine: str = engines.SINGLE   # how it trains on its slots (localdet/engines.py)
+    header: str = ""               # the first line this launch writes to the log
 
 
 # `python`, `python3`, `python3.11`: the interpreter the user means is localdet's own, so that
@@ -54,7 +56,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
     env.update(user_env)
-    line, reason = keras_line.choose(Path(experiment.model_dir), user_env)
+    line, reason = keras_line.choose(Path(experiment.model_dir), user_env, experiment.config)
     version = keras_line.tensorflow_version()
     if version and version < (2, 16):
         # Keras 2 is its only Keras; the variable would make it look for tf-keras.
@@ -83,6 +85,8 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         keras_line=line,
         keras_line_reason=reason,
         engine=engine,
+        header=(f"[localdet] trial {trial.id} launch {trial.restarts + 1} on slots {slots}: "
+                f"{line} ({reason}); engine {engine}"),
     )
 
 
@@ -115,6 +119,9 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
     written to the log) when the program is missing or cannot be run."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
+        if spec.header:  # which Keras and why, before anything the trial prints
+            log.write(f"{spec.header}\n".encode())
+            log.flush()
         # A session of its own: the trial outlives a daemon restart, and can be signalled
         # as a group.
         try:
@@ -151,3 +158,49 @@ def log_tail(path: Path, lines: int = 5) -> str:
         log.seek(max(0, log.tell() - 8192))
         text = log.read().decode("utf-8", "replace")
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# The trial process's last line when it fails (determined/exec/run_trial.py writes it).
+FAILURE_MARK = "[localdet] failure: "
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one launch failed, read from its part of the log."""
+    signature: str        # the exception's message line (type: message)
+    stage: str | None     # import, setup or training (trial classes); None: a script
+    trained: bool | None  # whether it trained a batch; None: it cannot tell
+
+
+def log_size(path: Path) -> int:
+    """Where the next launch's part of the log begins."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def failure(path: Path, offset: int = 0) -> Failure | None:
+    """The failure this launch reported, or the last exception of a traceback it printed
+    (a script), or None when its part of the log (from `offset`) shows neither."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(offset, log_size(path) - 65536))
+            lines = log.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if FAILURE_MARK in line:
+            try:
+                data = json.loads(line.split(FAILURE_MARK, 1)[1])
+                return Failure(str(data["signature"]), data.get("stage"), data.get("trained"))
+            except (ValueError, KeyError, TypeError):
+                break
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1:]:
+        # Frames are indented; the first line that is not is the exception's own.
+        if line.strip() and not line.startswith((" ", "\t")):
+            return Failure(line.strip(), None, None)
+    return None

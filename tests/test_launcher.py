@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 
 import pytest
@@ -89,8 +91,10 @@ def test_a_script_process_starts_in_the_model_folder_and_logs(layout):
                       "os.environ['LOCALDET_TRIAL_ID'])\""}).config)
     process = launcher.start(launcher.launch_spec(layout, experiment, trial, [0]))
     assert process.wait(timeout=30) == 0
-    log = launcher.log_tail(layout.trial_log(experiment.id, trial.id))
+    header, log = launcher.log_tail(layout.trial_log(experiment.id, trial.id)).splitlines()
     assert log == f"{layout.model_dir(experiment.id)} {sys.executable} {trial.id}"
+    assert header == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras3 (the default); "
+                      "engine single")
 
 
 def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
@@ -100,7 +104,7 @@ def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
         launcher.start(spec)
     message = str(error.value)
     assert "'no-such-program-x'" in message and "no such program" in message
-    assert launcher.log_tail(spec.log_path) == f"error: {message}"
+    assert launcher.log_tail(spec.log_path, 1) == f"error: {message}"
 
 
 def test_a_trial_sees_only_its_slots_devices(layout, monkeypatch):
@@ -152,3 +156,40 @@ def test_a_multi_process_engine_starts_the_rank_supervisor(layout, monkeypatch):
     # One slot: the trial's own command, as before.
     single = launcher.launch_spec(layout, experiment, trial, [0], visible_devices="")
     assert single.argv[:3] == [sys.executable, "-m", "determined.exec.run_trial"]
+
+
+def test_each_launch_begins_its_log_with_the_keras_line_and_why(layout):
+    experiment, trial = recorded(layout, parse_config({"entrypoint": "python3 train.py"}).config)
+    model = layout.model_dir(experiment.id)
+    (model / "train.py").write_text("import tensorflow as tf\n"
+                                    "opt = tf.keras.optimizers.legacy.SGD()\n")
+    spec = launcher.launch_spec(layout, experiment, trial, [0])
+    assert (spec.keras_line, spec.keras_line_reason) == (
+        "keras2", "train.py:2 uses tf.keras.optimizers.legacy.SGD, which only Keras 2 has")
+    spec = dataclasses.replace(spec, argv=[sys.executable, "-c", "print('trained')"])
+    for _ in range(2):
+        assert launcher.start(spec).wait(timeout=30) == 0
+    lines = spec.log_path.read_text().splitlines()
+    assert lines[0] == lines[2] == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras2 "
+                                    f"({spec.keras_line_reason}); engine single")
+    assert lines[1] == lines[3] == "trained"
+
+
+def test_a_launch_failure_is_read_from_its_own_part_of_the_log(tmp_path):
+    log = tmp_path / "trial.log"
+    log.write_text("Traceback (most recent call last):\n  File \"x\", line 1\n"
+                   "OldError: from the launch before\n")
+    offset = launcher.log_size(log)
+    assert launcher.failure(log, offset) is None
+    assert launcher.failure(log).signature == "OldError: from the launch before"
+    with open(log, "a") as out:  # a script's own traceback, chained
+        out.write("Traceback (most recent call last):\n  File \"train.py\", line 2, in <module>\n"
+                  "    import not_a_module\nModuleNotFoundError: No module named 'x'\n\n"
+                  "During handling of the above exception, another exception occurred:\n\n"
+                  "Traceback (most recent call last):\n  File \"train.py\", line 4\n"
+                  "    raise SystemError('y')\n    ^^^^^^\nSystemError: y\n  more detail\n")
+    assert launcher.failure(log, offset) == launcher.Failure("SystemError: y", None, None)
+    with open(log, "a") as out:  # the trial runner's own report wins
+        out.write('error: ImportError: z\n[localdet] failure: {"signature": "ImportError: z", '
+                  '"stage": "import", "trained": false}\n')
+    assert launcher.failure(log, offset) == launcher.Failure("ImportError: z", "import", False)

@@ -2,15 +2,20 @@
 
 The launcher sets `LOCALDET_HOME` and `LOCALDET_TRIAL_ID` and starts this in the snapshot of
 the experiment's model folder; it trains the trial to its length and exits 0, or exits 1
-with the reason as the last line of its log.
+with the reason near the end of its log and, as its last line, `FAILURE_MARK` with the
+failure's one-line signature and whether any batch was trained.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import re
 import sys
 import traceback
+import types
+from typing import Optional
 
 
 def load_trial_class(entrypoint: str) -> type:
@@ -29,19 +34,68 @@ def load_trial_class(entrypoint: str) -> type:
     return trial_class
 
 
-def keras_version_hint(error: Exception, line: str) -> str:
-    """One sentence for a trial that raised: where to look, and, when the error smells of a
-    Keras version mismatch, how to run the other Keras."""
+# The last line of a failed trial's log: what failed and whether it got as far as training,
+# for the daemon to tell a failure that will repeat (localdet/launcher.py reads it).
+FAILURE_MARK = "[localdet] failure: "
+
+
+def exception_line(error: BaseException) -> str:
+    """The exception's own message line: `TypeName: first line of the message`."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _keras_name(name: object) -> bool:
+    """A module of Keras itself (either line), not `determined.keras`."""
+    return isinstance(name, str) and bool(
+        re.match(r"(tf_keras|keras|tensorflow(\.python)?\.keras)(\.|$)", name))
+
+
+def about_keras_line(error: BaseException) -> bool:
+    """Whether the error is about which Keras runs: a module or attribute of Keras that the
+    running line lacks, or an argument only the legacy optimizers take."""
+    text = str(error)
+    if "not supported in Keras 3" in text or "tf_keras" in text:
+        return True
+    if isinstance(error, ImportError):
+        named = error.name or "".join(re.findall(r"(?:from|named) '([\w.]+)'", text)[-1:])
+        return _keras_name(named)
+    if isinstance(error, AttributeError):
+        owner = getattr(error, "obj", None)
+        if owner is not None:
+            return isinstance(owner, types.ModuleType) and _keras_name(owner.__name__)
+        match = re.match(r"module '([\w.]+)' has no attribute", text)
+        return bool(match) and _keras_name(match.group(1))
+    if isinstance(error, (TypeError, ValueError)):
+        return bool(re.search(r"(not recognized|unexpected keyword argument).*'(lr|decay)'",
+                              text))
+    return False
+
+
+def keras_version_hint(error: BaseException, line: str) -> str:
+    """What a trial that raised is told: the exception's own message line, and, only when
+    the error is about the Keras line, which line ran, why, and how to run the other."""
+    message = exception_line(error)
+    if not about_keras_line(error):
+        return message
     reason = os.environ.get("LOCALDET_KERAS_LINE_REASON", "the default")
-    text = f"{type(error).__name__}: {error}".lower()
     other, value = ("Keras 3", "0") if line == "keras2" else ("Keras 2", "1")
-    if any(word in text for word in ("keras", "legacy", "optimizer", "not recognized",
-                                     "unexpected keyword", "has no attribute")):
-        return (f"the trial raised {type(error).__name__} under {line} (chosen because: "
-                f"{reason}); if it was written for {other}, set TF_USE_LEGACY_KERAS={value} "
-                "in environment.environment_variables")
-    return (f"the trial raised {type(error).__name__} under {line}; the traceback above "
-            "says where")
+    return (f"{message} (the trial ran under {line}, chosen because: {reason}; if it was "
+            f"written for {other}, set TF_USE_LEGACY_KERAS={value} in "
+            "environment.environment_variables)")
+
+
+def _current_keras_line() -> str:
+    try:
+        from determined.keras._trial_controller import keras_line
+        return keras_line()
+    except Exception:  # TensorFlow itself does not import: say what localdet chose
+        return "keras2" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras3"
+
+
+def _report_failure(signature: str, stage: str, trained: Optional[bool]) -> None:
+    print(FAILURE_MARK + json.dumps({"signature": signature, "stage": stage,
+                                     "trained": trained}), file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -52,18 +106,39 @@ def main() -> int:
     os.chdir(info.model_dir)
     sys.path.insert(0, str(info.model_dir))
     entrypoint = info.config.get("trial_class") or info.config["entrypoint"]
-    trial_class = load_trial_class(entrypoint)
-
-    from determined.keras._trial_controller import TrialController, TrialError, keras_line
-
+    # import: the trial's module; setup: its __init__, build_model and loaders; training:
+    # the loop. Before training, no batch was trained, so a repeat is deterministic.
+    stage, controller = "import", None
     try:
-        TrialController.for_trial_class(trial_class, info, reporter).run()
-    except TrialError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        trial_class = load_trial_class(entrypoint)
+        stage = "setup"
+        from determined.keras._trial_controller import TrialController, TrialError
+
+        controller = TrialController.for_trial_class(trial_class, info, reporter)
+        stage = "training"
+        controller.run()
+    except SystemExit as error:  # the entrypoint does not resolve
+        if not isinstance(error.code, str):
+            raise
+        message = error.code
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        _report_failure(message, stage, False)
         return 1
     except Exception as error:
-        traceback.print_exc()
-        print(f"error: {keras_version_hint(error, keras_line())}", file=sys.stderr, flush=True)
+        from determined.keras._trial_controller import TrialError
+
+        if isinstance(error, TrialError):
+            message = str(error)
+        else:
+            traceback.print_exc()
+            message = keras_version_hint(error, _current_keras_line())
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        trained: Optional[bool] = False
+        if stage == "training":  # fresh and still at 0 batches: nothing trained
+            fresh = info.latest_checkpoint is None
+            trained = None if not fresh else getattr(controller, "batches_trained", 1) > 0
+        signature = message if isinstance(error, TrialError) else exception_line(error)
+        _report_failure(signature, stage, trained)
         return 1
     return 0
 
