@@ -8,15 +8,59 @@ User code imports it exactly as it did under Determined:
     class MyTrial(keras.TFKerasTrial):
         ...
 
-Submodules load on first use, so `import determined` stays cheap (no TensorFlow import).
+Names load on first use, so `import determined` stays cheap (no TensorFlow import).
+docs/determined-api.md lists every name of Determined 0.17 to 0.38 and what localdet does
+with it; the subpackages of frameworks it does not serve (determined.pytorch, ...) raise
+one sentence when used.
 """
 
 import importlib
 
-__all__ = ["core", "keras"]
+from determined import _refused
+
+_refused.install()
+
+__version__ = "0.38.0+localdet"
+
+# name -> module that defines it (a name equal to its module is the module itself)
+_NAMES = {
+    "core": "determined.core",
+    "keras": "determined.keras",
+    "errors": "determined.errors",
+    "util": "determined.util",
+    "InvalidHP": "determined.errors",
+    "EnvContext": "determined._env_context",
+    "ExperimentConfig": "determined._env_context",
+    "TrialContext": "determined._trial_context",
+    "Trial": "determined._trial",
+    "LegacyTrial": "determined._trial",
+    "TrialController": "determined._trial",
+    "ClusterInfo": "determined._info",
+    "TrialInfo": "determined._info",
+    "RendezvousInfo": "determined._info",
+    "ResourcesInfo": "determined._info",
+    "get_cluster_info": "determined._info",
+    "import_from_path": "determined._import",
+    "Categorical": "determined._hparams",
+    "Constant": "determined._hparams",
+    "Double": "determined._hparams",
+    "Integer": "determined._hparams",
+    "Log": "determined._hparams",
+}
+
+__all__ = ["__version__", *_NAMES]
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        return importlib.import_module(f"determined.{name}")
+    if name in _NAMES:
+        module = importlib.import_module(_NAMES[name])
+        value = module if _NAMES[name] == f"determined.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _refused.REFUSED:
+        raise _refused.refusal(name)
     raise AttributeError(f"module 'determined' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_NAMES])

@@ -20,15 +20,27 @@ The Keras line is whatever `tf.keras` is in the process: Keras 3 by default, Ker
 """
 
 from determined.keras import callbacks
-from determined.keras._context import TFKerasExperimentalContext, TFKerasTrialContext
+from determined.keras._context import (
+    TFKerasExperimentalContext,
+    TFKerasTrainConfig,
+    TFKerasTrialContext,
+)
 from determined.keras._init import init
 from determined.keras._keras_context import KerasContext, TrainingContext
 from determined.keras._load import load_model_from_checkpoint_path
 from determined.keras._sequence import KerasDataAdapter, SequenceAdapter
 from determined.keras._trial import TFKerasTrial
+from determined.keras._types import (
+    ArrayLike,
+    DeterminedCallback,
+    InputData,
+    TFKerasTrialController,
+)
 
 # Determined's docs name the context both ways.
 TFKerasContext = TFKerasTrialContext
+# Older and newer Determined put the TensorBoard callback here too.
+TensorBoard = TFKerasTensorBoard = callbacks.TensorBoard
 
 __all__ = [
     "TFKerasTrial",
@@ -42,4 +54,11 @@ __all__ = [
     "load_model_from_checkpoint_path",
     "SequenceAdapter",
     "KerasDataAdapter",
+    "ArrayLike",
+    "InputData",
+    "TFKerasTrainConfig",
+    "TFKerasTrialController",
+    "TFKerasTensorBoard",
+    "TensorBoard",
+    "DeterminedCallback",
 ]

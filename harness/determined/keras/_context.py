@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+from determined import errors
+from determined._trial_context import TrialContext
 from determined.core import DistributedContext, TrialInfo
 from determined.keras import _engine
 
@@ -15,72 +20,104 @@ class _ArgNotProvided:
 _NOT_PROVIDED = _ArgNotProvided()
 
 
+class TFKerasTrainConfig(NamedTuple):
+    """What Determined's wrapped `model.fit` once handed its runner (a type that old code
+    names; localdet's runner does not use it)."""
+
+    training_data: Any
+    validation_data: Any
+    callbacks: List[Any]
+
+
 class TFKerasExperimentalContext:
-    """Experimental features; `context.experimental`."""
+    """Experimental features; `context.experimental`.
+
+    `cache_train_dataset` / `cache_validation_dataset` decorate a function that makes a
+    `tf.data.Dataset`; the dataset is cached in a file after its first full pass, so later
+    epochs (and later runs of the trial) read the cache:
+
+        @context.experimental.cache_train_dataset("digits", "v1", shuffle=True)
+        def make_dataset():
+            return tf.data.Dataset.from_tensor_slices((x, y))
+
+        dataset = context.wrap_dataset(make_dataset())
+    """
+
+    def __init__(self, cache_root: Optional[Path] = None, seed: int = 0):
+        self._cache_root = cache_root
+        self._seed = seed
+
+    def cache_train_dataset(self, dataset_id: str, dataset_version: str, shuffle: bool = False,
+                            skip_shuffle_at_epoch_end: bool = False) -> Callable:
+        return self._cache("train", dataset_id, dataset_version, shuffle,
+                           not skip_shuffle_at_epoch_end)
+
+    def cache_validation_dataset(self, dataset_id: str, dataset_version: str,
+                                 shuffle: bool = False) -> Callable:
+        return self._cache("validation", dataset_id, dataset_version, shuffle, True)
+
+    def _cache(self, split: str, dataset_id: str, version: str, shuffle: bool,
+               reshuffle: bool) -> Callable:
+        def decorate(make: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(make)
+            def cached(*args: Any, **kwargs: Any) -> Any:
+                root = self._cache_root or Path(tempfile.gettempdir())
+                folder = root / "dataset-cache" / f"{dataset_id}-{version}"
+                folder.mkdir(parents=True, exist_ok=True)
+                dataset = make(*args, **kwargs).cache(str(folder / split))
+                if shuffle:
+                    # A buffer as large as the data makes the order a full permutation.
+                    dataset = dataset.shuffle(max(int(dataset.cardinality()), 1),
+                                              seed=self._seed,
+                                              reshuffle_each_iteration=reshuffle)
+                return dataset
+            return cached
+        return decorate
 
 
-class TFKerasTrialContext:
-    """Runtime information for a `TFKerasTrial`, plus `wrap_model`/`wrap_optimizer`/
-    `wrap_dataset`, which let localdet checkpoint and distribute what they wrap.
+class TFKerasTrialContext(TrialContext):
+    """Runtime information for a `TFKerasTrial` (`context.env`, `context.distributed`,
+    the hyperparameters, ...; see `determined.TrialContext`), plus `wrap_model`/
+    `wrap_optimizer`/`wrap_dataset`, which let localdet checkpoint and distribute what they
+    wrap.
 
         lr = context.get_hparam("learning_rate")
         model = context.wrap_model(tf.keras.Sequential([...]))
         dataset = context.wrap_dataset(tf.data.Dataset.from_tensor_slices((x, y)))
     """
 
-    def __init__(self, info: TrialInfo, distributed: Optional[DistributedContext] = None):
-        self._info = info
+    def __init__(self, info: TrialInfo, distributed: Optional[DistributedContext] = None, *,
+                 managed_training: bool = True):
         # The engine's context: one per process, as its collectives need one connection.
-        self.distributed = distributed or _engine.current().distributed
-        self.experimental = TFKerasExperimentalContext()
+        super().__init__(info, distributed or _engine.current().distributed,
+                         managed_training=managed_training)
+        self.experimental = TFKerasExperimentalContext(info.trial_dir, info.seed)
         self.models: List[Any] = []
         self.optimizers: List[Any] = []
         self._wrapped_datasets: set = set()
         self.fit_config: Dict[str, Any] = {}
         self.checkpoint_metadata: Dict[str, Any] = {}
-        self._stop_requested = False
 
-    # -- who am I -----------------------------------------------------------------------
-    def get_experiment_config(self) -> Dict[str, Any]:
-        return self._info.config
+    @property
+    def model(self) -> Any:
+        """The model last given to `wrap_model` (None before)."""
+        return self.models[-1] if self.models else None
 
-    def get_data_config(self) -> Dict[str, Any]:
-        return self._info.config.get("data", {})
+    @property
+    def dataset_initialized(self) -> bool:
+        """Whether `wrap_dataset` has been called."""
+        return bool(self._wrapped_datasets)
 
-    def get_experiment_id(self) -> int:
-        return self._info.experiment_id
+    @property
+    def compile_args(self) -> Any:
+        raise errors.refuse("context.compile_args", "the model is compiled as it is, so read "
+                            "its settings from the model (model.optimizer, model.loss)")
 
-    def get_trial_id(self) -> int:
-        return self._info.trial_id
-
-    def get_trial_seed(self) -> int:
-        return self._info.seed
-
-    def get_hparams(self) -> Dict[str, Any]:
-        return self._info.hparams
-
-    def get_hparam(self, name: str) -> Any:
-        if name not in self._info.hparams:
-            known = ", ".join(sorted(self._info.hparams)) or "none"
-            raise ValueError(f"hyperparameter '{name}' is not in the experiment config; "
-                             f"the known hyperparameters are: {known}")
-        return self._info.hparams[name]
-
-    def get_global_batch_size(self) -> int:
-        if "global_batch_size" not in self._info.hparams:
-            raise ValueError("get_global_batch_size() needs a 'global_batch_size' "
-                             "hyperparameter in the experiment config")
-        return int(self._info.hparams["global_batch_size"])
-
-    def get_per_slot_batch_size(self) -> int:
-        return self.get_global_batch_size() // self.distributed.size
-
-    def get_stop_requested(self) -> bool:
-        return self._stop_requested
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask localdet to end this trial at the next workload boundary."""
-        self._stop_requested = bool(stop_requested)
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "TFKerasTrialContext":
+        """A context for trying a `TFKerasTrial` without localdet (see
+        `determined.TrialContext.from_config`)."""
+        return super().from_config(config)  # type: ignore[return-value]
 
     def add_checkpoint_metadata(self, metadata: Dict[str, Any]) -> None:
         """Attach metadata (JSON-serialisable) to this trial's checkpoints from now on; it

@@ -5,10 +5,12 @@ from __future__ import annotations
 import abc
 from typing import Any, List
 
+from determined._trial import Trial
 from determined.keras._context import TFKerasTrialContext
+from determined.keras._types import TFKerasTrialController
 
 
-class TFKerasTrial(abc.ABC):
+class TFKerasTrial(Trial, abc.ABC):
     """A tf.keras trial: a model, its training and validation data, optional callbacks.
 
     Example:
@@ -29,6 +31,9 @@ class TFKerasTrial(abc.ABC):
             def build_validation_data_loader(self):
                 return x_val, y_val
     """
+
+    trial_context_class = TFKerasTrialContext
+    trial_controller_class = TFKerasTrialController
 
     def __init__(self, context: TFKerasTrialContext) -> None:
         self.context = context

@@ -44,8 +44,9 @@ classes are written for):
 
 from determined.keras.callbacks.callback import Callback
 from determined.keras.callbacks.early_stopping import EarlyStopping
+from determined.keras.callbacks.progress import DeterminedProgress
 from determined.keras.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau, ReduceLRScheduler
 from determined.keras.callbacks.tensorboard import TensorBoard
 
-__all__ = ["Callback", "EarlyStopping", "ReduceLROnPlateau", "ReduceLRScheduler",
-           "TensorBoard"]
+__all__ = ["Callback", "DeterminedProgress", "EarlyStopping", "ReduceLROnPlateau",
+           "ReduceLRScheduler", "TensorBoard"]

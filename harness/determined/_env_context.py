@@ -1,0 +1,132 @@
+"""EnvContext: `context.env`, what Determined told a trial about its surroundings, filled
+from localdet's `TrialInfo`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable, Dict, List, Optional
+
+from determined import errors
+from determined.core import DistributedContext, TrialInfo
+
+
+class ExperimentConfig(dict):
+    """The experiment config as a dict (Determined's `det.ExperimentConfig`), with the two
+    helpers trial code used."""
+
+    def slots_per_trial(self) -> int:
+        return int(self.get("resources", {}).get("slots_per_trial", 1))
+
+    def debug_enabled(self) -> bool:
+        return bool(self.get("debug", False))
+
+
+class EnvContext:
+    """What a trial is and where it runs: `context.env.hparams`, `.experiment_config`,
+    `.trial_seed`, `.det_trial_id`, `.latest_checkpoint`, `.steps_completed`, ...
+
+    Cluster-only fields (the master's address and certificates, the run counter) raise
+    `NotServedError` when read."""
+
+    def __init__(self, info: TrialInfo, distributed: DistributedContext, *,
+                 managed_training: bool = True,
+                 steps_completed: Optional[Callable[[], int]] = None):
+        self._info = info
+        self._distributed = distributed
+        self._steps_completed = steps_completed
+        self.experiment_config = ExperimentConfig(info.config)
+        self.hparams: Dict[str, Any] = info.hparams
+        self.trial_seed: int = info.seed
+        self.latest_checkpoint: Optional[str] = info.latest_checkpoint
+        # Determined passed ids as strings in the environment and kept them so.
+        self.det_trial_id = str(info.trial_id)
+        self.det_experiment_id = str(info.experiment_id)
+        self.det_cluster_id = "localdet"
+        self.det_agent_id = socket.gethostname()
+        self.allocation_id = f"trial-{info.trial_id}"
+        self.det_trial_unique_port_offset = 0
+        self.managed_training = managed_training
+        self.on_cluster = managed_training
+        self.test_mode = False
+        self.debug = bool(info.config.get("debug", False))
+
+    # -- the batch position of the run ---------------------------------------------------
+    @property
+    def steps_completed(self) -> int:
+        """Batches the trial had trained when this run started (0 for a fresh trial)."""
+        if self.latest_checkpoint is None:
+            return 0
+        if self._steps_completed is None:
+            return _checkpoint_batches(self.latest_checkpoint)
+        return self._steps_completed()
+
+    @property
+    def latest_batch(self) -> int:
+        """Determined 0.17's name for `steps_completed`."""
+        return self.steps_completed
+
+    # -- batch sizes (Determined 0.17 kept them on the env) ------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        return _global_batch_size(self.hparams)
+
+    @property
+    def per_slot_batch_size(self) -> int:
+        return self.global_batch_size // self._distributed.size
+
+    # -- devices --------------------------------------------------------------------------
+    @property
+    def container_gpus(self) -> List[str]:
+        """The GPUs this process may use, as `CUDA_VISIBLE_DEVICES` names them."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+
+    @property
+    def slot_ids(self) -> List[int]:
+        slots = os.environ.get("LOCALDET_SLOTS", "")
+        return [int(s) for s in slots.split(",") if s.strip().isdigit()]
+
+    @property
+    def use_gpu(self) -> bool:
+        return bool(self.container_gpus)
+
+    # -- cluster-only ----------------------------------------------------------------------
+    @property
+    def master_url(self) -> str:
+        raise errors.refuse("context.env.master_url", "there is no master: the daemon and "
+                            "the database are local, and `localdet status` shows the state")
+
+    @property
+    def master_cert_file(self) -> str:
+        raise errors.refuse("context.env.master_cert_file", "there is no master to trust; "
+                            "nothing needs a certificate")
+
+    @property
+    def master_cert_name(self) -> str:
+        raise errors.refuse("context.env.master_cert_name", "there is no master to trust; "
+                            "nothing needs a certificate")
+
+    @property
+    def trial_run_id(self) -> int:
+        raise errors.refuse("context.env.trial_run_id", "runs are not counted; "
+                            "`context.env.latest_checkpoint` is set when a run resumes")
+
+
+def _global_batch_size(hparams: Dict[str, Any]) -> int:
+    if "global_batch_size" not in hparams:
+        raise ValueError("the batch size needs a 'global_batch_size' hyperparameter in the "
+                         "experiment config")
+    return int(hparams["global_batch_size"])
+
+
+def _checkpoint_batches(uuid: str) -> int:
+    """The batches recorded with a checkpoint, read from localdet's database."""
+    from localdet.db import StateDB  # a trial process reads the state only here and in jobs
+    from localdet.paths import Layout
+
+    db = StateDB.open(Layout.from_environment().db)
+    try:
+        return int(db.checkpoint(uuid).batches_trained)
+    finally:
+        db.close()

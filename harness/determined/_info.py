@@ -1,0 +1,96 @@
+"""`det.get_cluster_info()`: what a process started by localdet knows about its task, in the
+shape of Determined's ClusterInfo (None outside localdet, as it was None off-cluster)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from determined import errors
+
+
+@dataclass
+class TrialInfo:
+    """The trial part of `ClusterInfo` (`info.trial`)."""
+
+    trial_id: int
+    experiment_id: int
+    trial_seed: int
+    hparams: Dict[str, Any]
+    config: Dict[str, Any]
+    steps_completed: int = 0
+    debug: bool = False
+
+    @property
+    def trial_run_id(self) -> int:
+        raise errors.refuse("ClusterInfo.trial.trial_run_id", "runs are not counted; "
+                            "ClusterInfo.latest_checkpoint is set when a run resumes")
+
+
+@dataclass
+class ClusterInfo:
+    """Where this process runs: `cluster_id` is "localdet", `agent_id` the host name."""
+
+    cluster_id: str
+    agent_id: str
+    slot_ids: List[int]
+    task_id: str
+    allocation_id: str
+    task_type: str
+    latest_checkpoint: Optional[str]
+    trial: Optional[TrialInfo] = None
+    container_rank: int = 0
+    container_addrs: List[str] = field(default_factory=lambda: ["127.0.0.1"])
+
+    @property
+    def master_url(self) -> str:
+        raise errors.refuse("ClusterInfo.master_url", "there is no master: `localdet status` "
+                            "shows experiments and trials")
+
+    @property
+    def session_token(self) -> str:
+        raise errors.refuse("ClusterInfo.session_token", "there is no master to log in to")
+
+
+class RendezvousInfo:
+    """Determined's view of the containers of a multi-machine task."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise errors.refuse("det.RendezvousInfo", "a trial's processes all run on this "
+                            "machine; `context.distributed` gives each one's rank and size")
+
+
+class ResourcesInfo:
+    """Determined's view of a container's devices."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise errors.refuse("det.ResourcesInfo", "read `context.env.container_gpus` and "
+                            "`context.env.slot_ids` for the devices this process may use")
+
+
+def get_cluster_info() -> Optional[ClusterInfo]:
+    """The ClusterInfo of a process localdet started (LOCALDET_TRIAL_ID set), else None."""
+    trial_id = os.environ.get("LOCALDET_TRIAL_ID")
+    if not trial_id:
+        return None
+    from determined.core import reporter_from_environment
+
+    info = reporter_from_environment().trial_info()
+    slots = [int(s) for s in os.environ.get("LOCALDET_SLOTS", "").split(",") if s.isdigit()]
+    steps = 0
+    if info.latest_checkpoint:
+        from determined._env_context import _checkpoint_batches
+
+        steps = _checkpoint_batches(info.latest_checkpoint)
+    trial = None
+    if info.kind != "job":
+        trial = TrialInfo(trial_id=info.trial_id, experiment_id=info.experiment_id,
+                          trial_seed=info.seed, hparams=info.hparams, config=info.config,
+                          steps_completed=steps, debug=bool(info.config.get("debug", False)))
+    return ClusterInfo(cluster_id="localdet", agent_id=socket.gethostname(), slot_ids=slots,
+                       task_id=f"trial-{info.trial_id}", allocation_id=f"trial-{info.trial_id}",
+                       task_type="TRIAL" if trial else "COMMAND",
+                       latest_checkpoint=info.latest_checkpoint, trial=trial,
+                       container_rank=int(os.environ.get("LOCALDET_RANK", "0")))

@@ -1,0 +1,38 @@
+"""The type names Determined's Keras API annotated loaders with (`keras.InputData`,
+`keras.ArrayLike`), for user code that still names them."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Union
+
+import numpy as np
+import tensorflow as tf
+
+from determined.keras._sequence import SequenceAdapter
+
+# What a model takes as `x`: one array, one per input, or one per named input.
+ArrayLike = Union[np.ndarray, List[np.ndarray], Dict[str, np.ndarray]]
+
+# What build_training_data_loader / build_validation_data_loader may return.
+InputData = Union[tf.keras.utils.Sequence, tf.data.Dataset, SequenceAdapter, tuple]
+
+
+class TFKerasTrialController:
+    """Determined's driver of a TFKerasTrial; localdet's runner drives trials itself."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from determined import errors
+
+        raise errors.refuse("determined.keras.TFKerasTrialController", "localdet's runner "
+                            "drives the trial; run it with `localdet run CONFIG MODEL_DIR`")
+
+
+class DeterminedCallback:
+    """Determined 0.38's callback for `model.fit` under `det.core.init()`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from determined import errors
+
+        raise errors.refuse("determined.keras.DeterminedCallback", "call `context = "
+                            "det.keras.init()` and train with `context.fit(model, ...)`, "
+                            "which checkpoints, reports and resumes the same way")
