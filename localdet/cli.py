@@ -213,13 +213,15 @@ def status(experiment_id: int | None, as_json: bool) -> None:
             console.print("[bold]log tail[/]")
             console.print(Text(facts["log_tail"]))
     else:
+        if facts["state"] == "ERROR" and facts["error"]:
+            console.print(f"[red]error:[/] {escape(facts['error'].splitlines()[0])}")
         console.print(views.search_summary(facts))
         if facts["rungs"]:
             console.print(views.rungs_table(facts))
         console.print(views.trials_table(facts))
         for trial in facts["trials"]:
             if trial["error"]:
-                console.print(f"[red]trial {trial['id']}:[/] {trial['error']}")
+                console.print(f"[red]trial {trial['id']}:[/] {escape(trial['error'])}")
         for warning in facts["warnings"]:
             console.print(f"[yellow]warning:[/] {warning}")
 

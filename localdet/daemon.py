@@ -25,7 +25,7 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import gc, launcher, scheduler
+from localdet import failures, gc, launcher, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -281,6 +281,7 @@ class Daemon:
             spec = launcher.launch_spec(
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]))
+            log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             process = launcher.start(spec)
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
@@ -300,7 +301,7 @@ class Daemon:
         self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
                           trial_id=trial.id, pid=process.pid, slots=slots,
                           keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason,
-                          engine=spec.engine)
+                          engine=spec.engine, log_offset=log_offset)
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started "
                  f"(pid {process.pid}, slots {slots})")
 
@@ -373,6 +374,10 @@ class Daemon:
     def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None) -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
+        failure = failures.record(self.db, self.layout, trial)
+        if failure and failures.repeats(self.db, trial, failure):
+            self._fail_fast(trial, experiment, failure, how)
+            return
         if trial.restarts < experiment.config["max_restarts"]:
             self.db.update_trial(trial.id, state="QUEUED", restarts=trial.restarts + 1,
                                  stop_requested=None)
@@ -380,10 +385,47 @@ class Daemon:
                      f"({trial.restarts + 1} of {experiment.config['max_restarts']})")
             return
         tail = launcher.log_tail(log_path)
-        self.db.update_trial(trial.id, state="ERROR", stop_requested=None,
-                             error=f"{how}; the end of its log:\n{tail}" if tail else how)
+        error = f"{how}; the end of its log:\n{tail}" if tail else how
+        if failure:  # the exception's own line first: what status shows at a glance
+            error = f"{failure.told}\n{error}"
+        self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=error)
         self.log(f"trial {trial.id} failed ({how}); see {log_path}")
         self._searching(experiment, self.search.exited_early, experiment, trial)
+
+    # -- failures that will repeat --------------------------------------------------------
+    def _fail_fast(self, trial: Trial, experiment: Experiment, failure: launcher.Failure,
+                   how: str) -> None:
+        """End the trial without its remaining restarts. A failure at import is the model
+        folder's, the same for every trial: when no trial has trained, end them all."""
+        log_path = self.layout.trial_log(experiment.id, trial.id)
+        self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+            f"{failure.told}\nit failed before training a batch, the same way as before "
+            f"({how}); a restart would only repeat it, so it was not restarted; see "
+            f"{log_path}"))
+        self.db.log_event("trial_failed_fast", experiment_id=experiment.id, trial_id=trial.id,
+                          signature=failure.signature, stage=failure.stage)
+        self.log(f"trial {trial.id} failed the same way again before training: "
+                 f"{failure.signature}; not restarting it")
+        self._searching(experiment, self.search.exited_early, experiment, trial)
+        if not failures.import_failure_for_all(self.db, experiment.id, failure):
+            return
+        for _ in range(100_000):  # the searcher may answer an exit with new trials
+            live = [t for t in self.db.trials(experiment.id)
+                    if t.state not in TERMINAL_STATES]
+            if not live or self.db.experiment(experiment.id).state in TERMINAL_STATES:
+                break
+            for sibling in live:
+                if sibling.state == "RUNNING":
+                    self._kill(sibling)
+                self.db.update_trial(sibling.id, state="ERROR", stop_requested=None, error=(
+                    f"{failure.told}\nnot run on: the model folder fails at import "
+                    f"the same way for every trial (see trial {trial.id}'s log, {log_path})"))
+                self._searching(experiment, self.search.exited_early,
+                                self.db.experiment(experiment.id), sibling)
+        if self.db.experiment(experiment.id).state not in TERMINAL_STATES:
+            self.db.set_experiment_state(experiment.id, "ERROR", error=(
+                f"{failures.SAME_WAY}: {failure.signature}"))
+            self.log(f"experiment {experiment.id}: {failures.SAME_WAY}: {failure.signature}")
 
     def _complete(self, trial: Trial, experiment: Experiment) -> None:
         """The trial trained to its searcher length and exited: the searcher decides what
@@ -419,7 +461,7 @@ class Daemon:
                 self.db.set_experiment_state(experiment_id, "CANCELED")
             else:
                 self.db.set_experiment_state(experiment_id, "ERROR",
-                                             error=failed[0].error if failed else None)
+                                             error=failures.experiment_error(self.db, experiment_id, failed))
             settled = self.db.experiment(experiment_id)
             self.log(f"{settled.kind} {experiment_id} {settled.state}")
 

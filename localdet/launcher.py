@@ -170,6 +170,11 @@ class Failure:
     signature: str        # the exception's message line (type: message)
     stage: str | None     # import, setup or training (trial classes); None: a script
     trained: bool | None  # whether it trained a batch; None: it cannot tell
+    message: str = ""     # what the user is told: the signature, and a hint where one helps
+
+    @property
+    def told(self) -> str:
+        return self.message or self.signature
 
 
 def log_size(path: Path) -> int:
@@ -193,7 +198,8 @@ def failure(path: Path, offset: int = 0) -> Failure | None:
         if FAILURE_MARK in line:
             try:
                 data = json.loads(line.split(FAILURE_MARK, 1)[1])
-                return Failure(str(data["signature"]), data.get("stage"), data.get("trained"))
+                return Failure(str(data["signature"]), data.get("stage"), data.get("trained"),
+                               str(data.get("message") or ""))
             except (ValueError, KeyError, TypeError):
                 break
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]

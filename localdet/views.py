@@ -42,6 +42,9 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         # How it trains on its slots (localdet/engines.py), as recorded at its last launch.
         "engine": (launch or {}).get("engine"),
         "slots": (launch or {}).get("slots"),
+        # Which Keras it ran under and why (localdet/keras_line.py), at its last launch.
+        "keras_line": (launch or {}).get("keras_line"),
+        "keras_line_reason": (launch or {}).get("keras_line_reason"),
         "latest_validation": validations[-1] if validations else None,
         "best_validation": _best(validations, experiment.metric, experiment.smaller_is_better),
         "latest_checkpoint": trial.latest_checkpoint,
@@ -60,6 +63,13 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
     method = replay(experiment, events)
     done = experiment.state == "COMPLETED"
     progress = method.progress({t["request_id"]: t["batches_trained"] for t in trials})
+    if experiment.state == "ERROR":
+        # The searcher counts a trial that exited early as done; an experiment that failed
+        # shows what was trained, so one that failed before training shows 0 %.
+        targets = sum(t["target_batches"] for t in trials)
+        trained = (sum(min(t["batches_trained"], t["target_batches"]) for t in trials)
+                   / targets) if targets else 0.0
+        progress = min(progress, trained)
     return {"progress": 1.0 if done else min(progress, 1.0), "rungs": method.rungs()}
 
 

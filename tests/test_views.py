@@ -330,3 +330,34 @@ def test_experiments_not_run_by_the_daemon_are_marked(db):
                                                (7380, "2h 03m")])
 def test_durations(seconds, text):
     assert views.duration(seconds) == text
+
+
+def test_an_experiment_that_failed_before_training_shows_its_real_progress(db):
+    from localdet.searching import Search
+
+    experiment_id = make_experiment(db)
+    search = Search(db, log=lambda *_: None)
+    search.start(db.experiment(experiment_id))
+    [trial] = db.trials(experiment_id)
+    db.update_trial(trial.id, state="ERROR", error="ImportError: x")
+    search.exited_early(db.experiment(experiment_id), db.trial(trial.id))
+    # The searcher counts a trial that exited early as done...
+    assert views.experiment_facts(db, db.experiment(experiment_id))["progress"] == 1.0
+    db.set_experiment_state(experiment_id, "ERROR", error="ImportError: x")
+    facts = views.experiment_facts(db, db.experiment(experiment_id))
+    assert facts["progress"] == 0.0  # ...but nothing was trained
+    assert "100%" not in render(views.experiments_table([facts]))
+
+
+def test_each_trial_says_which_keras_line_it_ran_under_and_why(db):
+    experiment_id = make_experiment(db)
+    trial_id = make_trial(db, experiment_id, 1)
+    assert views.experiment_facts(db, db.experiment(experiment_id))["trials"][0][
+        "keras_line"] is None  # never launched
+    for line, reason in (("keras3", "the default"),
+                         ("keras2", "model_def.py:3 uses tf_keras, which only Keras 2 has")):
+        db.log_event("trial_launched", experiment_id=experiment_id, trial_id=trial_id,
+                     slots=[0], engine="single", keras_line=line, keras_line_reason=reason)
+    [trial] = views.experiment_facts(db, db.experiment(experiment_id))["trials"]
+    assert (trial["keras_line"], trial["keras_line_reason"]) == (
+        "keras2", "model_def.py:3 uses tf_keras, which only Keras 2 has")

@@ -93,9 +93,20 @@ def _current_keras_line() -> str:
         return "keras2" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras3"
 
 
-def _report_failure(signature: str, stage: str, trained: Optional[bool]) -> None:
-    print(FAILURE_MARK + json.dumps({"signature": signature, "stage": stage,
-                                     "trained": trained}), file=sys.stderr, flush=True)
+def _report_failure(signature: str, message: str, stage: str,
+                    trained: Optional[bool]) -> None:
+    print(FAILURE_MARK + json.dumps({"signature": signature, "message": message,
+                                     "stage": stage, "trained": trained}),
+          file=sys.stderr, flush=True)
+
+
+def _trained(stage: str, info, controller) -> Optional[bool]:
+    """Whether this launch trained a batch; None where it cannot tell (a resumed trial)."""
+    if stage != "training":
+        return False
+    if info.latest_checkpoint is not None:
+        return None
+    return getattr(controller, "batches_trained", 1) > 0  # a fresh trial counts from 0
 
 
 def main() -> int:
@@ -112,7 +123,7 @@ def main() -> int:
     try:
         trial_class = load_trial_class(entrypoint)
         stage = "setup"
-        from determined.keras._trial_controller import TrialController, TrialError
+        from determined.keras._trial_controller import TrialController
 
         controller = TrialController.for_trial_class(trial_class, info, reporter)
         stage = "training"
@@ -122,23 +133,21 @@ def main() -> int:
             raise
         message = error.code
         print(f"error: {message}", file=sys.stderr, flush=True)
-        _report_failure(message, stage, False)
+        _report_failure(message, message, stage, _trained(stage, info, controller))
         return 1
     except Exception as error:
-        from determined.keras._trial_controller import TrialError
-
-        if isinstance(error, TrialError):
+        # A TrialError (the controller's own one-sentence refusal) needs no traceback.
+        trial_error = stage != "import" and type(error).__name__ == "TrialError"
+        if trial_error:
             message = str(error)
         else:
             traceback.print_exc()
-            message = keras_version_hint(error, _current_keras_line())
+            # Only an error about Keras needs to know the line (importing TensorFlow).
+            line = _current_keras_line() if about_keras_line(error) else ""
+            message = keras_version_hint(error, line)
         print(f"error: {message}", file=sys.stderr, flush=True)
-        trained: Optional[bool] = False
-        if stage == "training":  # fresh and still at 0 batches: nothing trained
-            fresh = info.latest_checkpoint is None
-            trained = None if not fresh else getattr(controller, "batches_trained", 1) > 0
-        signature = message if isinstance(error, TrialError) else exception_line(error)
-        _report_failure(signature, stage, trained)
+        signature = message if trial_error else exception_line(error)
+        _report_failure(signature, message, stage, _trained(stage, info, controller))
         return 1
     return 0
 

@@ -1,0 +1,149 @@
+"""Failures that will repeat end at once: a trial that fails before its first batch the same
+way on two launches in a row is not restarted again, and in a search its siblings end too;
+a trial that fails after training keeps its restarts. One real daemon runs every case."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from conftest import Daemon, write_config
+
+pytestmark = pytest.mark.slow
+
+TINY_TRIAL = '''
+import numpy as np
+import tensorflow as tf
+
+from determined import keras
+
+{extra}
+
+
+class Boom(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if {fail_after} and batch + 1 >= {fail_after}:
+            raise RuntimeError("the data went bad at batch 3")
+
+
+class TinyTrial(keras.TFKerasTrial):
+    def __init__(self, context):
+        self.context = context
+
+    def build_model(self):
+        {build}
+        model = self.context.wrap_model(tf.keras.Sequential(
+            [tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(2)]))
+        model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.SGD(0.1)),
+                      loss="mse")
+        return model
+
+    def keras_callbacks(self):
+        return [Boom()]
+
+    def build_training_data_loader(self):
+        rng = np.random.default_rng(0)
+        return rng.normal(size=(64, 4)).astype("float32"), rng.normal(size=(64, 2)).astype("float32")
+
+    def build_validation_data_loader(self):
+        return self.build_training_data_loader()
+'''
+
+
+def model_folder(path, extra="", fail_after=0, build="pass"):
+    path.mkdir(parents=True)
+    (path / "model_def.py").write_text(TINY_TRIAL.format(extra=extra, fail_after=fail_after,
+                                                         build=build))
+    return path
+
+
+def experiment(tmp_path, name, **overrides):
+    settings = dict(entrypoint="model_def:TinyTrial",
+                    hyperparameters={"global_batch_size": 8, "width": 4},
+                    searcher={"name": "single", "metric": "val_loss",
+                              "max_length": {"batches": 8}},
+                    scheduling_unit=4)
+    settings.update(overrides)
+    return write_config(tmp_path, name, **settings)
+
+
+def launches(home, experiment_id: int) -> dict[int, int]:
+    with sqlite3.connect(home.path / "localdet.db", timeout=30) as db:
+        rows = db.execute("SELECT trial_id, COUNT(*) FROM events WHERE kind = 'trial_launched' "
+                          "AND experiment_id = ? GROUP BY trial_id", [experiment_id]).fetchall()
+    return dict(rows)
+
+
+def test_repeating_failures_end_at_once_and_failures_after_training_keep_restarts(home, tmp_path):
+    # One slot: the trials run one after another, so the launches counted are exact.
+    daemon = Daemon(home, "--slots", "1")
+    try:
+        # 1. A search whose model folder fails at import: two launches of its first trial.
+        home.cli("submit", experiment(
+            tmp_path, "import-fails", max_restarts=5,
+            hyperparameters={"global_batch_size": 8,
+                             "width": {"type": "int", "minval": 2, "maxval": 9}},
+            searcher={"name": "random", "metric": "val_loss", "max_trials": 4,
+                      "max_length": {"batches": 8}}),
+            model_folder(tmp_path / "import", extra="import not_a_module"))
+        # 2. A failure in build_model, the same for every trial of a grid.
+        home.cli("submit", experiment(
+            tmp_path, "setup-fails", max_restarts=3,
+            hyperparameters={"global_batch_size": 8,
+                             "width": {"type": "categorical", "vals": [2, 3, 4]}},
+            searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
+            model_folder(tmp_path / "setup",
+                         build="raise ValueError('the model needs a column named label')"))
+        # 3. A script that fails at import.
+        script = tmp_path / "script"
+        script.mkdir()
+        (script / "train.py").write_text("import os\nfrom determined.keras import NoSuchName\n")
+        home.cli("submit", experiment(tmp_path, "script-fails", entrypoint="python3 train.py",
+                                      max_restarts=4), script)
+        # 4. A trial that trains 3 batches, then fails: the same error every time, but it
+        #    trained, so it is restarted as often as max_restarts says.
+        home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
+                 model_folder(tmp_path / "late", fail_after=3))
+        ids = {name: home.experiment_named(name)["id"] for name in
+               ("import-fails", "setup-fails", "script-fails", "fails-after-training")}
+        facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
+        status = home.cli("status", ids["import-fails"]).stdout
+        listing = home.cli("status").stdout
+    finally:
+        daemon.stop()
+
+    message = "ModuleNotFoundError: No module named 'not_a_module'"
+    search = facts["import-fails"]
+    first, *siblings = search["trials"]
+    assert launches(home, search["id"]) == {first["id"]: 2}
+    assert search["state"] == "ERROR" and len(siblings) == 3
+    assert search["error"] == f"every trial failed the same way before training: {message}"
+    assert all(t["state"] == "ERROR" and t["restarts"] == 0 for t in siblings)
+    assert first["restarts"] == 1 and first["error"].splitlines()[0] == message
+    assert search["progress"] == 0.0
+    assert message in status and "TF_USE_LEGACY_KERAS" not in status
+    assert "100%" not in listing and "import-fails" in listing
+
+    grid = facts["setup-fails"]
+    counts = launches(home, grid["id"])
+    assert sorted(counts.values()) == [1, 1, 2]  # the siblings end at their first failure
+    assert all(t["state"] == "ERROR" for t in grid["trials"])
+    assert grid["error"] == ("every trial failed the same way before training: "
+                             "ValueError: the model needs a column named label")
+
+    script_run = facts["script-fails"]
+    (trial,) = script_run["trials"]
+    assert script_run["state"] == "ERROR" and launches(home, script_run["id"]) == {trial["id"]: 2}
+    assert trial["error"].startswith("ImportError: cannot import name 'NoSuchName'")
+
+    late = facts["fails-after-training"]
+    (trial,) = late["trials"]
+    assert late["state"] == "ERROR" and trial["restarts"] == 2
+    assert launches(home, late["id"]) == {trial["id"]: 3}
+    assert trial["error"].splitlines()[0] == "RuntimeError: the data went bad at batch 3"
+
+    for run in facts.values():  # which Keras each trial ran under, and why
+        for t in run["trials"]:
+            if t["id"] in launches(home, run["id"]):
+                assert (t["keras_line"], t["keras_line_reason"]) == ("keras3", "the default")
