@@ -58,7 +58,9 @@ class EnvContext:
         if self.latest_checkpoint is None:
             return 0
         if self._steps_completed is None:
-            return _checkpoint_batches(self.latest_checkpoint)
+            # Read once, while the process's LOCALDET_HOME still names the trial's state.
+            batches = _checkpoint_batches(self.latest_checkpoint)
+            self._steps_completed = lambda: batches
         return self._steps_completed()
 
     @property

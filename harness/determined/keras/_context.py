@@ -66,8 +66,12 @@ class TFKerasExperimentalContext:
                 folder.mkdir(parents=True, exist_ok=True)
                 dataset = make(*args, **kwargs).cache(str(folder / split))
                 if shuffle:
-                    # A buffer as large as the data makes the order a full permutation.
-                    dataset = dataset.shuffle(max(int(dataset.cardinality()), 1),
+                    # A buffer as large as the data makes the order a full permutation;
+                    # counting an unknown length reads it once, which fills the cache.
+                    size = int(dataset.cardinality())
+                    if size < 0:
+                        size = int(dataset.reduce(0, lambda n, _: n + 1))
+                    dataset = dataset.shuffle(max(size, 1),
                                               seed=self._seed,
                                               reshuffle_each_iteration=reshuffle)
                 return dataset

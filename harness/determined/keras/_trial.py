@@ -7,7 +7,7 @@ from typing import Any, List
 
 from determined._trial import Trial
 from determined.keras._context import TFKerasTrialContext
-from determined.keras._types import TFKerasTrialController
+from determined.keras._types import InputData, TFKerasTrialController
 
 
 class TFKerasTrial(Trial, abc.ABC):
@@ -43,11 +43,11 @@ class TFKerasTrial(Trial, abc.ABC):
         """Return a wrapped (`context.wrap_model`) and compiled `tf.keras.Model`."""
 
     @abc.abstractmethod
-    def build_training_data_loader(self) -> Any:
+    def build_training_data_loader(self) -> InputData:
         """Return `(x, y)`, `(x, y, sample_weights)` or a wrapped `tf.data.Dataset`."""
 
     @abc.abstractmethod
-    def build_validation_data_loader(self) -> Any:
+    def build_validation_data_loader(self) -> InputData:
         """Return `(x, y)`, `(x, y, sample_weights)` or a wrapped `tf.data.Dataset`."""
 
     def session_config(self) -> Any:
