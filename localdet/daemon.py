@@ -375,7 +375,8 @@ class Daemon:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
         failure = failures.record(self.db, self.layout, trial)
-        if failure and failures.repeats(self.db, trial, failure):
+        # A job trains no batches, so its failures would all look alike: it keeps its restarts.
+        if failure and experiment.kind != "job" and failures.repeats(self.db, trial, failure):
             self._fail_fast(trial, experiment, failure, how)
             return
         if trial.restarts < experiment.config["max_restarts"]:
