@@ -163,7 +163,6 @@ def world(tmp_path_factory):
         w.db, w.trial_id, w.info = db, trial_id, info
         controller = TrialController.for_trial_class(TinyTrial, info, reporter)
         w.managed = controller.context
-        w.managed_trial = None
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             controller.run()
