@@ -419,8 +419,8 @@ class Daemon:
                 if sibling.state == "RUNNING":
                     self._kill(sibling)
                 self.db.update_trial(sibling.id, state="ERROR", stop_requested=None, error=(
-                    f"{failure.told}\nnot run on: the model folder fails at import "
-                    f"the same way for every trial (see trial {trial.id}'s log, {log_path})"))
+                    f"{failure.told}\nnot run further: the model folder fails at import, "
+                    f"the same way for every trial (trial {trial.id}'s log: {log_path})"))
                 self._searching(experiment, self.search.exited_early,
                                 self.db.experiment(experiment.id), sibling)
         if self.db.experiment(experiment.id).state not in TERMINAL_STATES:

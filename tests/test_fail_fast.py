@@ -105,11 +105,16 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
         #    trained, so it is restarted as often as max_restarts says.
         home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
                  model_folder(tmp_path / "late", fail_after=3))
+        # 5. A legacy optimizer argument under Keras 3: the error is about the Keras line.
+        home.cli("submit", experiment(tmp_path, "keras-line", max_restarts=3),
+                 model_folder(tmp_path / "keras", build="tf.keras.optimizers.Adam(lr=0.1)"))
         ids = {name: home.experiment_named(name)["id"] for name in
-               ("import-fails", "setup-fails", "script-fails", "fails-after-training")}
+               ("import-fails", "setup-fails", "script-fails", "fails-after-training",
+                "keras-line")}
         facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
         status = home.cli("status", ids["import-fails"]).stdout
         listing = home.cli("status").stdout
+        keras_status = home.cli("status", ids["keras-line"]).stdout
     finally:
         daemon.stop()
 
@@ -147,3 +152,10 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
         for t in run["trials"]:
             if t["id"] in launches(home, run["id"]):
                 assert (t["keras_line"], t["keras_line_reason"]) == ("keras3", "the default")
+
+    keras = facts["keras-line"]
+    (trial,) = keras["trials"]
+    assert keras["state"] == "ERROR" and launches(home, keras["id"]) == {trial["id"]: 2}
+    assert trial["error"].startswith("ValueError: Argument(s) not recognized: {'lr': 0.1} "
+                                     "(the trial ran under keras3, chosen because: the default")
+    assert "TF_USE_LEGACY_KERAS=1" in " ".join(keras_status.split())
