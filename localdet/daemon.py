@@ -461,8 +461,8 @@ class Daemon:
             elif all(t.state == "CANCELED" for t in trials):
                 self.db.set_experiment_state(experiment_id, "CANCELED")
             else:
-                self.db.set_experiment_state(experiment_id, "ERROR",
-                                             error=failures.experiment_error(self.db, experiment_id, failed))
+                error = failures.experiment_error(self.db, experiment_id, failed)
+                self.db.set_experiment_state(experiment_id, "ERROR", error=error)
             settled = self.db.experiment(experiment_id)
             self.log(f"{settled.kind} {experiment_id} {settled.state}")
 
