@@ -19,7 +19,8 @@ REFUSED = {
                      "use the localdet commands (status, checkpoints, checkpoint export, "
                      "metrics) or determined.keras.load_model_from_checkpoint_path"),
     "horovod": ("Determined's Horovod wrapper",
-                "set LOCALDET_ENGINE=horovod and call context.wrap_optimizer"),
+                "set resources.engine: horovod in the experiment config and call "
+                "context.wrap_optimizer"),
     "launch": ("Determined's launchers, as modules to import",
                "an entrypoint `python3 -m determined.launch.horovod --trial ...` is read by "
                "localdet itself, which starts one process per slot"),

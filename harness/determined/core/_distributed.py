@@ -111,6 +111,22 @@ class DistributedContext:
                    cross_size=hvd.cross_size(), chief_ip=chief_ip)
 
     @classmethod
+    def from_deepspeed(cls, *args: Any, **kwargs: Any) -> "DistributedContext":
+        """Determined's constructor for DeepSpeed trials, which localdet does not run."""
+        from determined.errors import refuse
+
+        raise refuse("DistributedContext.from_deepspeed (DeepSpeed trials)",
+                     "a Keras trial gets its context as context.distributed")
+
+    @classmethod
+    def from_torch_distributed(cls, *args: Any, **kwargs: Any) -> "DistributedContext":
+        """Determined's constructor for PyTorch trials, which localdet does not run."""
+        from determined.errors import refuse
+
+        raise refuse("DistributedContext.from_torch_distributed (PyTorch trials)",
+                     "a Keras trial gets its context as context.distributed")
+
+    @classmethod
     def from_tf_config(cls, tf_config: Union[str, Dict[str, Any], None] = None
                        ) -> "DistributedContext":
         """Rank information from MultiWorkerMirroredStrategy's TF_CONFIG (a JSON string or
