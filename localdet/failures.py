@@ -67,11 +67,14 @@ def import_failure_for_all(db: StateDB, experiment_id: int, failure: launcher.Fa
 
 
 def experiment_error(db: StateDB, experiment_id: int, failed: list[Trial]) -> str | None:
-    """One line when every failed trial failed fast the same way; else the first failed
-    trial's error."""
-    fast = {e["trial_id"]: e["payload"]["signature"]
-            for e in events(db, experiment_id, None, ("trial_failed_fast",))}
-    signatures = {fast.get(t.id) for t in failed}
+    """One line when every failed trial last failed the same way before training (failed
+    fast, or used up its restarts); else the first failed trial's error."""
+    last: dict[int, str | None] = {}
+    for event in events(db, experiment_id, None, ("trial_failed", "trial_failed_fast")):
+        payload = event["payload"]
+        trained = event["kind"] == "trial_failed" and payload["trained"]
+        last[event["trial_id"]] = None if trained else payload["signature"]
+    signatures = {last.get(t.id) for t in failed}
     if failed and len(signatures) == 1 and None not in signatures:
         return f"{SAME_WAY}: {signatures.pop()}"
     return failed[0].error if failed else None

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from conftest import Daemon, write_config
-
-pytestmark = pytest.mark.slow
+from localdet import failures, launcher
+from localdet.config import parse_config
 
 TINY_TRIAL = '''
 import numpy as np
@@ -75,6 +75,7 @@ def launches(home, experiment_id: int) -> dict[int, int]:
     return dict(rows)
 
 
+@pytest.mark.slow
 def test_repeating_failures_end_at_once_and_failures_after_training_keep_restarts(home, tmp_path):
     # One slot: the trials run one after another, so the launches counted are exact.
     daemon = Daemon(home, "--slots", "1")
@@ -159,3 +160,66 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     assert trial["error"].startswith("ValueError: Argument(s) not recognized: {'lr': 0.1} "
                                      "(the trial ran under keras3, chosen because: the default")
     assert "TF_USE_LEGACY_KERAS=1" in " ".join(keras_status.split())
+
+
+# -- the decisions, on recorded events -------------------------------------------------------
+
+def recorded_trial(layout, db):
+    config = parse_config({"entrypoint": "python3 train.py"}).config
+    experiment_id = db.create_experiment(
+        name="x", description="", config=config, original_config="", searcher="single",
+        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="/nowhere")
+    trial_id = db.create_trial(experiment_id=experiment_id, request_id=1, hparams={}, seed=1,
+                               target_batches=10)
+    return db.trial(trial_id)
+
+
+def launch_and_fail(layout, db, trial, text: str):
+    log = layout.trial_log(trial.experiment_id, trial.id)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    db.log_event("trial_launched", experiment_id=trial.experiment_id, trial_id=trial.id,
+                 log_offset=launcher.log_size(log))
+    with open(log, "a") as out:
+        out.write(text)
+    return failures.record(db, layout, db.trial(trial.id))
+
+
+def traceback_of(line: str) -> str:
+    return f"Traceback (most recent call last):\n  File \"train.py\", line 1\n{line}\n"
+
+
+def test_a_failure_repeats_only_when_two_launches_in_a_row_fail_alike_untrained(layout, db):
+    trial = recorded_trial(layout, db)
+    first = launch_and_fail(layout, db, trial, traceback_of("ImportError: x"))
+    assert first == launcher.Failure("ImportError: x", None, False)
+    assert not failures.repeats(db, trial, first)  # one launch is no pattern
+    second = launch_and_fail(layout, db, trial, traceback_of("ImportError: y"))
+    assert not failures.repeats(db, trial, second)  # a different message
+    third = launch_and_fail(layout, db, trial, traceback_of("ImportError: y"))
+    assert failures.repeats(db, trial, third)
+    # A launch in between that did not fail (paused) breaks the run.
+    db.log_event("trial_launched", experiment_id=trial.experiment_id, trial_id=trial.id)
+    fourth = launch_and_fail(layout, db, trial, traceback_of("ImportError: y"))
+    assert not failures.repeats(db, trial, fourth)
+    # A launch that printed no traceback (killed, say) is not recorded as a failure.
+    assert launch_and_fail(layout, db, trial, "Killed\n") is None
+
+
+def test_a_trial_that_trained_is_never_judged_to_repeat(layout, db):
+    trial = recorded_trial(layout, db)
+    db.record_metrics(trial.id, "training", 4, {"loss": 1.0})
+    for _ in range(3):
+        failure = launch_and_fail(layout, db, trial, traceback_of("RuntimeError: data"))
+        assert failure.trained and not failures.repeats(db, db.trial(trial.id), failure)
+
+
+def test_the_experiment_says_in_one_line_when_every_trial_failed_alike(layout, db):
+    trial = recorded_trial(layout, db)
+    launch_and_fail(layout, db, trial, traceback_of("ImportError: z"))
+    db.update_trial(trial.id, state="ERROR", error="long story")
+    failed = [db.trial(trial.id)]
+    assert failures.experiment_error(db, trial.experiment_id, failed) == (
+        "every trial failed the same way before training: ImportError: z")
+    db.record_metrics(trial.id, "training", 4, {"loss": 1.0})
+    launch_and_fail(layout, db, trial, traceback_of("ImportError: z"))  # after training
+    assert failures.experiment_error(db, trial.experiment_id, failed) == "long story"
