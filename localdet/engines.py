@@ -54,7 +54,7 @@ def choose(config: dict, model_dir: Path) -> tuple[str, str]:
         return SINGLE, "one slot"
     environment = {str(k): str(v) for k, v in
                    config["environment"]["environment_variables"].items()}
-    line, why = keras_line.choose(Path(model_dir), environment)
+    line, why = keras_line.choose(Path(model_dir), environment, config)
     keras = "Keras 2" if line == "keras2" else "Keras 3"
     if wanted == "auto":
         if line == "keras3":

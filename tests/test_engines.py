@@ -40,8 +40,9 @@ def config_with(slots: int, engine: str, **environment) -> dict:
 @pytest.mark.parametrize("keras2", [
     {"environment": {"TF_USE_LEGACY_KERAS": "1"}, "source": "import tensorflow as tf\n",
      "reason": "TF_USE_LEGACY_KERAS"},
-    {"environment": {}, "source": "opt = tf.keras.optimizers.legacy.Adam()\n",
-     "reason": "model_def.py uses optimizers.legacy"},
+    {"environment": {},
+     "source": "import tensorflow as tf\nopt = tf.keras.optimizers.legacy.Adam()\n",
+     "reason": "model_def.py:2 uses tf.keras.optimizers.legacy.Adam"},
 ])
 def test_several_slots_under_keras_2_run_one_process_per_slot(tmp_path, keras2, monkeypatch):
     folder = model_dir(tmp_path, keras2["source"])
