@@ -375,6 +375,14 @@ class Daemon:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
         failure = failures.record(self.db, self.layout, trial)
+        if failure and experiment.kind != "job" and failures.invalid_hparams(failure):
+            # Determined closed such a trial at once and let the search go on.
+            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+                f"{failure.told}\nthe trial raised InvalidHP: its hyperparameters cannot "
+                f"work, so it was not restarted; see {log_path}"))
+            self.log(f"trial {trial.id} raised InvalidHP: {failure.signature}")
+            self._searching(experiment, self.search.exited_early, experiment, trial)
+            return
         # A job trains no batches, so its failures would all look alike: it keeps its restarts.
         if failure and experiment.kind != "job" and failures.repeats(self.db, trial, failure):
             self._fail_fast(trial, experiment, failure, how)

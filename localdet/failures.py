@@ -59,6 +59,13 @@ def repeats(db: StateDB, trial: Trial, failure: launcher.Failure) -> bool:
     return previous["signature"] == failure.signature and not previous["trained"]
 
 
+def invalid_hparams(failure: launcher.Failure) -> bool:
+    """The trial raised `determined.InvalidHP`: its hyperparameters cannot work, so no
+    restart can help (a trial class reports the bare name, a script's traceback the full
+    one)."""
+    return failure.signature.split(":", 1)[0] in ("InvalidHP", "determined.errors.InvalidHP")
+
+
 def import_failure_for_all(db: StateDB, experiment_id: int, failure: launcher.Failure) -> bool:
     """A failure at import is the model folder's, hence every trial's: unless one trial of
     the experiment got past it and trained."""

@@ -109,9 +109,19 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
         # 5. A legacy optimizer argument under Keras 3: the error is about the Keras line.
         home.cli("submit", experiment(tmp_path, "keras-line", max_restarts=3),
                  model_folder(tmp_path / "keras", build="tf.keras.optimizers.Adam(lr=0.1)"))
+        # 6. A grid whose widest trial raises det.InvalidHP: it alone ends, at once.
+        home.cli("submit", experiment(
+            tmp_path, "invalid-hp", max_restarts=3,
+            hyperparameters={"global_batch_size": 8,
+                             "width": {"type": "categorical", "vals": [2, 9]}},
+            searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
+            model_folder(tmp_path / "invalid", build=(
+                "if self.context.get_hparam('width') > 4: "
+                "raise det.InvalidHP('width 9 does not fit the data')"),
+                extra="import determined as det"))
         ids = {name: home.experiment_named(name)["id"] for name in
                ("import-fails", "setup-fails", "script-fails", "fails-after-training",
-                "keras-line")}
+                "keras-line", "invalid-hp")}
         facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
         status = home.cli("status", ids["import-fails"]).stdout
         listing = home.cli("status").stdout
@@ -129,7 +139,8 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     assert first["restarts"] == 1 and first["error"].splitlines()[0] == message
     assert search["progress"] == 0.0
     assert message in status and "TF_USE_LEGACY_KERAS" not in status
-    assert "100%" not in listing and "import-fails" in listing
+    (row,) = [line for line in listing.splitlines() if "import-fails" in line]
+    assert "100%" not in row
 
     grid = facts["setup-fails"]
     counts = launches(home, grid["id"])
@@ -153,6 +164,13 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
         for t in run["trials"]:
             if t["id"] in launches(home, run["id"]):
                 assert (t["keras_line"], t["keras_line_reason"]) == ("keras3", "the default")
+
+    invalid = facts["invalid-hp"]
+    by_width = {t["hparams"]["width"]: t for t in invalid["trials"]}
+    assert invalid["state"] == "COMPLETED" and by_width[2]["state"] == "COMPLETED"
+    assert by_width[9]["state"] == "ERROR" and by_width[9]["restarts"] == 0
+    assert launches(home, invalid["id"])[by_width[9]["id"]] == 1
+    assert by_width[9]["error"].splitlines()[0] == "InvalidHP: width 9 does not fit the data"
 
     keras = facts["keras-line"]
     (trial,) = keras["trials"]

@@ -39,8 +39,8 @@ class CheckpointNotFound(Exception):
 
 class InvalidHP(Exception):
     """Raise it from a trial to say that its hyperparameters cannot work. localdet ends
-    the trial as errored with this message in its log (a failure repeated on two launches
-    is not restarted again); the search goes on with the other trials."""
+    the trial as errored at once, without its restarts, with this message; the search goes
+    on with the other trials."""
 
     def __init__(self, msg: str = "...") -> None:
         super().__init__(msg)
