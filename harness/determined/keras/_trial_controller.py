@@ -254,8 +254,6 @@ class TrialController:
             self._set_length_from_epochs()
         try:
             self._train(state)
-            if not self.paused:
-                self._finish()
         finally:
             self.train_stream.close()
             _data.close_workers()
@@ -281,12 +279,13 @@ class TrialController:
         return self.distributed.broadcast(value) if self.distributed.size > 1 else value
 
     def _finish(self) -> None:
-        # Training may have stopped early (set_stop_requested, EarlyStopping); whatever
-        # happened, the trial ends validated and checkpointed where it stopped.
-        if self.last_validation != self.batches_trained:
-            self.validate()
+        # Whatever ended training (the length, a stop request, a restart with nothing left
+        # to train), the trial ends checkpointed and validated where it stopped; at the end
+        # of its length Determined checkpoints before it validates.
         if self.last_checkpoint != self.batches_trained:
             self.checkpoint()
+        if self.last_validation != self.batches_trained:
+            self.validate()
 
     def _train(self, state: Optional[Dict[str, Any]]) -> None:
         dataset = self.train_stream.dataset
@@ -314,24 +313,48 @@ class TrialController:
             callbacks = tf.keras.callbacks.CallbackList(
                 self.user_callbacks, add_history=True, add_progbar=bool(verbose),
                 model=self.model, verbose=verbose, epochs=1, steps=max(remaining, 0))
+        self.model.stop_training = False
+        callbacks.on_train_begin()
+        # Saved callback states go in only now: Keras's own callbacks reset themselves in
+        # on_train_begin, and it must not undo a resumed trial's state (Determined's order).
         if state:
-            for callback, saved in zip(self.user_callbacks, state["callbacks"]):
-                if saved is not None and hasattr(callback, "load_state"):
-                    callback.load_state(saved)
-        if remaining <= 0:
-            return
+            self._load_callback_states(state["callbacks"])
+        if remaining > 0:
+            self._train_batches(callbacks, per_epoch)
+        if not self.paused:
+            self._finish()
+        callbacks.on_train_end()
+
+    def _load_callback_states(self, saved_states: List[Any]) -> None:
+        for callback, saved in zip(self.user_callbacks, saved_states):
+            if saved is not None and hasattr(callback, "load_state"):
+                callback.load_state(saved)
+
+    def _train_batches(self, callbacks: Any, per_epoch: int) -> None:
+        """The batches up to the target, a pause or a stop. An epoch and a workload begin
+        only when their first batch is about to train (epoch first), so none begins that
+        trains nothing; an epoch ends after its last batch, before that workload's end."""
         self.model.make_train_function()
         train_step = self.model.train_function
-        self.model.stop_training = False
         self.model.reset_metrics()
-        callbacks.on_train_begin()
-        self._begin_workload()
-        # A resumed fit is inside an epoch that began in another process; Keras's own
-        # callbacks (the progress bar) need its on_epoch_begin all the same.
-        if per_epoch and (self.batches_trained % per_epoch == 0 or self.fit):
-            callbacks.on_epoch_begin(self.epochs_completed)
+        if self.fit:
+            # A resumed fit is inside an epoch that began in another process; Keras's own
+            # callbacks (the progress bar) need its on_epoch_begin all the same.
+            want_epoch_begin = bool(per_epoch)
+        elif per_epoch:  # every records_per_epoch; mid-epoch, the epoch began before the pause
+            want_epoch_begin = self.batches_trained % per_epoch == 0
+        else:  # no records_per_epoch: one epoch that never ends
+            want_epoch_begin = self.batches_trained == 0
+        want_workload_begin = True
         step = 0
-        while self.batches_trained < self.target and not self.model.stop_training:
+        logs: Dict[str, Any] = {}
+        while self.batches_trained < self.target:
+            if want_epoch_begin:
+                callbacks.on_epoch_begin(self.epochs_completed)
+                want_epoch_begin = False
+            if want_workload_begin:
+                self._begin_workload()
+                want_workload_begin = False
             batch = self.batches_trained % per_epoch if self.fit and per_epoch else step
             callbacks.on_train_batch_begin(batch)
             logs = train_step(self.iterator)
@@ -344,17 +367,21 @@ class TrialController:
                 epoch_logs = self._epoch_logs(logs) if self.fit else {}
                 callbacks.on_epoch_end(self.epochs_completed, epoch_logs)
                 self.epochs_completed += 1
-                if self.batches_trained < self.target and not self.model.stop_training:
-                    callbacks.on_epoch_begin(self.epochs_completed)
+                want_epoch_begin = True
+            if self.model.stop_training:
+                # As under Determined, a callback's stop_training is a stop request: the
+                # workload ends (at once on one process; at its boundary on several, where
+                # the ranks agree) and the trial stops there.
+                self.model.stop_training = False
+                self.context.set_stop_requested(True)
             if self.is_boundary(self.batches_trained):
                 self.end_workload(logs)
-                if self.paused:
+                want_workload_begin = True
+                if self.paused or self.model.stop_training:
                     break
-                self._begin_workload()
         if self.fit and not self.paused and per_epoch and self.batches_trained % per_epoch:
             # Training ended inside an epoch: that partial epoch still gets its History row.
             callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(logs, always=True))
-        callbacks.on_train_end()
 
     def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
         """An epoch's end as `model.fit` reports it: training metrics, plus validation
@@ -406,7 +433,10 @@ class TrialController:
         stop = self._agreed(self.context.get_stop_requested())
         self.context.set_stop_requested(stop)
         finished = batches_trained >= self.target or stop
-        if ((finished or self._due(batches_trained, self.validation_period))
+        # Determined's order: a validation due by its period, then a checkpoint due (by its
+        # period, a pause or the end); an end of training not due a validation checkpoints
+        # first (_finish then validates).
+        if (self._due(batches_trained, self.validation_period)
                 and self.last_validation != batches_trained):
             self.validate()
         self.paused = self._agreed(not finished and self.reporter.should_pause())

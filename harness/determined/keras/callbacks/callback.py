@@ -44,20 +44,48 @@ class Callback(tf.keras.callbacks.Callback):
       `ReduceLROnPlateau` do not work right here: use `determined.keras.callbacks`'s
       `EarlyStopping` and `ReduceLROnPlateau` (also named `ReduceLRScheduler`), which
       decide on each `on_test_end` (how often: `min_validation_period`) and survive pauses.
+
+    The order of calls in a `TFKerasTrial`, as Determined makes them. A trial runs in one
+    or more processes (one, plus one after each pause or restart); in each process:
+
+    1. `set_model`, then `on_train_begin` once; then, only if the process resumes from a
+       checkpoint, `load_state` with what `get_state` returned. `load_state` comes AFTER
+       `on_train_begin`, so whatever `on_train_begin` resets, the saved state wins.
+    2. Training goes in workloads. Right before the first batch of a workload,
+       `on_epoch_begin(epoch)` if that batch starts an epoch, then
+       `on_train_workload_begin`. Nothing begins that trains no batch: a process that
+       pauses or ends at an epoch's or workload's end never begins the next one.
+    3. After the last batch of an epoch: `on_epoch_end(epoch, {})`. After the last batch of
+       a workload (after `on_epoch_end` when both end there): `on_train_workload_end`.
+       Without `records_per_epoch`, `on_epoch_begin(0)` comes once, before the trial's
+       first batch, and no epoch ever ends. A resumed process continues the epoch the
+       pause interrupted: no second `on_epoch_begin` for it.
+    4. After a workload's end, when due: a validation (`on_test_begin`, the
+       `on_test_batch_*` hooks, then `on_test_end` with the `val_` metrics), then a
+       checkpoint. A checkpoint first collects every `get_state`, then writes the files,
+       then calls `on_checkpoint_end(checkpoint_dir)` (on the chief process only). A pause
+       checkpoints where training stopped. At the end of the trial's length (or a stop
+       request) a checkpoint that is not yet written comes before a validation that is
+       not yet made.
+    5. `on_train_end` last, once per process: at the trial's end, and also at every pause.
+
+    Setting `self.model.stop_training = True` (or `context.set_stop_requested(True)`)
+    stops the trial at the end of the current workload, through step 4 and 5.
     """
 
     def get_state(self) -> Any:
         """A picklable object representing this callback's state, saved in every checkpoint.
 
         When the trial continues from that checkpoint, a fresh instance of this callback
-        receives the same object through `load_state`, before `on_train_begin`.
+        receives the same object through `load_state`, right after `on_train_begin`.
         """
         return None
 
     def load_state(self, state: Any) -> None:
         """Restore what `get_state` returned when the checkpoint was written.
 
-        Called after `set_model` and before `on_train_begin` on a resumed trial.
+        Called on a resumed trial right after `on_train_begin`, before any batch,
+        validation or checkpoint of that process.
         """
 
     def on_checkpoint_end(self, checkpoint_dir: str) -> None:

@@ -1,0 +1,141 @@
+"""Determined's callback contract (the `determined.keras.callbacks.Callback` docstring),
+checked by the order-checking callback in tests/trials/callback_order/: it raises at any
+illegal transition and, at the trial's end, checks every count against the schedule."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import Daemon, start_trial, wait_for
+
+MODEL = Path(__file__).parent / "trials" / "callback_order"
+sys.path.insert(0, str(MODEL))
+
+from order_check import ContractBroken, OrderCheck, Schedule  # noqa: E402
+
+
+def config(**overrides) -> dict:
+    raw = yaml.safe_load((MODEL / "const.yaml").read_text())
+    raw.update(overrides)
+    return raw
+
+
+def schedule() -> Schedule:
+    raw = config()
+    return Schedule(target=raw["searcher"]["max_length"]["batches"],
+                    scheduling_unit=raw["scheduling_unit"],
+                    validation_period=raw["min_validation_period"]["batches"],
+                    checkpoint_period=raw["min_checkpoint_period"]["batches"],
+                    batches_per_epoch=raw["records_per_epoch"]
+                    // raw["hyperparameters"]["global_batch_size"])
+
+
+def test_the_schedule_the_config_implies():
+    s = schedule()
+    assert s.boundaries == [5, 8, 10, 12, 15, 16, 20, 24]
+    assert s.validations == {8, 16, 24} and s.periodic_checkpoints == {12, 24}
+    assert (s.epochs_begun, s.epochs_ended) == (3, 2)
+
+
+def test_the_checker_refuses_the_orders_determined_never_makes():
+    resumed = OrderCheck(schedule())
+    with pytest.raises(ContractBroken, match="right after on_train_begin"):
+        resumed.load_state(OrderCheck(schedule()).saved)  # before on_train_begin
+
+    early = OrderCheck(schedule())
+    early.on_train_begin()
+    with pytest.raises(ContractBroken, match="outside an epoch"):
+        early.on_train_workload_begin(0, 5, {})  # the workload before its epoch
+
+    idle = OrderCheck(schedule())
+    idle.on_train_begin()
+    idle.on_epoch_begin(0)
+    idle.on_train_workload_begin(0, 5, {})
+    with pytest.raises(ContractBroken, match="trained nothing"):
+        idle.on_train_end()  # a workload began right before on_train_end
+
+
+def run_in_process(tmp_path, pause_at=()):
+    """The trial in this process, paused (and resumed in a fresh controller) at the given
+    workload boundaries; returns the number of processes it took."""
+    from determined.keras._trial_controller import TrialController
+    from model_def import CallbackOrderTrial
+    from test_exact_resume import PausingReporter
+
+    raw = config()
+    fields = {k: v for k, v in raw.items()
+              if k not in ("name", "entrypoint", "searcher", "hyperparameters")}
+    _, _, reporter, _ = start_trial(tmp_path, raw["searcher"]["max_length"]["batches"],
+                                    hparams=raw["hyperparameters"], **fields)
+    pausing = PausingReporter(reporter, set(pause_at))
+    processes = 0
+    while True:
+        processes += 1
+        controller = TrialController.for_trial_class(
+            CallbackOrderTrial, reporter.trial_info(), pausing)
+        controller.run()  # the checker raises out of here on any breach
+        if not controller.paused:
+            return processes
+
+
+@pytest.mark.parametrize("pause_at", [(), (5, 12), (10, 20), (8, 15)],
+                         ids=["straight", "mid-epoch-and-at-a-checkpoint",
+                              "at-epoch-ends", "at-a-validation-and-mid-epoch"])
+def test_the_contract_holds_in_process(tmp_path, pause_at):
+    assert run_in_process(tmp_path, pause_at) == len(pause_at) + 1
+
+
+# -- under the daemon, both Keras lines ------------------------------------------------------
+def submit(home, tmp_path, name, keras2, batch_sleep=0.0):
+    raw = config(name=name)
+    raw["hyperparameters"]["batch_sleep"] = batch_sleep
+    if keras2:
+        raw["environment"] = {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    home.cli("submit", path, MODEL)
+    return home.experiment_named(name)["id"]
+
+
+def trial(home, experiment_id) -> dict:
+    return home.experiment(experiment_id)["trials"][0]
+
+
+def pause_and_resume(home, experiment_id, after_batches):
+    wait_for(lambda: trial(home, experiment_id)["batches_trained"] >= after_batches, 300,
+             f"experiment {experiment_id} to train {after_batches} batches")
+    home.cli("pause", experiment_id)
+    wait_for(lambda: trial(home, experiment_id)["state"] == "PAUSED", 120,
+             f"experiment {experiment_id} to pause")
+    stopped_at = trial(home, experiment_id)["batches_trained"]
+    home.cli("resume", experiment_id)
+    return stopped_at
+
+
+@pytest.mark.slow
+def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp_path):
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        paused = {line: submit(home, tmp_path, f"paused-{line}", line == "keras2",
+                               batch_sleep=0.4) for line in ("keras3", "keras2")}
+        straight = {line: submit(home, tmp_path, f"straight-{line}", line == "keras2")
+                    for line in ("keras3", "keras2")}
+        stops = {}
+        for line, experiment_id in paused.items():
+            first = pause_and_resume(home, experiment_id, 1)
+            second = pause_and_resume(home, experiment_id, first + 1)
+            stops[line] = (first, second)
+        ended = {name: home.wait_until_ended(experiment_id)
+                 for name, experiment_id in [*paused.items(), *straight.items()]}
+    finally:
+        daemon.stop()
+    for name, facts in ended.items():
+        assert facts["state"] == "COMPLETED", (name, facts)
+    for line, (first, second) in stops.items():
+        assert 0 < first < second < 24, (line, first, second)
+        log = home.cli("logs", trial(home, paused[line])["id"]).stdout
+        assert "callback contract held: 3 processes" in log, log[-2000:]
