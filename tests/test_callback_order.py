@@ -105,15 +105,21 @@ def trial(home, experiment_id) -> dict:
     return home.experiment(experiment_id)["trials"][0]
 
 
-def pause_and_resume(home, experiment_id, after_batches):
-    wait_for(lambda: trial(home, experiment_id)["batches_trained"] >= after_batches, 300,
-             f"experiment {experiment_id} to train {after_batches} batches")
-    home.cli("pause", experiment_id)
-    wait_for(lambda: trial(home, experiment_id)["state"] == "PAUSED", 120,
-             f"experiment {experiment_id} to pause")
-    stopped_at = trial(home, experiment_id)["batches_trained"]
-    home.cli("resume", experiment_id)
-    return stopped_at
+def pause_and_resume(home, experiment_ids, after_batches):
+    """Pause the experiments once each has trained `after_batches[id]` batches, then resume
+    them; returns where each stopped."""
+    stopped = {}
+    for experiment_id in experiment_ids:
+        wait_for(lambda: trial(home, experiment_id)["batches_trained"]
+                 >= after_batches[experiment_id], 300,
+                 f"experiment {experiment_id} to train {after_batches[experiment_id]} batches")
+        home.cli("pause", experiment_id)
+    for experiment_id in experiment_ids:
+        wait_for(lambda: trial(home, experiment_id)["state"] == "PAUSED", 120,
+                 f"experiment {experiment_id} to pause")
+        stopped[experiment_id] = trial(home, experiment_id)["batches_trained"]
+        home.cli("resume", experiment_id)
+    return stopped
 
 
 @pytest.mark.slow
@@ -121,21 +127,20 @@ def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp
     daemon = Daemon(home, "--slots", "2")
     try:
         paused = {line: submit(home, tmp_path, f"paused-{line}", line == "keras2",
-                               batch_sleep=0.4) for line in ("keras3", "keras2")}
+                               batch_sleep=1.0) for line in ("keras3", "keras2")}
         straight = {line: submit(home, tmp_path, f"straight-{line}", line == "keras2")
                     for line in ("keras3", "keras2")}
-        stops = {}
-        for line, experiment_id in paused.items():
-            first = pause_and_resume(home, experiment_id, 1)
-            second = pause_and_resume(home, experiment_id, first + 1)
-            stops[line] = (first, second)
-        ended = {name: home.wait_until_ended(experiment_id)
-                 for name, experiment_id in [*paused.items(), *straight.items()]}
+        ids = list(paused.values())
+        first = pause_and_resume(home, ids, {i: 1 for i in ids})
+        second = pause_and_resume(home, ids, {i: first[i] + 1 for i in ids})
+        ended = {f"{kind}-{line}": home.wait_until_ended(experiment_id)
+                 for kind, ids_by_line in (("paused", paused), ("straight", straight))
+                 for line, experiment_id in ids_by_line.items()}
     finally:
         daemon.stop()
     for name, facts in ended.items():
         assert facts["state"] == "COMPLETED", (name, facts)
-    for line, (first, second) in stops.items():
-        assert 0 < first < second < 24, (line, first, second)
-        log = home.cli("logs", trial(home, paused[line])["id"]).stdout
+    for line, experiment_id in paused.items():
+        assert 0 < first[experiment_id] < second[experiment_id] < 24, line
+        log = home.cli("logs", trial(home, experiment_id)["id"]).stdout
         assert "callback contract held: 3 processes" in log, log[-2000:]
