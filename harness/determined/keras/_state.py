@@ -69,17 +69,37 @@ def _layer_generators(model: Any) -> List[Any]:
     return generators
 
 
-def _keras3_global_seed_generator() -> Any:
+def _keras3_global_seed_generator(create: bool = False) -> Any:
+    """Keras 3's generator behind `keras.random` calls without a seed, or None. It is made
+    on first use and draws its seed from Python's `random` then."""
     try:
         from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
     except ImportError:
         return None
+    if create:
+        return seed_generator.global_seed_generator()
     return global_state.get_global_attribute("global_seed_generator")
 
 
+def _eager_op_seeds() -> Any:
+    """The `random.Random` TensorFlow draws an op seed from for every eager random op
+    given no seed of its own (`tf.random.uniform(shape)` after `tf.random.set_seed`)."""
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_rng", None)
+
+
+def seed_tf_global_generator(seed: int) -> None:
+    """Make TensorFlow's global `tf.random.Generator` from the trial's seed. Made on first
+    use, it would start from a non-deterministic state that no rerun could repeat."""
+    tf.random.set_global_generator(tf.random.Generator.from_seed(seed))
+
+
 def _tf_global_generator() -> Any:
-    """TensorFlow's global `tf.random.Generator` if user code created one, else None:
-    creating it here would draw a seed (and raises under op determinism)."""
+    """TensorFlow's global `tf.random.Generator` if one was made, else None: asking
+    TensorFlow for it would make one from a non-deterministic state (and raises under op
+    determinism)."""
     from tensorflow.python.ops import stateful_random_ops
 
     return getattr(stateful_random_ops, "global_generator", None)
@@ -91,6 +111,7 @@ def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
     keras_seed = _keras3_global_seed_generator()
     return {
         "python_random": random.getstate(),
+        "tf_op_seeds": None if _eager_op_seeds() is None else _eager_op_seeds().getstate(),
         "numpy_random": np.random.get_state(),
         "tf_global_generator": None if generator is None else generator.state.numpy(),
         "keras_global_seed": None if keras_seed is None else keras_seed.state.numpy(),
@@ -105,13 +126,20 @@ def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
 
 
 def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
+    # A generator the checkpointed process had already made must exist here too, or it
+    # would be made on first use after the resume and draw from `random` then (Keras 3's
+    # global seed generator): made first, before `random` gets its state back.
+    if state["keras_global_seed"] is not None:
+        _keras3_global_seed_generator(create=True).state.assign(state["keras_global_seed"])
+    if state["tf_global_generator"] is not None:
+        if _tf_global_generator() is None:
+            seed_tf_global_generator(0)
+        tf.random.get_global_generator().reset(state["tf_global_generator"])
     random.setstate(state["python_random"])
     np.random.set_state(state["numpy_random"])
-    if state["tf_global_generator"] is not None:
-        tf.random.get_global_generator().reset(state["tf_global_generator"])
-    keras_seed = _keras3_global_seed_generator()
-    if keras_seed is not None and state["keras_global_seed"] is not None:
-        keras_seed.state.assign(state["keras_global_seed"])
+    op_seeds = _eager_op_seeds()
+    if state.get("tf_op_seeds") is not None and op_seeds is not None:
+        op_seeds.setstate(state["tf_op_seeds"])
     for variable, value in zip(_non_weight_variables(model), state["model_variables"]):
         variable.assign(value)
     for generator, value in zip(_layer_generators(model), state["layer_generators"]):

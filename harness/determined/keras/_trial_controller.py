@@ -96,6 +96,7 @@ def prepare_process(info: TrialInfo) -> None:
         # can hold; generator-backed layers keep it in variables.
         tf.keras.backend.experimental.enable_tf_random_generator()
     tf.keras.utils.set_random_seed(info.seed)  # Python, NumPy and TensorFlow
+    _state.seed_tf_global_generator(info.seed)
 
 
 def _apply_session_config(config: Any) -> None:
