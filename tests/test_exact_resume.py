@@ -3,6 +3,8 @@ with the same weights and metrics, bit for bit, as the same trial run without a 
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -198,8 +200,88 @@ def test_exact_resume_under_keras_2(tmp_path):
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "linear or DropoutTrial or DatasetTrial or "
+         "-k", "linear or every_generator or DropoutTrial or DatasetTrial or "
                "(SequenceTrial and not ProcessSequenceTrial and not ThreadedSequenceTrial)",
          "--basetemp", str(tmp_path / "keras2")],
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# -- every random generator a trial can reach --------------------------------------------------
+DRAWS: list = []
+
+
+def draw(where, keras_random=True) -> None:
+    """One draw from each generator: Python's, NumPy's, TensorFlow's eager ops without a seed
+    of their own (op seeds from the global seed), TensorFlow's global tf.random.Generator and,
+    under Keras 3, keras.random without a seed (Keras's global seed generator: one per
+    thread, so only the main thread's resumes; a Sequence is read in tf.data's threads)."""
+    from determined.keras._trial_controller import keras_line
+
+    values = [random.random(), float(np.random.rand()), float(tf.random.uniform(())),
+              float(tf.random.get_global_generator().normal(()))]
+    if keras_random and keras_line() == "keras3":
+        import keras as keras3
+
+        values.append(float(keras3.random.uniform(())))
+    DRAWS.append((where, values))
+
+
+class DrawingSequence(DigitsSequence):
+    def __getitem__(self, index):
+        draw("sequence", keras_random=False)
+        return super().__getitem__(index)
+
+
+class DrawingTrial(DropoutTrial):
+    """Draws from every generator in each place a trial's code runs."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        # Read in step with training, not ahead of it (see the test below).
+        context.configure_fit(workers=0)
+        draw("__init__")
+
+    def build_model(self):
+        draw("build_model")
+        return super().build_model()
+
+    def build_training_data_loader(self):
+        draw("build_training_data_loader")
+        return DrawingSequence()
+
+    def keras_callbacks(self):
+        class DrawEveryBatch(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                draw("on_train_batch_end")
+
+            def on_train_workload_end(self, total_batches_trained, logs):
+                draw("on_train_workload_end")
+
+            def on_test_end(self, logs=None):
+                draw("on_test_end")
+
+        return [DrawEveryBatch()]
+
+
+def test_every_generator_draws_after_a_resume_what_it_would_have_drawn_never_paused(tmp_path):
+    """Each process starts from the trial's seed, so the code run once per process
+    (__init__, build_model, the loaders) draws the same in every process; everything after
+    the restore continues the checkpointed states. Draws inside a Sequence that is read ahead
+    of training (workers >= 1) cannot resume: the reader has drawn for batches the
+    checkpoint does not hold yet."""
+    config = dict(scheduling_unit=5, min_validation_period={"batches": 10},
+                  hyperparameters={"global_batch_size": 16}, records_per_epoch=400)
+    DRAWS.clear()
+    run(DrawingTrial, tmp_path / "straight", target=30, **config)
+    straight = list(DRAWS)
+    DRAWS.clear()
+    run(DrawingTrial, tmp_path / "paused", target=30, pause_at=(5, 20), **config)
+    paused = list(DRAWS)
+
+    once_per_process = ("__init__", "build_model", "build_training_data_loader")
+    setup = [d for d in straight if d[0] in once_per_process]
+    assert [d for d in paused if d[0] in once_per_process] == setup * 3
+    after = [d for d in straight if d[0] not in once_per_process]
+    assert len(after) > 60
+    assert [d for d in paused if d[0] not in once_per_process] == after
