@@ -62,9 +62,12 @@ def test_the_checker_refuses_the_orders_determined_never_makes():
 def run_in_process(tmp_path, pause_at=()):
     """The trial in this process, paused (and resumed in a fresh controller) at the given
     workload boundaries; returns the number of processes it took."""
+    import determined as det
     from determined.keras._trial_controller import TrialController
-    from model_def import CallbackOrderTrial
     from test_exact_resume import PausingReporter
+
+    with det.import_from_path(MODEL):  # other tests import other folders' model_def
+        from model_def import CallbackOrderTrial
 
     raw = config()
     fields = {k: v for k, v in raw.items()

@@ -87,7 +87,7 @@ def keras_version_hint(error: BaseException, line: str) -> str:
 
 def _current_keras_line() -> str:
     try:
-        from determined.keras._trial_controller import keras_line
+        from determined.keras._line import keras_line
         return keras_line()
     except Exception:  # TensorFlow itself does not import: say what localdet chose
         return "keras2" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras3"
@@ -110,6 +110,9 @@ def _trained(stage: str, info, controller) -> Optional[bool]:
 
 
 def main() -> int:
+    from determined.exec import keras_alias
+
+    keras_alias.install()  # before anything imports `keras`
     from determined.core import reporter_from_environment
 
     reporter = reporter_from_environment()

@@ -26,6 +26,7 @@ import yaml
 from determined.core import TrialInfo, TrialReporter
 from determined.keras import _data, _engine, _sharding, _state
 from determined.keras._context import TFKerasTrialContext
+from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
 
 MODEL_FILENAME = "determined-keras-model.h5"
@@ -36,13 +37,6 @@ log = logging.getLogger("determined.keras")
 
 class TrialError(Exception):
     """The user's trial code did something localdet cannot run; the message says what."""
-
-
-def keras_line() -> str:
-    """"keras2" (tf-keras, or TensorFlow before 2.16) or "keras3"."""
-    # TensorFlow before 2.16 has Keras 2 only, without a __version__ of its own.
-    version = getattr(tf.keras, "__version__", None) or tf.__version__
-    return "keras2" if version.startswith("2.") else "keras3"
 
 
 class _ValidationHooks(tf.keras.callbacks.Callback):
