@@ -179,10 +179,11 @@ def test_a_second_daemon_on_the_same_home_refuses_to_start(state):
 
 
 def test_a_determined_keras2_trial_folder_runs_unchanged(state):
-    """Determined's iris example: legacy RMSprop(lr=, decay=), launcher-form entrypoint, no
-    Keras line named in its config: localdet sees the Keras 2 code and runs it there."""
+    """Our Determined-style iris example: legacy RMSprop(lr=, decay=), launcher-form
+    entrypoint, no Keras line named in its config: localdet sees the Keras 2 code and runs
+    it there."""
     home, _, _, _ = state
-    iris = EXAMPLE.parent / "iris_determined"
+    iris = EXAMPLE.parent / "iris_keras2"
     submitted = home.cli("submit", iris / "const.yaml", iris)
     assert "environment.image" in submitted.stderr
     facts = home.wait_until_ended(home.experiment_named("iris_const")["id"])
