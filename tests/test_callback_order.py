@@ -12,7 +12,7 @@ import yaml
 
 from conftest import Daemon, start_trial, wait_for
 
-MODEL = Path(__file__).parent / "trials" / "callback_order"
+MODEL = Path(__file__).parent / "compat" / "callback_order"
 sys.path.insert(0, str(MODEL))
 
 from order_check import ContractBroken, OrderCheck, Schedule  # noqa: E402

@@ -1,0 +1,120 @@
+"""The compatibility suite: model folders in tests/compat/ written the way Determined's
+users wrote them (annotated loaders, `context.env`, every data form, custom objects, legacy
+optimizers in every spelling), each submitted unchanged to a real daemon, under both Keras
+lines where the code allows; then their checkpoints loaded back the way a downstream script
+loads them. (The order-checking callback's folder has its own file: test_callback_order.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import Daemon
+
+COMPAT = Path(__file__).parent / "compat"
+LEGACY = COMPAT / "legacy_optimizers"
+# Entry module -> the Keras line its own imports call for.
+LEGACY_ENTRIES = {"from_import": "keras2", "attribute_chain": "keras2",
+                  "keras_package": "keras2", "tf_keras_package": "keras2", "current": "keras3"}
+
+
+def submit(home, tmp_path, folder: Path, config_file: str, keras2: bool = False) -> int:
+    raw = yaml.safe_load((folder / config_file).read_text())
+    if keras2:
+        raw["name"] += "-keras2"
+        raw["environment"] = {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}
+    path = tmp_path / f"{raw['name']}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    home.cli("submit", path, folder)
+    return home.experiment_named(raw["name"])["id"]
+
+
+def custom_objects_data():
+    sys.path.insert(0, str(COMPAT / "custom_objects"))
+    try:
+        from model_def import make_data
+    finally:
+        sys.path.pop(0)
+    return make_data(seed=1, rows=128)
+
+
+LOAD_AND_EVALUATE = """
+import json, sys
+import numpy as np
+from determined.keras import load_model_from_checkpoint_path
+x, y = np.load(sys.argv[2])["x"], np.load(sys.argv[2])["y"]
+model = load_model_from_checkpoint_path(sys.argv[1])
+print(json.dumps(model.evaluate(x, y, verbose=0, return_dict=True)))
+"""
+
+
+def evaluate_in(line: str, folder: Path, data: Path) -> dict:
+    """The exported checkpoint loaded and evaluated in a fresh process of `line`."""
+    env = {"TF_USE_LEGACY_KERAS": "1" if line == "keras2" else "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, "-c", LOAD_AND_EVALUATE, str(folder), str(data)],
+                            env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home, tmp_path):
+    daemon = Daemon(home, "--slots", "2")
+    try:
+        custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml",
+                               keras2=line == "keras2") for line in ("keras3", "keras2")}
+        forms = submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml")
+        legacy = {entry: submit(home, tmp_path, LEGACY, f"{entry}.yaml")
+                  for entry in LEGACY_ENTRIES}
+        ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
+                 for experiment_id in [*custom.values(), forms, *legacy.values()]}
+    finally:
+        daemon.stop()
+    for facts in ended.values():
+        assert facts["state"] == "COMPLETED", facts
+        assert all(t["state"] == "COMPLETED" for t in facts["trials"]), facts["trials"]
+
+    # Every data form trained and validated.
+    trials = ended[forms]["trials"]
+    assert sorted(t["hparams"]["data_form"] for t in trials) == sorted(
+        yaml.safe_load((COMPAT / "data_forms" / "grid.yaml").read_text())
+        ["hyperparameters"]["data_form"]["vals"])
+    for t in trials:
+        assert t["batches_trained"] == 40 and t["latest_validation"]["val_accuracy"] > 0.5, t
+
+    # Each spelling of a legacy optimizer chose Keras 2 for its own file; the rest Keras 3.
+    for entry, line in LEGACY_ENTRIES.items():
+        trial = ended[legacy[entry]]["trials"][0]
+        assert trial["keras_line"] == line, (entry, trial)
+        if line == "keras2":
+            assert f"{entry}.py" in trial["keras_line_reason"], (entry, trial)
+        else:
+            assert trial["keras_line_reason"] == "the default", (entry, trial)
+
+    # Custom layer, loss and metric: each line's checkpoint loads compiled, in each line,
+    # and evaluates to the validation metrics the trial recorded.
+    x, y = custom_objects_data()
+    data = tmp_path / "validation.npz"
+    np.savez(data, x=x, y=y)
+    for trained_under, experiment_id in custom.items():
+        trial = ended[experiment_id]["trials"][0]
+        assert trial["keras_line"] == trained_under
+        uuid = home.json("checkpoints", experiment_id)[-1]["uuid"]
+        folder = tmp_path / f"checkpoint-{trained_under}"
+        home.cli("checkpoint", "export", uuid, folder)
+        recorded = trial["latest_validation"]
+        for loaded_under in ("keras3", "keras2"):
+            metrics = evaluate_in(loaded_under, folder, data)
+            assert metrics["loss"] == pytest.approx(recorded["val_loss"], rel=1e-4), \
+                (trained_under, loaded_under, metrics, recorded)
+            assert metrics["within_half"] == pytest.approx(recorded["val_within_half"],
+                                                           abs=1e-6)
