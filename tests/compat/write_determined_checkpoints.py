@@ -1,11 +1,12 @@
-"""Write checkpoints of the custom-objects trial the way Determined's versions wrote them,
+"""Write checkpoints of two compat trials the way Determined's versions wrote them,
 for the loader's tests: `TF_USE_LEGACY_KERAS=1 python write_determined_checkpoints.py OUT`.
 
 Determined ran Keras 2 only, so this runs under Keras 2 and trains with a plain `fit`:
 - OUT/0.13.7: a lone `determined-keras-model.h5` (`model.save` in HDF5).
 - OUT/0.17.7: the weights as a TensorFlow checkpoint (`save_weights(..., save_format="tf")`
-  to the prefix `determined-keras-model-weights`), the model folder as `code/`, and the `metadata.json` that `Checkpoint.download()` wrote
-  (framework, format "saved_weights", experiment config, hyperparameters).
+  to the prefix `determined-keras-model-weights`), the model folder as `code/`, and the
+  `metadata.json` that `Checkpoint.download()` wrote (framework, format "saved_weights",
+  experiment config, hyperparameters).
 - OUT/0.38.0: the same weights and code with a `load_data.json` (trial type, experiment
   config, hyperparameters, trial class) and no metadata.json.
   (The optimizer's weights, for resuming training, are left out: loading never reads them.)

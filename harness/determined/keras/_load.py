@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from determined.exec.run_trial import exception_line
 from determined.keras._checkpoint_formats import (
     CheckpointFormatError,
     SavedCheckpoint,
@@ -70,9 +71,12 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
         model = _build_trial_model(saved)
     except Exception as error:
         if saved.keras_line in (None, line):
-            raise CheckpointLoadError(
-                f"building the model of '{saved.trial_spec}' from the checkpoint's code "
-                f"failed: {_first_line(error)}") from error
+            if saved.whole_model is None:
+                raise CheckpointLoadError(
+                    f"building the model of '{saved.trial_spec}' from the checkpoint's code "
+                    f"failed: {exception_line(error)}") from error
+            # The code cannot build it (a class renamed since, say): the .h5 can.
+            return _whole_model(saved, saved.whole_model, line)
         # The trial's code needs the line that trained it.
         with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
             h5_path = Path(scratch) / "model.h5"
@@ -85,15 +89,10 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     except (WeightsMismatch, ValueError) as error:
         raise CheckpointLoadError(
             f"the checkpoint's weights do not fit the model '{saved.trial_spec}' builds "
-            f"under {line} ({_first_line(error)}); load it with the Keras line that trained it "
+            f"under {line} ({exception_line(error)}); load it with the Keras line that trained it "
             f"({saved.keras_line or 'keras2'}): {_switch(saved.keras_line or 'keras2')}") \
             from error
     return model
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _switch(line: str) -> str:
@@ -182,7 +181,7 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
                 "the custom layers, losses and metrics the model uses" if unknown
                 else _switch(saved.keras_line or "keras2"))
         raise CheckpointLoadError(f"the model in '{h5_path}' cannot be rebuilt here "
-                                  f"({_first_line(error)}); {hint}") from error
+                                  f"({exception_line(error)}); {hint}") from error
     if compiled and saved.keras_line == line:
         # The same line saved the optimizer's state; continue training from it.
         with contextlib.suppress(RuntimeError, ValueError, KeyError):

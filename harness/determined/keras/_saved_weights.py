@@ -78,32 +78,34 @@ def _load_keras2_tf_checkpoint(model: Any, prefix: Path) -> None:
         variable.assign(value)
 
 
-def _plain(entry: Any, custom: Dict[str, Any]) -> Any:
+def _plain(entry: Any, custom: Dict[str, Any], kind: Any) -> Any:
     """A loss or metric as the `.h5` recorded it, in a form `compile` takes under either
     line: a custom object from the trial's code or the caller's `custom_object_scope`, the
-    name of a built-in function, or the object a class entry describes."""
+    name of a built-in function, or the object a class entry describes (`kind`:
+    `tf.keras.losses` or `tf.keras.metrics`, where a class name is looked up first)."""
     if entry is None:
         return None
     if isinstance(entry, str):
         found = tf.keras.utils.get_registered_object(entry, custom)
         return (found() if inspect.isclass(found) else found) if found is not None else entry
     if isinstance(entry, list):
-        return [_plain(e, custom) for e in entry]
+        return [_plain(e, custom, kind) for e in entry]
     if isinstance(entry, dict) and "class_name" in entry:
         config = entry.get("config")
         if entry["class_name"] == "function":  # Keras 3: a built-in by name
             return _plain(config if isinstance(config, str) else entry.get("registered_name"),
-                          custom)
+                          custom, kind)
         if entry["class_name"] == "MeanMetricWrapper" and isinstance(config, dict):
-            return _plain(config.get("fn") or config.get("name"), custom)  # Keras 2
+            return _plain(config.get("fn") or config.get("name"), custom, kind)  # Keras 2
         name = entry["class_name"]
+        other = tf.keras.metrics if kind is tf.keras.losses else tf.keras.losses
         cls = tf.keras.utils.get_registered_object(name, custom) or \
-            getattr(tf.keras.metrics, name, None) or getattr(tf.keras.losses, name, None)
+            getattr(kind, name, None) or getattr(other, name, None)
         if not inspect.isclass(cls):
             raise ValueError(f"Unknown object '{name}' among the compiled losses and metrics")
         return cls.from_config(config) if isinstance(config, dict) else cls()
     if isinstance(entry, dict):  # per-output, by output name
-        return {name: _plain(value, custom) for name, value in entry.items()}
+        return {name: _plain(value, custom, kind) for name, value in entry.items()}
     return entry
 
 
@@ -135,13 +137,13 @@ def compile_as_saved(model: Any, h5_path: Path, custom: Dict[str, Any]) -> bool:
     if raw is None:
         return False
     config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-    metrics = _plain(config.get("metrics"), custom)
+    metrics = _plain(config.get("metrics"), custom, tf.keras.metrics)
     # Keras 2 records one list of metrics per output.
     if isinstance(metrics, list) and len(metrics) == 1 and isinstance(metrics[0], list) \
             and len(model.outputs) == 1:
         metrics = metrics[0]
-    weighted = _plain(config.get("weighted_metrics"), custom)
+    weighted = _plain(config.get("weighted_metrics"), custom, tf.keras.metrics)
     model.compile(optimizer=_optimizer(config.get("optimizer_config")),
-                  loss=_plain(config.get("loss"), custom), metrics=metrics,
+                  loss=_plain(config.get("loss"), custom, tf.keras.losses), metrics=metrics,
                   weighted_metrics=weighted, loss_weights=config.get("loss_weights"))
     return True
