@@ -71,24 +71,28 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
     try:
         custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml",
                                keras2=line == "keras2") for line in ("keras3", "keras2")}
-        forms = submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml")
+        forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml",
+                              keras2=line == "keras2") for line in ("keras3", "keras2")}
         legacy = {entry: submit(home, tmp_path, LEGACY, f"{entry}.yaml")
                   for entry in LEGACY_ENTRIES}
         ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
-                 for experiment_id in [*custom.values(), forms, *legacy.values()]}
+                 for experiment_id in [*custom.values(), *forms.values(), *legacy.values()]}
     finally:
         daemon.stop()
     for facts in ended.values():
         assert facts["state"] == "COMPLETED", facts
         assert all(t["state"] == "COMPLETED" for t in facts["trials"]), facts["trials"]
 
-    # Every data form trained and validated.
-    trials = ended[forms]["trials"]
-    assert sorted(t["hparams"]["data_form"] for t in trials) == sorted(
-        yaml.safe_load((COMPAT / "data_forms" / "grid.yaml").read_text())
-        ["hyperparameters"]["data_form"]["vals"])
-    for t in trials:
-        assert t["batches_trained"] == 40 and t["latest_validation"]["val_accuracy"] > 0.5, t
+    # Every data form trained and validated, under each line.
+    forms_listed = yaml.safe_load((COMPAT / "data_forms" / "grid.yaml").read_text())[
+        "hyperparameters"]["data_form"]["vals"]
+    for line, experiment_id in forms.items():
+        trials = ended[experiment_id]["trials"]
+        assert sorted(t["hparams"]["data_form"] for t in trials) == sorted(forms_listed)
+        for t in trials:
+            assert t["keras_line"] == line, t
+            assert t["batches_trained"] == 40, t
+            assert t["latest_validation"]["val_accuracy"] > 0.5, t
 
     # Each spelling of a legacy optimizer chose Keras 2 for its own file; the rest Keras 3.
     for entry, line in LEGACY_ENTRIES.items():
