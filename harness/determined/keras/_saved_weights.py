@@ -41,15 +41,16 @@ def load_weights(model: Any, weights: Path) -> None:
             model.load_weights(str(weights)).expect_partial()
 
 
-def _layers_with_weights(layer: Any) -> List[Any]:
-    return [sub for sub in getattr(layer, "layers", []) if sub.weights]
+def _layers_with_weights(model: Any) -> List[Any]:
+    return [layer for layer in getattr(model, "layers", []) if layer.weights]
 
 
 def _load_keras2_tf_checkpoint(model: Any, prefix: Path) -> None:
     """Keras 2 saved layer N that has weights under `layer_with_weights-N/`, and each
     variable under its attribute name, which is the variable's own name in Keras 3."""
     reader = tf.train.load_checkpoint(str(prefix))
-    saved = {key[:-len(_VALUE_SUFFIX)]: key for key in reader.get_variable_to_shape_map()
+    shapes = reader.get_variable_to_shape_map()
+    saved = {key[:-len(_VALUE_SUFFIX)]: key for key in shapes
              if key.endswith(_VALUE_SUFFIX) and "/.OPTIMIZER_SLOT/" not in key
              and key.startswith("layer")}
     assignments = []
@@ -60,8 +61,7 @@ def _load_keras2_tf_checkpoint(model: Any, prefix: Path) -> None:
             name = variable.path.split("/")[-1] if hasattr(variable, "path") \
                 else variable.name.split("/")[-1].split(":")[0]
             candidates = [k for k in keys if k.split("/")[-1] == name
-                          and tuple(reader.get_variable_to_shape_map()[saved[k]])
-                          == tuple(variable.shape)]
+                          and tuple(shapes[saved[k]]) == tuple(variable.shape)]
             if len(candidates) != 1:
                 raise WeightsMismatch(
                     f"layer '{layer.name}' of the rebuilt model has a variable '{name}' "
