@@ -102,6 +102,8 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
             assert f"{entry}.py" in trial["keras_line_reason"], (entry, trial)
         else:
             assert trial["keras_line_reason"] == "the default", (entry, trial)
+        first_line = home.cli("logs", trial["id"]).stdout.splitlines()[0]
+        assert line in first_line and trial["keras_line_reason"] in first_line, first_line
 
     # Custom layer, loss and metric: each line's checkpoint loads compiled, in each line,
     # and evaluates to the validation metrics the trial recorded.
