@@ -8,15 +8,9 @@ daemon, or its `localdet run`); ActionError says, in one sentence, why one canno
 
 from __future__ import annotations
 
+from localdet import lifecycle
 from localdet.db import NotFound, StateDB
 from localdet.paths import Layout
-
-ACTION_STATES = {  # what each action applies to, and what it can never apply to
-    "pause": ("ACTIVE", "QUEUED", "RUNNING"),
-    "resume": ("PAUSED",),
-    "kill": ("ACTIVE", "PAUSED", "QUEUED", "RUNNING", "WAITING"),
-}
-
 
 class ActionError(ValueError):
     """The request cannot be made; the message says why."""
@@ -28,21 +22,19 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
     carry it out yet."""
     from localdet.processes import DaemonLock
 
-    if action not in ACTION_STATES:
+    if action not in lifecycle.ACTIONS:
         raise ActionError(f"unknown action {action!r}; it is one of "
-                          f"{', '.join(ACTION_STATES)}")
+                          f"{', '.join(lifecycle.ACTIONS)}")
     if (experiment_id is None) == (trial_id is None):
         raise ActionError(f"name an experiment (`localdet {action} EXP`) or a trial "
                           f"(`localdet {action} --trial ID`), not both or neither")
     try:
         if trial_id is not None:
-            target, what = db.trial(trial_id), f"trial {trial_id}"
-            experiment = db.experiment(target.experiment_id)
-            states = [target.state]
+            trials, what = [db.trial(trial_id)], f"trial {trial_id}"
+            experiment = db.experiment(trials[0].experiment_id)
         else:
-            target = experiment = db.experiment(experiment_id)
-            what = f"{experiment.kind} {experiment_id}"
-            states = [target.state] + [t.state for t in db.trials(experiment_id)]
+            experiment = db.experiment(experiment_id)
+            what, trials = f"{experiment.kind} {experiment_id}", db.trials(experiment_id)
     except NotFound as error:
         raise ActionError(str(error)) from None
     if experiment.runner == "script":
@@ -52,8 +44,12 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
         raise ActionError(f"job {experiment.id} cannot be {action}d, since jobs keep no "
                           f"checkpoints to resume from; `localdet kill {experiment.id}` "
                           "stops it")
-    if not any(state in ACTION_STATES[action] for state in states):
-        raise ActionError(f"{what} is {target.state}; there is nothing to {action}")
+    phases = [lifecycle.TrialPhase(t.state, t.stop_requested) for t in trials]
+    changes_experiment = trial_id is None and lifecycle.experiment_after(
+        action, experiment.state, True) != experiment.state
+    if not changes_experiment and not any(lifecycle.applies(action, p) for p in phases):
+        state = phases[0].describe() if trial_id is not None else experiment.state
+        raise ActionError(f"{what} is {state}; there is nothing to {action}")
     db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
     message = f"{action} requested for {what}"
     if (experiment.runner == "foreground"

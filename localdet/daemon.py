@@ -25,7 +25,7 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import failures, gc, launcher, scheduler
+from localdet import failures, gc, launcher, lifecycle, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -36,6 +36,10 @@ from localdet.submissions import Intake
 
 
 SCRIPT_GONE = "the script ended without finishing its run (was it killed?)"
+
+
+def phase_of(trial: Trial) -> lifecycle.TrialPhase:
+    return lifecycle.TrialPhase(trial.state, trial.stop_requested)
 
 
 class _Wake(FileSystemEventHandler):
@@ -183,47 +187,45 @@ class Daemon:
         return True
 
     def _carry_out(self, request: dict, experiment: Experiment) -> str:
-        action = request["action"]
-        if request["trial_id"] is not None:
-            trials = [self.db.trial(request["trial_id"])]
-            target = f"trial {request['trial_id']}"
-        else:
-            trials = self.db.trials(experiment.id)
-            target = f"{experiment.kind} {experiment.id}"
-        whole_experiment = request["trial_id"] is None
-        live = [t for t in trials if t.state not in TERMINAL_STATES]
+        """Apply a request through the lifecycle, reading and writing each trial in one
+        write transaction: a trial acknowledging a pause meanwhile waits for it to end."""
+        action, whole_experiment = request["action"], request["trial_id"] is None
+        target = (f"{experiment.kind} {experiment.id}" if whole_experiment
+                  else f"trial {request['trial_id']}")
         if experiment.kind == "job" and action in ("pause", "resume"):
             return f"{action} job {experiment.id}: jobs cannot be paused or resumed"
-        if action == "pause":
+        with self.db.atomic():
+            experiment = self.db.experiment(experiment.id)
+            trials = (self.db.trials(experiment.id) if whole_experiment
+                      else [self.db.trial(request["trial_id"])])
+            live = [t for t in trials if t.state not in TERMINAL_STATES]
+            state = lifecycle.experiment_after(action, experiment.state, whole_experiment)
+            if state != experiment.state:
+                self.db.set_experiment_state(experiment.id, state)
             for trial in live:
-                if trial.state == "RUNNING":
-                    self.db.update_trial(trial.id, stop_requested="PAUSE")
-                elif trial.state == "QUEUED":
-                    self.db.update_trial(trial.id, state="PAUSED")
-            if whole_experiment and experiment.state == "ACTIVE":
-                self.db.set_experiment_state(experiment.id, "PAUSED")
-        elif action == "resume":
-            for trial in live:
-                if trial.state == "PAUSED":
-                    self.db.update_trial(trial.id, state="QUEUED", stop_requested=None)
-            if experiment.state == "PAUSED":
-                self.db.set_experiment_state(experiment.id, "ACTIVE")
-        elif action == "kill":
-            with self.db.atomic():
-                if whole_experiment and experiment.state not in TERMINAL_STATES:
-                    self.db.set_experiment_state(experiment.id, "CANCELED")
-                for trial in live:
-                    self._kill(trial)
-                    if not whole_experiment:  # the search goes on without it
-                        self._searching(experiment, self.search.exited_early,
-                                        self.db.experiment(experiment.id), trial)
-                self._settle_experiment(experiment.id)
+                before = phase_of(trial)
+                outcome = lifecycle.on_request(action, before)
+                if outcome.kill_process:
+                    self._end_process(trial.id)
+                if outcome.phase != before:
+                    self.db.update_trial(trial.id, state=outcome.phase.state,
+                                         stop_requested=outcome.phase.stop)
+                if action == "kill" and not whole_experiment:  # the search goes on without it
+                    self._searching(experiment, self.search.exited_early,
+                                    self.db.experiment(experiment.id), trial)
+            self._settle_experiment(experiment.id)
+        if action == "kill":
             self._collect(experiment.id)
         return f"{action} {target}: {len(live)} live trial(s)"
 
     def _kill(self, trial: Trial) -> None:
-        process = self._processes.pop(trial.id, None)
-        pid = process.pid if process else self._adopted.pop(trial.id, None)
+        self._end_process(trial.id)
+        self.db.update_trial(trial.id, state="CANCELED", stop_requested=None)
+
+    def _end_process(self, trial_id: int) -> None:
+        """Kill the trial's process group, if one runs, and free its slots."""
+        process = self._processes.pop(trial_id, None)
+        pid = process.pid if process else self._adopted.pop(trial_id, None)
         if pid:
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -231,8 +233,7 @@ class Daemon:
                 pass
             if process:
                 process.wait()
-        self._slots_of.pop(trial.id, None)
-        self.db.update_trial(trial.id, state="CANCELED", stop_requested=None)
+        self._slots_of.pop(trial_id, None)
 
     # -- scheduler and launcher -----------------------------------------------------------
     def _slot_table(self) -> str:
@@ -348,15 +349,23 @@ class Daemon:
                 self.db.update_trial(trial.id, state="ERROR", error=(
                     "the job's process ended while no daemon watched it, so whether it "
                     f"succeeded is unknown; see {self.layout.trial_log(experiment.id, trial.id)}"))
-            elif (trial.stop_requested == "PAUSE" and not reached_end
-                    and (returncode == 0 or returncode is None)):
-                # It checkpointed at a workload boundary and exited, as asked.
-                self.db.update_trial(trial.id, state="PAUSED", stop_requested=None)
-                self.log(f"trial {trial.id} paused at {trial.batches_trained} batches")
-            elif returncode == 0 or (returncode is None and reached_end):
-                self._complete(trial, experiment)
             else:
-                self._failed(trial, experiment, returncode)
+                # A process not ours left no exit status: one asked to pause is taken to
+                # have checkpointed and exited as asked (else it keeps its previous checkpoint).
+                clean = returncode == 0 or (returncode is None and (
+                    reached_end or trial.stop_requested is not None))
+                outcome = lifecycle.on_exit(phase_of(trial),
+                                            lifecycle.Exit(clean, bool(reached_end)))
+                if outcome.phase is not None:
+                    self.db.update_trial(trial.id, state=outcome.phase.state,
+                                         stop_requested=outcome.phase.stop)
+                    how = ("paused" if outcome.phase.state == "PAUSED"
+                           else "paused, and is queued again as resumed")
+                    self.log(f"trial {trial.id} {how} at {trial.batches_trained} batches")
+                elif outcome.judge == "complete":
+                    self._complete(trial, experiment)
+                else:
+                    self._failed(trial, experiment, returncode, outcome.restart_to)
             self._settle_experiment(experiment.id)
         self._collect(experiment.id)
 
@@ -371,7 +380,8 @@ class Daemon:
         if report.deleted or report.blobs_deleted:
             self.log(f"experiment {experiment_id}: {report.summary()}")
 
-    def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None) -> None:
+    def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None,
+                restart_to: str = "QUEUED") -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
         failure = failures.record(self.db, self.layout, trial)
@@ -388,7 +398,7 @@ class Daemon:
             self._fail_fast(trial, experiment, failure, how)
             return
         if trial.restarts < experiment.config["max_restarts"]:
-            self.db.update_trial(trial.id, state="QUEUED", restarts=trial.restarts + 1,
+            self.db.update_trial(trial.id, state=restart_to, restarts=trial.restarts + 1,
                                  stop_requested=None)
             self.log(f"trial {trial.id} failed ({how}); restarting from its latest checkpoint "
                      f"({trial.restarts + 1} of {experiment.config['max_restarts']})")
@@ -459,9 +469,10 @@ class Daemon:
                         float(metric))
 
     def _settle_experiment(self, experiment_id: int) -> None:
-        trials = self.db.trials(experiment_id)
-        if self.db.experiment(experiment_id).state in TERMINAL_STATES:
+        experiment = self.db.experiment(experiment_id)
+        if experiment.state in TERMINAL_STATES:
             return
+        trials = self.db.trials(experiment_id)
         if trials and all(t.state in TERMINAL_STATES for t in trials):
             failed = [t for t in trials if t.state == "ERROR"]
             if any(t.state == "COMPLETED" for t in trials):
@@ -473,6 +484,15 @@ class Daemon:
                 self.db.set_experiment_state(experiment_id, "ERROR", error=error)
             settled = self.db.experiment(experiment_id)
             self.log(f"{settled.kind} {experiment_id} {settled.state}")
+            return
+        for trial in trials:
+            if lifecycle.held(experiment.state, trial.state):
+                self.db.update_trial(trial.id, state="PAUSED")
+        state = lifecycle.settle(experiment.state, [t.state for t in trials])
+        if state is not None:
+            self.db.set_experiment_state(experiment_id, state)
+            self.log(f"{experiment.kind} {experiment_id} {state}: none of its trials runs "
+                     "or is queued")
 
     # -- scripts run on their own (laptop mode) -------------------------------------------
     def _watch_scripts(self) -> None:

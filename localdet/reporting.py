@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator
 
 from determined.core import TrialInfo
+from localdet import lifecycle
 from localdet.config import length_to_batches
 from localdet.db import Checkpoint, NotFound, StateDB, now
 from localdet.manifest import build_manifest, files_of
@@ -150,7 +151,17 @@ class SQLiteReporter:
         self.db.update_trial(self.trial_id, target_batches=batches)
 
     def should_pause(self) -> bool:
-        return self.db.trial(self.trial_id).stop_requested == "PAUSE"
+        """True once a pause was asked; answering it acknowledges it in the same
+        transaction (PAUSE -> PAUSING), so a resume that comes after relaunches the trial
+        instead of being lost (localdet/lifecycle.py)."""
+        stop = self.db.trial(self.trial_id).stop_requested
+        if stop == lifecycle.PAUSE:  # a plain read first: the write lock only when asked
+            with self.db.atomic():
+                stop = self.db.trial(self.trial_id).stop_requested
+                if stop == lifecycle.PAUSE:
+                    self.db.update_trial(self.trial_id,
+                                         stop_requested=lifecycle.acknowledge(stop))
+        return stop in (lifecycle.PAUSE, lifecycle.PAUSING, lifecycle.REQUEUE)
 
     def heartbeat(self) -> None:
         self.db.update_trial(self.trial_id, heartbeat_at=now())

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from localdet.db import Checkpoint, Experiment, StateDB, Trial
 from localdet.launcher import log_tail
+from localdet.lifecycle import TrialPhase
 from localdet.paths import Layout
 from localdet.searching import replay
 
@@ -35,6 +36,8 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         "experiment_id": trial.experiment_id,
         "request_id": trial.request_id,
         "state": trial.state,
+        # PAUSING or RESUMING while a request is under way (localdet/lifecycle.py).
+        "phase": TrialPhase(trial.state, trial.stop_requested).describe(),
         "hparams": trial.hparams,
         "batches_trained": trial.batches_trained,
         "target_batches": trial.target_batches,
@@ -168,7 +171,7 @@ def checkpoint_facts(checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 STATE_STYLES = {"ACTIVE": "cyan", "RUNNING": "cyan", "QUEUED": "white", "PAUSED": "yellow",
-                "WAITING": "blue",
+                "WAITING": "blue", "PAUSING": "yellow", "RESUMING": "cyan",
                 "COMPLETED": "green", "CANCELED": "magenta", "ERROR": "red", "DELETED": "dim"}
 
 
@@ -291,7 +294,7 @@ def trials_table(experiment: dict) -> Table:
         latest = (t["latest_validation"] or {}).get(metric)
         best = (t["best_validation"] or {}).get(metric)
         engine = (f"{t['engine'] or ''} x{len(t['slots'] or [])}",) if engines else ()
-        table.add_row(str(t["id"]), _state(t["state"]),
+        table.add_row(str(t["id"]), _state(t["phase"]),
                       f"{t['batches_trained']}/{t['target_batches']}", str(t["restarts"]),
                       *engine, escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
