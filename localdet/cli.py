@@ -57,7 +57,10 @@ def cli() -> None:
               help="The dashboard's address (with --web).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
               help="The dashboard's port (with --web).")
-def daemon(slots: int, web: bool, host: str, port: int) -> None:
+@click.option("--no-token", is_flag=True,
+              help="Let the dashboard in without its printed token (with --web; loopback "
+                   "addresses only).")
+def daemon(slots: int, web: bool, host: str, port: int, no_token: bool) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.processes import DaemonAlreadyRunning
@@ -67,7 +70,7 @@ def daemon(slots: int, web: bool, host: str, port: int) -> None:
         from localdet.web.server import WebError, start_in_thread
 
         try:
-            _, url = start_in_thread(layout.ensure(), host, port)
+            _, url = start_in_thread(layout.ensure(), host, port, token=not no_token)
         except WebError as error:
             _fail(str(error))
         click.echo(f"dashboard at {url}", err=True)
@@ -78,16 +81,17 @@ def daemon(slots: int, web: bool, host: str, port: int) -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to serve on; any but a loopback one requires the printed token.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True)
-def web(host: str, port: int) -> None:
+@click.option("--no-token", is_flag=True,
+              help="Let in requests without the printed token (loopback addresses only).")
+def web(host: str, port: int, no_token: bool) -> None:
     """Serve the dashboard: experiments, trials, curves, checkpoints, logs, jobs."""
     from localdet.web.server import WebError, serve
 
     try:
         serve(Layout.from_environment().ensure(), host, port,
-              announce=lambda text: click.echo(text, err=True))
+              announce=lambda text: click.echo(text, err=True), token=not no_token)
     except WebError as error:
         _fail(str(error))
 

@@ -1,7 +1,7 @@
 """The dashboard's Starlette application: one page (its script renders every view) and a
 JSON API over the same facts `localdet status` shows.
 
-    app = create_app(Layout.from_environment(), token=None)   # token: for non-local binds
+    app = create_app(Layout.from_environment(), token=T, host="127.0.0.1")
 
     GET  /, /experiments/{id}, /trials/{id}, /jobs      the page
     GET  /api/experiments                               experiments (jobs excluded)
@@ -12,19 +12,31 @@ JSON API over the same facts `localdet status` shows.
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
     POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
 
-With a token, every request must carry it (`Authorization: Bearer T`, `?token=T`, or the
-cookie a page opened with `?token=T` sets); others get 401 and one sentence.
+Only the dashboard's own user gets in; each refusal is one sentence:
+- the Host header must name the address served (`host`; on loopback, localhost or a loopback
+  address; on 0.0.0.0 or ::, an IP address or this machine's name), else 403: this stops
+  DNS rebinding, where a foreign site's name is pointed at this port;
+- with a token, every request carries it (`Authorization: Bearer T`, `?token=T`, or the
+  HttpOnly, SameSite=Strict cookie a page opened with `?token=T` gets), else 401;
+- a request other than GET and HEAD must come from the dashboard's own page: an Origin header
+  of this address (or `Sec-Fetch-Site: same-origin`) and an `X-Localdet-Request` header, which
+  a plain HTML form cannot send and a foreign page's script cannot send without this server's
+  consent (CORS, never given), else 403.
+URL ids and checkpoint uuids are looked up in the database, never joined to a path as given.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
+import re
 import shutil
+import socket
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import plotly
 import yaml
@@ -48,30 +60,89 @@ STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 COOKIE = "localdet_token"
 LOG_TAIL_LINES = 60
+HOST_HEADER = re.compile(r"(?:\[([0-9a-f:.]+)\]|([^:\[\]/@\s]+))(?::\d+)?")  # name[:port]
 
 
-class TokenCheck(BaseHTTPMiddleware):
-    """Refuses requests that do not carry the dashboard's token."""
+def _ip(text: str):
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
-    def __init__(self, app, token: str):
+
+def is_loopback(host: str) -> bool:
+    address = _ip(host)
+    return host == "localhost" or bool(address and address.is_loopback)
+
+
+def host_names(bind: str) -> Callable[[str], bool]:
+    """Whether a Host header's name (port and brackets removed) is one the dashboard bound
+    to `bind` answers to. IP addresses cannot be rebound to a foreign site, names can."""
+    bound = _ip(bind)
+    if is_loopback(bind):
+        return is_loopback
+    if bound is not None and bound.is_unspecified:  # every address of this machine
+        names = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+        return lambda name: name in names or _ip(name) is not None
+    return lambda name: (_ip(name) == bound) if bound is not None else name == bind.lower()
+
+
+def _name_in(host_header: str) -> str | None:
+    """`127.0.0.1:8090` -> `127.0.0.1`, `[::1]:8090` -> `::1`; None if malformed."""
+    match = HOST_HEADER.fullmatch(host_header.lower())
+    return match and (match.group(1) or match.group(2))
+
+
+def _refuse(status: int, sentence: str) -> Response:
+    return JSONResponse({"error": sentence}, status_code=status)
+
+
+class Guard(BaseHTTPMiddleware):
+    """Lets in only the dashboard's own user (see the module's docstring)."""
+
+    def __init__(self, app, token: str | None, host: str):
         super().__init__(app)
         self.token = token
+        self.answers_to = host_names(host)
 
     async def dispatch(self, request: Request, call_next):
-        header = request.headers.get("authorization", "")
-        given = (header[7:] if header.lower().startswith("bearer ") else
-                 request.query_params.get("token") or request.cookies.get(COOKIE) or "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            return JSONResponse({"error": "this dashboard needs its token: open the address "
-                                          "it printed at start (with ?token=...), or send "
-                                          "Authorization: Bearer <token>"}, status_code=401)
+        host = request.headers.get("host", "")
+        name = _name_in(host)
+        if not name or not self.answers_to(name):
+            return _refuse(403, f"this dashboard does not answer to the host '{host}'; open "
+                                "it at the address it printed at start")
+        cookie = f"{COOKIE}_{request.url.port or 80}"  # one per port: dashboards side by side
+        if self.token:
+            header = request.headers.get("authorization", "")
+            given = (header[7:] if header.lower().startswith("bearer ") else
+                     request.query_params.get("token") or request.cookies.get(cookie) or "")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return _refuse(401, "this dashboard needs its token: open the address it "
+                                    "printed at start (with ?token=...), or send "
+                                    "Authorization: Bearer <token>")
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("origin")
+            if origin is not None:
+                same = origin.lower() in (f"http://{host.lower()}", f"https://{host.lower()}")
+            else:
+                same = request.headers.get("sec-fetch-site") == "same-origin"
+            if not same:
+                return _refuse(403, f"a {request.method} must come from the dashboard's own "
+                                    "page: its Origin header (or Sec-Fetch-Site: same-origin) "
+                                    f"must name this address, http://{host}")
+            if "x-localdet-request" not in request.headers:
+                return _refuse(403, f"a {request.method} must carry the X-Localdet-Request "
+                                    "header that the dashboard's own page sends")
         response = await call_next(request)
-        if request.query_params.get("token"):  # a page opened from the printed address
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+        if self.token and request.query_params.get("token"):  # opened from the printed address
+            response.set_cookie(cookie, self.token, httponly=True, samesite="strict")
+        # Not inside another site's frame, where a click could be steered onto Kill.
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        response.headers["X-Frame-Options"] = "DENY"
         return response
 
 
-def create_app(layout: Layout, token: str | None = None) -> Starlette:
+def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1") -> Starlette:
     @contextlib.contextmanager
     def database() -> Iterator[StateDB]:
         """The database, open for one request."""
@@ -146,9 +217,13 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
     def download(request: Request) -> Response:
         from localdet.reporting import CheckpointReader
 
-        uuid = request.path_params["uuid"]
+        with database() as db:  # the whole uuid, as the page links it; not a prefix
+            uuid = db.checkpoint(request.path_params["uuid"]).uuid
+        if uuid != request.path_params["uuid"]:
+            raise NotFound(f"no checkpoint {request.path_params['uuid']}; "
+                           "`localdet checkpoints EXPERIMENT` lists them")
         scratch = Path(tempfile.mkdtemp(prefix="localdet-download-"))
-        try:
+        try:  # the folder is named by the database's uuid, never by the URL's text
             folder = CheckpointReader(layout).materialize(uuid, scratch / uuid)
             archive = scratch / f"{folder.name}.tar.gz"
             with tarfile.open(archive, "w:gz") as tar:
@@ -178,8 +253,7 @@ def create_app(layout: Layout, token: str | None = None) -> Starlette:
         Route("/static/plotly.min.js", plotly_js),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(TokenCheck, token=token)] if token else []
-    return Starlette(routes=routes, middleware=middleware)
+    return Starlette(routes=routes, middleware=[Middleware(Guard, token=token, host=host)])
 
 
 def _summary(facts: dict[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,16 @@
 """Run the dashboard with uvicorn:
 
-    url = serve(layout, host="127.0.0.1", port=8080)              # blocks
+    serve(layout, host="127.0.0.1", port=8080)    # blocks; prints the address with its token
     server, url = start_in_thread(layout, host, port)              # the daemon's --web
 
-On a loopback address anyone on this machine may look, as with any local tool; bound to any
-other address the dashboard requires a token, made here and printed in the address.
+The dashboard requires a token, made here and printed in the address
+(`http://127.0.0.1:8090/?token=...`, as Jupyter does); `token=False` (`--no-token`) leaves it
+out, on a loopback address only. The app (localdet/web/app.py) also refuses foreign Host
+headers and state-changing requests that do not come from its own page.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 import socket
 import threading
@@ -17,18 +18,9 @@ import threading
 import uvicorn
 
 from localdet.paths import Layout
-from localdet.web.app import create_app
+from localdet.web.app import create_app, is_loopback
 
 DEFAULT_PORT = 8090
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost: may be reachable from elsewhere
 
 
 class WebError(RuntimeError):
@@ -48,10 +40,14 @@ def _check_address(host: str, port: int) -> None:
                        "another address with --host or port with --port") from None
 
 
-def _server(layout: Layout, host: str, port: int) -> tuple[uvicorn.Server, str]:
+def _server(layout: Layout, host: str, port: int,
+            token: bool) -> tuple[uvicorn.Server, str]:
+    if not token and not is_loopback(host):
+        raise WebError(f"--no-token is allowed only on a loopback address such as 127.0.0.1, "
+                       f"not on {host}, which others may reach; drop --no-token")
     _check_address(host, port)
-    token = None if is_loopback(host) else secrets.token_urlsafe(24)
-    app = create_app(layout, token=token)
+    token = secrets.token_urlsafe(24) if token else None
+    app = create_app(layout, token=token, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
@@ -59,15 +55,15 @@ def _server(layout: Layout, host: str, port: int) -> tuple[uvicorn.Server, str]:
 
 
 def serve(layout: Layout, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          announce=print) -> None:
-    server, url = _server(layout, host, port)
+          announce=print, token: bool = True) -> None:
+    server, url = _server(layout, host, port, token)
     announce(f"dashboard at {url}")
     server.run()
 
 
-def start_in_thread(layout: Layout, host: str = "127.0.0.1",
-                    port: int = DEFAULT_PORT) -> tuple[uvicorn.Server, str]:
+def start_in_thread(layout: Layout, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                    token: bool = True) -> tuple[uvicorn.Server, str]:
     """The dashboard in a background thread; `server.should_exit = True` stops it."""
-    server, url = _server(layout, host, port)
+    server, url = _server(layout, host, port, token)
     threading.Thread(target=server.run, name="dashboard", daemon=True).start()
     return server, url

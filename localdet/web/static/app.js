@@ -135,7 +135,9 @@ document.addEventListener("click", async (event) => {
   if (!button) return;
   const message = document.getElementById("message");
   try {
-    const result = await getJSON(`/api/${button.dataset.kind}/${button.dataset.id}/${button.dataset.action}`, {method: "POST"});
+    // The header tells the server this comes from its own page (the browser adds Origin).
+    const result = await getJSON(`/api/${button.dataset.kind}/${button.dataset.id}/${button.dataset.action}`,
+      {method: "POST", headers: {"X-Localdet-Request": "1"}});
     message.className = ""; message.textContent = result.message;
   } catch (error) {
     message.className = "error"; message.textContent = error.message;
@@ -248,4 +250,7 @@ function render() {
   tick();
 }
 
+// Opened from the printed address: the cookie set with this page carries the token from
+// here on, so it leaves the address bar (and the history).
+if (new URLSearchParams(location.search).has("token")) history.replaceState({}, "", location.pathname);
 render();
