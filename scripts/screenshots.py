@@ -47,8 +47,9 @@ def main() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "LOCALDET_HOME": str(home)}
+    # On loopback, for this script's own reads and browser: no token to pass around.
     daemon = subprocess.Popen([sys.executable, "-m", "localdet", "daemon", "--slots", "2",
-                               "--web", "--port", str(port)], env=env,
+                               "--web", "--port", str(port), "--no-token"], env=env,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,13 +1,15 @@
 """The dashboard, for real: `localdet daemon --web` serves it while a trial trains, and a
-headless Chromium (Debian's, driven by Playwright) opens the experiments page, opens the
-running experiment, sees its learning curve grow, pauses it from the button and sees its
-state change; screenshots land in the test's folder. The API refuses a request without the
-token when the dashboard is bound to a non-local address."""
+headless Chromium (Debian's, driven by Playwright) opens the address it printed (with its
+token), opens the running experiment, sees its learning curve grow, pauses it from the button
+and sees its state change; screenshots land in the test's folder. Bound to a non-local
+address, the API refuses a request without the token too (tests/test_dashboard_security.py
+has the rest of the dashboard's guards)."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -53,7 +55,9 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
     base = f"http://127.0.0.1:{port}"
     daemon = Daemon(home, "--web", "--port", str(port))
     try:
-        assert f"dashboard at {base}/" in daemon.log_path.read_text()
+        announced = re.search(r"dashboard at (\S+)", daemon.log_path.read_text()).group(1)
+        assert announced.startswith(f"{base}/?token=")  # a token on loopback too
+        token = announced.rsplit("=", 1)[1]
         home.cli("submit", write_config(
             tmp_path, "watched", entrypoint="model_def:SlowDigitsTrial",
             hyperparameters={"global_batch_size": 16, "hidden_units": 16, "dropout": 0.0,
@@ -65,10 +69,11 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1300, "height": 900})
-            page.goto(base + "/")
+            page.goto(announced)
             row = page.locator("#experiments tbody tr", has_text="watched")
             expect(row).to_be_visible(timeout=30_000)
             page.screenshot(path=tmp_path / "experiments.png", full_page=True)
+            assert page.url == f"{base}/"  # the token left the address bar for a cookie
             row.click()
             page.wait_for_url(f"{base}/experiments/{experiment}")
 
@@ -100,12 +105,15 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
             expect(page.locator("#state")).to_have_text("CANCELED", timeout=60_000)
             page.screenshot(path=tmp_path / "trial.png", full_page=True)
             browser.close()
-        status, body = get(f"{base}/api/checkpoints/{trial['latest_checkpoint']}.tar.gz")
+        download = f"{base}/api/checkpoints/{trial['latest_checkpoint']}.tar.gz"
+        assert get(download)[0] == 401
+        status, body = get(download, Authorization=f"Bearer {token}")
         assert status == 200
         with tarfile.open(fileobj=io.BytesIO(body)) as archive:
             names = archive.getnames()
         assert f"{trial['latest_checkpoint']}/determined-keras-model.h5" in names
-        status, body = get(f"{base}/api/experiments/{experiment}/resume")
+        status, body = get(f"{base}/api/experiments/{experiment}/resume",
+                           Authorization=f"Bearer {token}")
         assert status == 405  # actions are POSTs only
     finally:
         daemon.stop()
