@@ -36,6 +36,7 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
+from localdet import memory_limit
 from localdet.paths import state_formats_dir
 
 LENGTH_UNITS = ("batches", "records", "epochs")
@@ -299,6 +300,12 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
         length_to_batches(holder[key], config, what)  # fail now, not hours into training
     _check_searcher(config, warnings)
+    resources = config["resources"]
+    if resources["max_memory"] is not None:  # bytes from here on
+        try:
+            resources["max_memory"] = memory_limit.parse_size(resources["max_memory"])
+        except ValueError as e:
+            raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
     return ParsedConfig(config=config, warnings=warnings)
 
 
@@ -352,7 +359,8 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
                           f"not a trial class ({probe['trial_class']!r})", "entrypoint")
     resources = job.pop("resources")
     # The scheduler gives a job its slots exactly as it gives a trial its slots_per_trial.
-    job["resources"] = {"slots_per_trial": resources["slots"], "priority": resources["priority"]}
+    job["resources"] = {"slots_per_trial": resources["slots"], "priority": resources["priority"],
+                        "max_memory": resources["max_memory"]}
     parsed = parse_config(job)
     return ParsedConfig(config=parsed.config, warnings=warnings + parsed.warnings)
 

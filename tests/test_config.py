@@ -118,7 +118,7 @@ def test_mnist_const_canonical_values():
     # "=" inside the value must survive: split on the first "=" only.
     assert cfg["environment"] == {"environment_variables": {"TF_CPP_MIN_LOG_LEVEL": "2", "EXTRA": "a=b"}}
     assert cfg["resources"] == {"slots_per_trial": 1, "priority": None, "max_slots": None,
-                                "engine": "auto"}
+                                "engine": "auto", "max_memory": None}
     assert "bind_mounts" not in cfg
     assert length_to_batches(cfg["searcher"]["max_length"], cfg, "searcher.max_length") == 9375
 
@@ -171,7 +171,7 @@ def test_given_values_are_not_overwritten_by_defaults():
     assert cfg["checkpoint_storage"] == {"save_experiment_best": 0, "save_trial_best": 3, "save_trial_latest": 1}
     assert cfg["reproducibility"]["experiment_seed"] == 42
     assert cfg["resources"] == {"slots_per_trial": 2, "priority": 10, "max_slots": None,
-                                "engine": "auto"}
+                                "engine": "auto", "max_memory": None}
 
 
 def test_parse_config_does_not_mutate_input():
