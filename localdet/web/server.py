@@ -1,7 +1,7 @@
 """Run the dashboard with uvicorn:
 
-    serve(layout, host="127.0.0.1", port=8080)    # blocks; prints the address with its token
-    server, url = start_in_thread(layout, host, port)              # the daemon's --web
+    serve(layout, host="127.0.0.1", port=8080)          # blocks; prints its address, token too
+    server, url = start_in_thread(layout, host, port)   # the daemon's --web
 
 The dashboard requires a token, made here and printed in the address
 (`http://127.0.0.1:8090/?token=...`, as Jupyter does); `token=False` (`--no-token`) leaves it
