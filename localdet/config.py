@@ -26,6 +26,7 @@ import copy
 import difflib
 import functools
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -40,6 +41,15 @@ from localdet import memory_limit
 from localdet.paths import state_formats_dir
 
 LENGTH_UNITS = ("batches", "records", "epochs")
+MAX_CONFIG_BYTES = 1_000_000  # a config is a page of settings; data belongs in files
+MAX_CONFIG_VALUES = 50_000    # values once YAML aliases are expanded ("billion laughs")
+MAX_INT = 2**53 - 1           # what JSON readers (the web page's JavaScript) hold exactly
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)`, cut short: messages quote what the user wrote, on one line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class ConfigError(ValueError):
@@ -88,7 +98,10 @@ _TRIAL_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 def _join(path: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
+    key = str(key)
+    if not key.isprintable() or len(key) > 60:
+        key = _shown(key, 60)  # a key holding a newline or a page of text, as one short line
+    return f"{path}.{key}" if path else key
 
 
 def _dotted(parts: Any) -> str:
@@ -118,7 +131,7 @@ def _translate(error: ValidationError) -> ConfigError:
         message = node.schema.get("x-messages", {}).get(node.validator) if isinstance(node.schema, dict) else None
         if message:
             path = _dotted(node.absolute_path)
-            return ConfigError(f"{path or 'top level'}: {message} (got {node.instance!r})", path)
+            return ConfigError(f"{path or 'top level'}: {message} (got {_shown(node.instance)})", path)
         node = node.parent
     if error.parent is not None and error.parent.validator == "oneOf":
         error = error.parent  # report "missing entrypoint", not one branch of the oneOf
@@ -127,7 +140,8 @@ def _translate(error: ValidationError) -> ConfigError:
     if kind == "additionalProperties":
         known = list(error.schema.get("properties", {}))
         key = next(k for k in instance if k not in known)
-        return ConfigError(f"unknown key '{key}' at {where}{_did_you_mean(key, known)}", _join(path, key))
+        return ConfigError(f"unknown key {_shown(key, 60)} at {where}{_did_you_mean(key, known)}",
+                           _join(path, key))
     if kind == "required":
         missing = _join(path, next(k for k in value if k not in instance))
         return ConfigError(f"missing required key '{missing}'", missing)
@@ -139,17 +153,17 @@ def _translate(error: ValidationError) -> ConfigError:
         return ConfigError(f"{where}: give only one of {names}, not both", path)
     if kind == "type":
         wanted = " or ".join(_TYPE_WORDS[t] for t in ([value] if isinstance(value, str) else value))
-        return ConfigError(f"{where}: expected {wanted}, got {instance!r}", path)
+        return ConfigError(f"{where}: expected {wanted}, got {_shown(instance)}", path)
     if kind == "enum":
         hint = _did_you_mean(instance, [v for v in value if isinstance(v, str)]) if isinstance(instance, str) else ""
         options = ", ".join(repr(v) for v in value)
-        return ConfigError(f"{where}: expected one of {options} (got {instance!r}){hint}", path)
+        return ConfigError(f"{where}: expected one of {options} (got {_shown(instance)}){hint}", path)
     if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[kind]
-        return ConfigError(f"{where}: expected a value {op} {value}, got {instance!r}", path)
+        return ConfigError(f"{where}: expected a value {op} {value}, got {_shown(instance)}", path)
     if kind in ("minItems", "minLength"):
         return ConfigError(f"{where}: must not be empty", path)
-    return ConfigError(f"{where}: {error.message}", path)
+    return ConfigError(f"{where}: {_one_line(error.message)}", path)
 
 
 def _fill_defaults(instance: dict[str, Any], schema: dict[str, Any], path: str, warnings: list[str]) -> None:
@@ -179,10 +193,28 @@ def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, An
         if leaf["type"] == "log":
             leaf.setdefault("base", 10)
         if leaf["type"] in ("int", "double", "log") and leaf["minval"] > leaf["maxval"]:
-            raise ConfigError(f"{here}.minval: must be <= maxval ({leaf['maxval']!r}), got {leaf['minval']!r}",
+            raise ConfigError(f"{here}.minval: must be <= maxval ({_shown(leaf['maxval'])}), got {_shown(leaf['minval'])}",
                               f"{here}.minval")
+        _check_range(leaf, here)
         out[name] = leaf
     return out
+
+
+def _check_range(leaf: dict[str, Any], here: str) -> None:
+    """A range whose draws would overflow to infinity fails here, not in the searcher."""
+    try:
+        if leaf["type"] == "double":
+            finite = math.isfinite(float(leaf["maxval"]) - float(leaf["minval"]))
+        elif leaf["type"] == "log":
+            finite = all(math.isfinite(float(leaf["base"]) ** float(leaf[end]))
+                         for end in ("minval", "maxval"))
+        else:
+            return
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ConfigError(f"{here}: the range {leaf['minval']}..{leaf['maxval']} gives values "
+                          f"beyond what a float holds; narrow it", here)
 
 
 def _environment_variables(value: list[str] | dict[str, list[str]], warnings: list[str]) -> dict[str, str]:
@@ -213,12 +245,12 @@ def _entrypoint(config: dict[str, Any]) -> None:
             trial_class = text
         elif ":" in text and not any(c.isspace() for c in text):
             raise ConfigError(f"entrypoint: expected 'module:ClassName' (a dotted module, a colon, a class name) "
-                              f"or a command such as 'python3 train.py', got {text!r}", "entrypoint")
+                              f"or a command such as 'python3 train.py', got {_shown(text)}", "entrypoint")
         else:
             try:
                 tokens = shlex.split(text)
             except ValueError as e:
-                raise ConfigError(f"entrypoint: cannot split the command ({e}): {text!r}", "entrypoint") from None
+                raise ConfigError(f"entrypoint: cannot split the command ({e}): {_shown(text)}", "entrypoint") from None
             is_launcher = len(tokens) >= 3 and tokens[1] == "-m" and tokens[2].startswith("determined.launch.")
             trial_class, script = _launcher(tokens) if is_launcher else (None, text)
     config["entrypoint_kind"] = "trial_class" if trial_class else "script"
@@ -237,7 +269,7 @@ def _launcher(tokens: list[str]) -> tuple[str | None, str | None]:
     if rest and (rest[0] == "--trial" or rest[0].startswith("--trial=")):
         trial = rest[0].partition("=")[2] or (rest[1] if len(rest) > 1 else "")
         if not _TRIAL_CLASS.match(trial):
-            raise ConfigError(f"entrypoint: --trial expects 'module:ClassName', got {trial!r}", "entrypoint")
+            raise ConfigError(f"entrypoint: --trial expects 'module:ClassName', got {_shown(trial)}", "entrypoint")
         return trial, None
     if not rest:
         raise ConfigError(f"entrypoint: {tokens[2]} needs '--trial module:ClassName' or a script to run",
@@ -250,7 +282,7 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
     if raw is None:
         raise ConfigError(f"the config is empty; it needs at least {needs}")
     if not isinstance(raw, dict):
-        raise ConfigError(f"top level: expected a mapping of config keys, got {type(raw).__name__} {raw!r}")
+        raise ConfigError(f"top level: expected a mapping of config keys, got {type(raw).__name__} {_shown(raw)}")
     error = best_match(_Validator(schema).iter_errors(raw), key=_relevance)
     if error is not None:
         raise _translate(error)
@@ -277,7 +309,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     searcher = config["searcher"]
     supported = _schema()["$defs"]["searcher"]["properties"]["name"]["x-supported"]
     if searcher["name"] not in supported:
-        raise ConfigError(f"searcher.name: {searcher['name']!r} is not supported yet; supported: "
+        raise ConfigError(f"searcher.name: {_shown(searcher['name'])} is not supported yet; supported: "
                           f"{', '.join(supported)}", "searcher.name")
     config["hyperparameters"] = _normalize_hyperparameters(config["hyperparameters"], "hyperparameters")
     env = config["environment"]
@@ -298,7 +330,12 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             continue  # max_length of a script's run: its epochs decide
         if isinstance(holder[key], int):
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
-        length_to_batches(holder[key], config, what)  # fail now, not hours into training
+        batches = length_to_batches(holder[key], config, what)  # fail now, not hours into training
+        if batches > MAX_INT:
+            raise ConfigError(f"{what}: comes to {batches:,} batches, more than localdet counts; "
+                              f"lower it", what)
+    if _is_const(config["hyperparameters"].get("global_batch_size")):
+        global_batch_size(config)  # a constant that is no batch size fails now
     _check_searcher(config, warnings)
     resources = config["resources"]
     if resources["max_memory"] is not None:  # bytes from here on
@@ -356,7 +393,7 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
     _entrypoint(probe)
     if probe["entrypoint_kind"] != "script":
         raise ConfigError(f"entrypoint: a job runs a script such as 'python3 batch_inference.py', "
-                          f"not a trial class ({probe['trial_class']!r})", "entrypoint")
+                          f"not a trial class ({_shown(probe['trial_class'])})", "entrypoint")
     resources = job.pop("resources")
     # The scheduler gives a job its slots exactly as it gives a trial its slots_per_trial.
     job["resources"] = {"slots_per_trial": resources["slots"], "priority": resources["priority"],
@@ -368,13 +405,22 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
 class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys and reads 1e-4 as a float (YAML 1.2, as Determined's CLI does)."""
 
+    composed = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        # Stop early in a huge document: no config needs this many values.
+        self.composed += 1
+        if self.composed > MAX_CONFIG_VALUES:
+            raise _too_many_values()
+        return super().compose_node(parent, index)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 key = self.construct_object(key_node)
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}",
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_shown(key)}",
                                                             key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep)
@@ -385,20 +431,113 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               list("-+0123456789"))
 
 
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _too_many_values() -> ConfigError:
+    return ConfigError(f"the config holds more than {MAX_CONFIG_VALUES:,} values (counting what "
+                       f"its aliases repeat); keep data out of the config, in files the model reads")
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values `node` stands for once aliases are expanded (shared nodes counted
+    once per use, computed once each)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise ConfigError("an alias (*name) refers to the mapping or list that holds it, an "
+                          "endless loop; remove that alias")
+    open_.add(id(node))
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes, open_) + _expanded_size(v, sizes, open_)
+                    for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, sizes, open_) for item in node.value)
+    open_.discard(id(node))
+    sizes[id(node)] = size
+    if size > MAX_CONFIG_VALUES:
+        raise _too_many_values()
+    return size
+
+
+def _plain(value: Any, path: str = "") -> None:
+    """Raise ConfigError unless `value` is what JSON holds and SQLite stores: text keys,
+    finite numbers in JSON's exact range, valid Unicode text without NUL."""
+    where = path or "top level"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{where}: the key {_shown(key)} is not text; quote it", path)
+            _plain(key, _join(path, key))
+            _plain(item, _join(path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _plain(item, _join(path, index))
+    elif isinstance(value, str):
+        if "\0" in value:
+            raise ConfigError(f"{where}: {_shown(value)} holds a NUL character; remove it", path)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: {_shown(value)} holds an unpaired surrogate, which is "
+                              f"not a character; remove it", path) from None
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value}", path)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ConfigError(f"{where}: {_shown(value)} is too large; a config's numbers must lie "
+                          f"within plus or minus {MAX_INT:,} (2**53 - 1)", path)
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        read = value.isoformat() if hasattr(value, "isoformat") else _shown(value)  # dates
+        raise ConfigError(f"{where}: YAML read {read} as a {type(value).__name__}, "
+                          f"which a config cannot hold; quote it to make it text", path)
+
+
+def _yaml_error(error: yaml.YAMLError, text: str) -> ConfigError:
+    if isinstance(error, yaml.reader.ReaderError):  # its own str() spans two lines
+        line = text.count("\n", 0, error.position) + 1
+        column = error.position - text.rfind("\n", 0, error.position)
+        return ConfigError(f"invalid YAML at line {line}, column {column}: the character "
+                           f"#x{error.character:04x} is not allowed in YAML; remove it")
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None) or error
+    return ConfigError(f"invalid YAML{where}: {_one_line(problem)}")
+
+
 def _load_yaml(text: str) -> Any:
+    """Parse safely, at a bounded cost: size, values after alias expansion, nesting."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config is {len(text) / 1e6:.1f} MB, more than the "
+                          f"{MAX_CONFIG_BYTES / 1e6:g} MB a config may be; keep data out of the "
+                          f"config, in files the model reads")
+    loader = None
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        loader = _Loader(text)  # checks the characters
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, set())
+        value = loader.construct_document(node)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        raise _yaml_error(e, text) from None
+    except RecursionError:
+        raise ConfigError("the config's YAML is nested too deeply (lists or mappings within "
+                          "each other hundreds of levels down); flatten it") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    _plain(value)
+    return value
 
 
 def _read(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
+        raise ConfigError(f"cannot read config file {_shown(str(path))}: {e}") from None
 
 
 def load_config_text(text: str) -> ParsedConfig:
@@ -421,6 +560,10 @@ def load_job_config_file(path: str | Path) -> ParsedConfig:
     return load_job_config_text(_read(path))
 
 
+def _is_const(hp: Any) -> bool:
+    return hp is not None and (not isinstance(hp, dict) or hp.get("type") == "const")
+
+
 def global_batch_size(config: dict[str, Any]) -> int:
     """The constant ``hyperparameters.global_batch_size`` (bare or ``{type: const, val: N}``)."""
     path = "hyperparameters.global_batch_size"
@@ -429,7 +572,7 @@ def global_batch_size(config: dict[str, Any]) -> int:
         raise ConfigError(f"missing required key '{path}'", path)
     value = hp.get("val") if isinstance(hp, dict) and hp.get("type") == "const" else hp
     if not _strict_int(None, value) or value < 1:
-        raise ConfigError(f"{path}: expected a constant positive integer, got {hp!r}", path)
+        raise ConfigError(f"{path}: expected a constant positive integer, got {_shown(hp)}", path)
     return value
 
 
@@ -443,7 +586,7 @@ def length_to_batches(length: dict[str, int] | int, config: dict[str, Any], what
     if _strict_int(None, length):
         return length
     if not (isinstance(length, dict) and len(length) == 1 and next(iter(length)) in LENGTH_UNITS):
-        raise ConfigError(f"{what}: expected one of 'batches', 'records', 'epochs' (got {length!r})", what)
+        raise ConfigError(f"{what}: expected one of 'batches', 'records', 'epochs' (got {_shown(length)})", what)
     ((unit, n),) = length.items()
     if unit == "batches":
         return n
