@@ -60,7 +60,12 @@ def cli() -> None:
 @click.option("--no-token", is_flag=True,
               help="Let the dashboard in without its printed token (with --web; loopback "
                    "addresses only).")
-def daemon(slots: int, web: bool, host: str, port: int, no_token: bool) -> None:
+@click.option("--trial-memory-fraction", type=click.FloatRange(0, 1, min_open=True),
+              help="Stop a trial whose processes use more than this fraction of the "
+                   "machine's memory (0 < F <= 1), unless its config sets "
+                   "resources.max_memory.")
+def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
+           trial_memory_fraction: float | None) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.processes import DaemonAlreadyRunning
@@ -75,7 +80,8 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool) -> None:
             _fail(str(error))
         click.echo(f"dashboard at {url}", err=True)
     try:
-        Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True)).run()
+        Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
+               trial_memory_fraction=trial_memory_fraction).run()
     except DaemonAlreadyRunning as error:
         _fail(str(error))
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import failures, gc, launcher, lifecycle, scheduler
+from localdet import failures, gc, launcher, lifecycle, memory_limit, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -57,6 +57,7 @@ class Daemon:
     poll_seconds: float = 0.5
     log: callable = print
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
+    trial_memory_fraction: float | None = None  # trials' memory limit with no max_memory
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
@@ -70,6 +71,7 @@ class Daemon:
         self.db = db or StateDB.open(self.layout.db)
         self.intake = Intake(self.layout, self.db, slots=self.machine)
         self.search = Search(self.db, self.log)
+        self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
         return self
 
     def run(self) -> None:
@@ -291,6 +293,7 @@ class Daemon:
                 self._searching(experiment, self.search.exited_early, experiment, trial)
                 self._settle_experiment(experiment.id)
             return
+        self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
         self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=now(),
@@ -315,6 +318,7 @@ class Daemon:
             if (trial.pid and alive(trial.pid)
                     and trial.process_start in (None, process_start(trial.pid))):
                 self._adopted[trial.id] = trial.pid
+                self.memory.watch(trial, trial.pid, self.db.experiment(trial.experiment_id).config)
                 self._slots_of[trial.id] = trial.slots or []
                 self.log(f"adopted trial {trial.id} (pid {trial.pid})")
             else:
@@ -384,7 +388,14 @@ class Daemon:
                 restart_to: str = "QUEUED") -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
+        self.memory.settle(trial, experiment.config)  # a stop for memory is in the log first
         failure = failures.record(self.db, self.layout, trial)
+        if failure and memory_limit.exceeded(failure):  # a restart would reach it again
+            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+                f"{failure.told}\na restart would only reach the limit again, so it was not "
+                f"restarted; see {log_path}"))
+            self._searching(experiment, self.search.exited_early, experiment, trial)
+            return
         if failure and experiment.kind != "job" and failures.invalid_hparams(failure):
             # Determined closed such a trial at once and let the search go on.
             self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(

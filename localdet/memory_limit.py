@@ -145,19 +145,21 @@ class Guard:
         self._lock = threading.Lock()
         self._watched: dict[int, _Watched] = {}
         self._thread: threading.Thread | None = None
-        self._mechanism: tuple[Path | None, str] | None = None  # (cgroup base, why)
+        self._told = False
+        # Decided now, in the background: a trial must join its cgroup the moment it starts.
+        threading.Thread(target=enforcement, daemon=True, name="memory-limit-probe").start()
 
     def limit_for(self, config: dict) -> tuple[int, str] | None:
         return limit_for(config, self.fraction)
 
     @property
     def cgroup_base(self) -> Path | None:
-        """Where trial cgroups are made; None: the watcher enforces limits. Decided once."""
-        if self._mechanism is None:
-            self._mechanism = _choose()
-            base, why = self._mechanism
+        """Where trial cgroups are made; None: the watcher enforces limits."""
+        base, why = enforcement()
+        if not self._told:
+            self._told = True
             self.log(f"trial memory limits are enforced by {why}")
-        return self._mechanism[0]
+        return base
 
     def watch(self, trial, pid: int, config: dict) -> None:
         """Enforce the trial's limit on the process `pid` leads, if it has a limit."""
@@ -357,6 +359,33 @@ def _marked(path: Path) -> bool:
 
 
 # -- cgroup v1 --------------------------------------------------------------------------------
+_decided: tuple[Path | None, str] | None = None
+_deciding = threading.Lock()
+
+
+def enforcement() -> tuple[Path | None, str]:
+    """How this process enforces limits, decided once: (where trial cgroups are made, or
+    None for the watcher; a phrase saying which and why)."""
+    global _decided
+    with _deciding:
+        if _decided is None:
+            _decided = _choose()
+            if _decided[0] is not None:
+                _remove_stale(_decided[0])
+        return _decided
+
+
+def _remove_stale(base: Path) -> None:
+    """Empty trial cgroups a stopped daemon left behind, except those recording an OOM kill:
+    the next daemon reads that when it finishes the trial (`Guard.settle`)."""
+    for path in base.glob(f"{_CGROUP_PREFIX}*"):
+        if not _read_pids(path / "cgroup.procs") and _oom_kills(path) == 0:
+            try:
+                path.rmdir()
+            except OSError:
+                pass  # a process joined it meanwhile
+
+
 def _choose() -> tuple[Path | None, str]:
     """Where to make trial cgroups (None: the watcher), and a phrase saying why."""
     watcher = "a watcher thread polling the trials' resident memory"
