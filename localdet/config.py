@@ -503,7 +503,8 @@ def _yaml_error(error: yaml.YAMLError, text: str) -> ConfigError:
                            f"#x{error.character:04x} is not allowed in YAML; remove it")
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    problem = getattr(error, "problem", None) or getattr(error, "context", None) or error
+    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
+    problem = ", ".join(part for part in parts if part) or str(error)
     return ConfigError(f"invalid YAML{where}: {_one_line(problem)}")
 
 

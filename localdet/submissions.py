@@ -2,8 +2,14 @@
 those in `queue/jobs/` become jobs.
 
 A submission is ingested only once it has settled (nothing in it changed for
-`SETTLE_SECONDS`), so a folder still being copied is never read half-written;
-`submit` copies under a hidden name and renames, so its submissions appear whole.
+`SETTLE_SECONDS`, and no process holds a file in it open for writing), so a folder still
+being copied, however slowly, is never read half-written; `submit` copies under a hidden
+name and renames, so its submissions appear whole.
+
+Whatever is dropped in the queue, the intake reads nothing outside it (a symbolic link is
+refused, not followed, unless it leads to a file inside the submission), and a submission
+it cannot take is moved to `queue/rejected/<name>/` with a one-line `error.txt` saying what
+to fix.
 
     intake = Intake(layout, db)
     intake.poll()          # ingests what has settled; returns the new experiment ids
@@ -22,13 +28,16 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 from localdet import engines
-from localdet.config import ConfigError, ParsedConfig, load_config_text, load_job_config_text
+from localdet.config import (MAX_CONFIG_BYTES, ConfigError, ParsedConfig, load_config_text,
+                             load_job_config_text)
 from localdet.db import StateDB
 from localdet.paths import Layout
 from localdet.processes import DaemonLock
@@ -45,26 +54,119 @@ class SubmissionError(Exception):
     """A submission localdet cannot run; the message names the problem."""
 
 
+def _quoted(name: str) -> str:
+    """A file name as messages show it: quoted, on one line, cut short."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _clipped(name: str, limit: int = 200) -> str:
+    """`name` cut to `limit` bytes, leaving room for the suffix staging or rejection adds."""
+    raw = os.fsencode(name)
+    return name if len(raw) <= limit else os.fsdecode(raw[:limit])
+
+
 def _signature(path: Path) -> tuple:
-    if path.is_file():
-        stat = path.stat()
-        return ((path.name, stat.st_size, stat.st_mtime_ns),)
+    # lstat throughout: a link is looked at, never followed out of the queue.
+    try:
+        top = path.lstat()
+    except FileNotFoundError:
+        return ()
+    if not stat.S_ISDIR(top.st_mode):
+        return ((path.name, top.st_size, top.st_mtime_ns),)
     entries = []
-    for root, _dirs, files in os.walk(path):
-        for name in files:
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
             full = Path(root, name)
             try:
-                stat = full.stat()
+                info = full.lstat()
             except FileNotFoundError:
                 continue  # vanished mid-walk: the folder is still changing
-            entries.append((str(full.relative_to(path)), stat.st_size, stat.st_mtime_ns))
+            entries.append((str(full.relative_to(path)), info.st_size, info.st_mtime_ns))
     return tuple(sorted(entries))
+
+
+def _open_for_writing(path: Path) -> bool:
+    """Whether a process we can see holds `path`, or a file under it, open for writing (a
+    copy that pauses longer than the settle time is still unfinished)."""
+    inside = str(path) + os.sep
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or not ours to see
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir / fd)
+                if target != str(path) and not target.startswith(inside):
+                    continue
+                info = (fd_dir.parent / "fdinfo" / fd).read_text()
+            except OSError:
+                continue
+            flags = int(info.split("flags:")[1].split()[0], 8)
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                return True
+    return False
+
+
+def check_entries(folder: Path, shown_name: str) -> None:
+    """Raise SubmissionError for what the intake will not take into a snapshot: a name that
+    is not UTF-8, a link leading anywhere but to a file inside the folder, a special file.
+    Looks at links and names only: nothing outside `folder` is opened."""
+    name = _quoted(shown_name)
+    try:
+        shown_name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SubmissionError(f"the name {name} is not valid UTF-8; rename it") from None
+    top = folder.resolve()
+    for root, dirs, files in os.walk(folder):
+        for entry in sorted(dirs + files):
+            path = Path(root, entry)
+            relative = _quoted(str(path.relative_to(folder)))
+            try:
+                str(path.relative_to(folder)).encode("utf-8")
+            except UnicodeEncodeError:
+                raise SubmissionError(f"{name} holds a file whose name is not valid UTF-8, "
+                                      f"{relative}; rename it") from None
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                # Reads the links, never what they point to; a loop ends up broken.
+                target = Path(os.path.realpath(path))
+                if not target.is_relative_to(top):
+                    what = "something outside the submission"
+                elif not target.exists():
+                    what = "nothing (it is broken)"
+                elif not target.is_file():
+                    what = "a folder"
+                else:
+                    continue  # a file of the submission under a second name
+                raise SubmissionError(f"{name} holds a symbolic link, {relative}, to {what}; "
+                                      f"put a copy of the file itself there")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise SubmissionError(f"{name} holds {relative}, which is not a regular file "
+                                      f"(a FIFO, socket or device); remove it")
+
+
+def read_config_text(path: Path, shown_name: str) -> str:
+    """The text of a config file, refused (SubmissionError) when too big or not UTF-8."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise SubmissionError(f"{_quoted(shown_name)} is {size / 1e6:.1f} MB, more than the "
+                              f"{MAX_CONFIG_BYTES / 1e6:g} MB a config may be; keep data out "
+                              f"of the config, in files the model reads")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SubmissionError(f"{_quoted(shown_name)} is not UTF-8 text (byte "
+                              f"0x{data[error.start]:02x} at offset {error.start}); save it "
+                              f"as UTF-8") from None
 
 
 def find_config(folder: Path, shown_name: str | None = None, kind: str = EXPERIMENT) -> Path:
     """The experiment (or job) YAML at the top of a submission folder (`shown_name` in
     messages)."""
-    shown_name = shown_name or folder.name
+    shown = _quoted(shown_name or folder.name)
     candidates = sorted(p for p in folder.iterdir()
                         if p.is_file() and p.suffix in CONFIG_SUFFIXES)
     if len(candidates) == 1:
@@ -74,10 +176,12 @@ def find_config(folder: Path, shown_name: str | None = None, kind: str = EXPERIM
         return preferred[0]
     if not candidates:
         example = "job.yaml" if kind == JOB else "const.yaml"
-        raise SubmissionError(f"'{shown_name}' holds no {kind} YAML file at its top level; "
+        raise SubmissionError(f"{shown} holds no {kind} YAML file at its top level; "
                               f"add one (e.g. {example}) next to the code")
-    names = ", ".join(p.name for p in candidates)
-    raise SubmissionError(f"'{shown_name}' holds several YAML files ({names}); keep exactly one, "
+    names = ", ".join(p.name if p.name.isprintable() and len(p.name) < 60 else _quoted(p.name)
+                      for p in candidates[:5])
+    names += ", ..." if len(candidates) > 5 else ""
+    raise SubmissionError(f"{shown} holds several YAML files ({names}); keep exactly one, "
                           "or run `localdet submit CONFIG MODEL_DIR` to choose")
 
 
@@ -175,6 +279,9 @@ class Intake:
                 continue
             if now - previous[1] < self.settle_seconds:
                 continue
+            if _open_for_writing(path):  # paused mid-copy: wait until it is closed
+                self._seen[path] = (signature, now)
+                continue
             del self._seen[path]
             experiment_id = self.ingest(path, self._kind_of(path))
             if experiment_id is not None:
@@ -185,31 +292,53 @@ class Intake:
 
     def ingest(self, path: Path, kind: str = EXPERIMENT) -> int | None:
         # Take it out of the queue first (one rename), so it is never ingested twice.
-        token = f"{path.name}.{secrets.token_hex(4)}"
+        token = f"{_clipped(path.name)}.{secrets.token_hex(4)}"
         staging = self.incoming_jobs if kind == JOB else self.incoming
         staged = staging / token
         staging.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            os.rename(path, staged)
-        else:
-            staged.mkdir()
-            os.rename(path, staged / path.name)
         try:
-            return self.record(staged, path.name, kind=kind)
-        except (SubmissionError, ConfigError, UnicodeDecodeError) as error:
+            if path.is_dir() and not path.is_symlink():
+                os.rename(path, staged)
+            else:  # a file, or a link (kept as a link, in a folder of its own)
+                staged.mkdir()
+                os.rename(path, staged / path.name)
+        except FileNotFoundError:
+            shutil.rmtree(staged, ignore_errors=True)
+            return None  # taken away meanwhile
+        try:
+            text, parsed = self.check(staged, path.name, kind)
+        except (SubmissionError, ConfigError) as error:
             self.reject(staged, path.name, str(error))
             return None
+        except Exception as error:  # a bug on odd input must not strand it in staging
+            self.reject(staged, path.name, (
+                f"{_quoted(path.name)} could not be read ({type(error).__name__}: "
+                f"{_quoted(str(error))}); check its files, and report this if they look right"),
+                detail=traceback.format_exc())
+            return None
+        return self._commit(staged, path.name, text, parsed, kind=kind, runner="daemon")
+
+    def check(self, staged: Path, source: str, kind: str = EXPERIMENT) -> tuple[str, ParsedConfig]:
+        """The config text and parsed config of a staged submission folder; raises
+        SubmissionError or ConfigError saying what to fix. Reads nothing outside `staged`."""
+        check_entries(staged, source)
+        config_file = find_config(staged, source, kind)
+        text = read_config_text(config_file, config_file.name)
+        parsed = _load(kind, text)
+        check_slots(parsed.config, kind, self.slot_list)
+        check_engine(parsed.config, kind, staged)
+        return text, parsed
 
     def record(self, staged: Path, source: str, *, kind: str = EXPERIMENT,
                runner: str = "daemon") -> int:
         """Record a staged submission folder as an experiment (or a job and its one trial)
-        and move it to the experiment's model folder. Raises SubmissionError or ConfigError
-        (UnicodeDecodeError for a config that is not text), having recorded nothing."""
-        config_file = find_config(staged, source, kind)
-        text = config_file.read_text(encoding="utf-8")
-        parsed = _load(kind, text)
-        check_slots(parsed.config, kind, self.slot_list)
-        check_engine(parsed.config, kind, staged)
+        and move it to the experiment's model folder. Raises SubmissionError or ConfigError,
+        having recorded nothing."""
+        text, parsed = self.check(staged, source, kind)
+        return self._commit(staged, source, text, parsed, kind=kind, runner=runner)
+
+    def _commit(self, staged: Path, source: str, text: str, parsed: ParsedConfig, *,
+                kind: str, runner: str) -> int:
         config = parsed.config
         seed = config["reproducibility"].get("experiment_seed")
         if seed is None:
@@ -238,15 +367,15 @@ class Intake:
         os.rename(staged, model_dir)
         return experiment_id
 
-    def reject(self, staged: Path, name: str, reason: str) -> None:
+    def reject(self, staged: Path, name: str, reason: str, detail: str | None = None) -> None:
         self.layout.rejected.mkdir(parents=True, exist_ok=True)
         target = self.layout.rejected / name
-        while target.exists():
-            target = self.layout.rejected / f"{name}.{secrets.token_hex(3)}"
+        while os.path.lexists(target):
+            target = self.layout.rejected / f"{_clipped(name)}.{secrets.token_hex(3)}"
         os.rename(staged, target)
         (target / "error.txt").write_text(reason.rstrip() + "\n", encoding="utf-8")
         self.db.log_event("submission_rejected", source=name, reason=reason,
-                          moved_to=str(target))
+                          moved_to=str(target), **({"detail": detail} if detail else {}))
 
     def recover(self) -> None:
         """Finish what a killed daemon (or `localdet run`) left half-done in staging."""
@@ -330,10 +459,7 @@ def read_submission(config_path: Path, model_dir: Path | None, kind: str = EXPER
         raise SubmissionError(f"config file '{config_path}' does not exist")
     if model_dir is not None and not Path(model_dir).is_dir():
         raise SubmissionError(f"model folder '{model_dir}' does not exist")
-    try:
-        text = config_path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SubmissionError(f"config file '{config_path}' is not UTF-8 text") from None
+    text = read_config_text(config_path, str(config_path))
     parsed = _load(kind, text)
     check_slots(parsed.config, kind, slots)
     if model_dir is not None:
