@@ -167,6 +167,8 @@ class Guard:
         if limit is None:
             return
         with self._lock:
+            if trial.id in self._watched:  # its previous launch, ended a moment ago
+                self._finish(self._watched[trial.id])
             cgroup = self._cgroup(trial.id, pid, limit[0])
             log_path = self.layout.trial_log(trial.experiment_id, trial.id)
             watched = _Watched(trial.id, pid, *limit, log_path, cgroup, time.monotonic())
@@ -251,12 +253,12 @@ class Guard:
     # -- cgroups ---------------------------------------------------------------------------
     def _cgroup(self, trial_id: int, pid: int, limit: int) -> Path | None:
         """The launch's cgroup with the process in it, or None for the watcher."""
-        base = self.cgroup_base
-        if base is None:
-            return None
         current = _cgroup_folder(pid)
         if current is not None and current.name.startswith(f"{_CGROUP_PREFIX}{trial_id}-"):
             return current  # adopted: it joined its cgroup at launch
+        base = self.cgroup_base
+        if base is None:
+            return None
         if current is not None and current != base:
             # Adopted from a daemon that used the watcher: its memory so far is counted
             # elsewhere, so a new cgroup would undercount. Watch it instead.
@@ -277,15 +279,16 @@ class Guard:
 
     def _leftover(self, trial, config: dict) -> _Watched | None:
         """A cgroup of a launch no daemon watched to its end (found by its name)."""
-        limit = self.limit_for(config)
         base = _v1_base()
-        if base is None or not trial.pid or limit is None:
+        if base is None or not trial.pid:
             return None
         path = base / f"{_CGROUP_PREFIX}{trial.id}-{trial.pid}"
         if not path.is_dir():
             return None
+        source = ("resources.max_memory" if (config.get("resources") or {}).get("max_memory")
+                  else "localdet daemon --trial-memory-fraction")
         watched = _Watched(trial.id, trial.pid, _read_int(path / "memory.limit_in_bytes"),
-                           limit[1], self.layout.trial_log(trial.experiment_id, trial.id),
+                           source, self.layout.trial_log(trial.experiment_id, trial.id),
                            path, 0.0)
         watched.stopped = _marked(watched.log_path)  # a former daemon said so already
         return watched

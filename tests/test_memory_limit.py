@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import TEST_TRIALS, Daemon, wait_for
+from test_fail_fast import experiment as tiny_experiment, model_folder
 from localdet import memory_limit
 from localdet.config import ConfigError, parse_config, parse_job_config
 
@@ -141,9 +142,10 @@ def submit(home, tmp_path: Path, name: str, args: str = "", job: bool = False,
     return home.experiment_named(name)["id"]
 
 
-def trial_log(home, experiment_id: int, trial_id: int) -> str:
-    path = home.path / "experiments" / str(experiment_id) / "trials" / str(trial_id) / "trial.log"
-    return path.read_text() if path.exists() else ""
+def trial_log(home, experiment_id: int) -> str:
+    """The log of the experiment's one trial ("" before it starts)."""
+    logs = sorted((home.path / "experiments" / str(experiment_id)).glob("trials/*/trial.log"))
+    return logs[0].read_text() if logs else ""
 
 
 def launches(home, experiment_id: int) -> int:
@@ -162,7 +164,7 @@ def assert_stopped_for_memory(home, experiment_id: int, limit: str, source: str,
         f"the trial exceeded its memory limit of {limit} ({source}) and was stopped")
     assert "a restart would only reach the limit again, so it was not restarted" in trial["error"]
     assert trial["restarts"] == 0 and launches(home, experiment_id) == 1
-    log = trial_log(home, experiment_id, trial["id"])
+    log = trial_log(home, experiment_id)
     assert f"[localdet] memory limit {limit} ({source}) over all its processes, " \
            f"{enforcement}" in log
     assert f"[localdet] the trial exceeded its memory limit of {limit}" in log
@@ -174,12 +176,16 @@ def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path,
     # The daemon-wide default: about 400 MB on any machine.
     fraction = f"{400e6 / memory_limit.physical_memory():.6f}"
     default = memory_limit.gigabytes(int(float(fraction) * memory_limit.physical_memory()))
-    daemon = start_daemon(home, mechanism, "--slots", "3", "--trial-memory-fraction", fraction)
+    daemon = start_daemon(home, mechanism, "--slots", "4", "--trial-memory-fraction", fraction)
     release = tmp_path / "release"
     try:
+        # A TensorFlow trial that trains within its limit, meanwhile.
+        home.cli("submit", tiny_experiment(tmp_path, "within", resources={"max_memory": "3GB"}),
+                 model_folder(tmp_path / "within"))
+        within = home.experiment_named("within")["id"]
         # A job that runs meanwhile and ends when told.
         bystander = submit(home, tmp_path, "bystander", f"--release {release}", job=True)
-        wait_for(lambda: "waiting for release" in trial_log(home, bystander, 1), 60,
+        wait_for(lambda: "waiting for release" in trial_log(home, bystander), 60,
                  "the job to start")
         # One process that grows without end, over its config's limit.
         grows = submit(home, tmp_path, "grows", max_memory="200MB")
@@ -199,6 +205,9 @@ def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path,
         assert home.experiment(bystander)["state"] == "ACTIVE"
         release.touch()
         assert home.wait_until_ended(bystander, timeout=60)["state"] == "COMPLETED"
+        assert home.wait_until_ended(within, timeout=120)["state"] == "COMPLETED"
+        assert f"[localdet] memory limit 3 GB (resources.max_memory) over all its processes, " \
+               f"{enforcement}" in trial_log(home, within)
         assert daemon.process.poll() is None  # the daemon lived through it all
         told = daemon.log_path.read_text()
         assert "trial memory limits are enforced by " in told
@@ -214,7 +223,7 @@ def test_an_adopted_trial_is_still_held_to_its_limit(home, tmp_path, mechanism):
     first = start_daemon(home, mechanism)
     try:
         grows = submit(home, tmp_path, "adopted", f"--wait {go}", max_memory="300MB")
-        wait_for(lambda: "holding 50 MB" in trial_log(home, grows, 1), 60, "the trial to start")
+        wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
     finally:
         stop_leaving_trials(first)
     second = start_daemon(home, mechanism)
@@ -239,7 +248,7 @@ def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limi
     first = start_daemon(home, "auto")
     try:
         grows = submit(home, tmp_path, "unwatched", f"--wait {go}", max_memory="300MB")
-        wait_for(lambda: "holding 50 MB" in trial_log(home, grows, 1), 60, "the trial to start")
+        wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
     finally:
         stop_leaving_trials(first)
     from localdet.db import StateDB
