@@ -43,6 +43,18 @@ def _open_db(layout: Layout) -> StateDB:
     return StateDB.open(layout.db)
 
 
+def _size_option(context: click.Context, parameter: click.Parameter, value: str) -> int:
+    from localdet.sizes import parse_size
+
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    if size < 1000:  # room for a head, the line that says what was dropped, and a tail
+        raise click.BadParameter(f"{value!r} is too small for a log; give at least 1KB")
+    return size
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """localdet: Determined-style Keras training on one machine."""
@@ -64,8 +76,11 @@ def cli() -> None:
               help="Stop a trial whose processes use more than this fraction of the "
                    "machine's memory (0 < F <= 1), unless its config sets "
                    "resources.max_memory.")
+@click.option("--max-log-bytes", default="100MB", show_default=True, callback=_size_option,
+              help="Cap each trial's log (and the daemon's own daemon.log) at this size: "
+                   "past it a log keeps its first and most recent lines.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
-           trial_memory_fraction: float | None) -> None:
+           trial_memory_fraction: float | None, max_log_bytes: int) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.processes import DaemonAlreadyRunning
@@ -81,7 +96,7 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
         click.echo(f"dashboard at {url}", err=True)
     try:
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
-               trial_memory_fraction=trial_memory_fraction).run()
+               trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes).run()
     except DaemonAlreadyRunning as error:
         _fail(str(error))
 

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import failures, gc, launcher, lifecycle, memory_limit, scheduler
+from localdet import capped_log, failures, gc, launcher, lifecycle, memory_limit, \
+    scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -58,6 +60,7 @@ class Daemon:
     log: callable = print
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
     trial_memory_fraction: float | None = None  # trials' memory limit with no max_memory
+    max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
@@ -78,6 +81,7 @@ class Daemon:
         self.layout.ensure()
         lock = DaemonLock(self.layout.daemon_lock)
         lock.acquire()
+        self._keep_log()
         self.open()
         observer = Observer()
         observer.schedule(_Wake(self._wake), str(self.layout.queue), recursive=True)
@@ -107,6 +111,18 @@ class Daemon:
             self.db.log_event("daemon_stopped", pid=os.getpid())
             self.db.close()
             lock.release()
+
+    def _keep_log(self) -> None:
+        """Say everything also in `$LOCALDET_HOME/daemon.log`, capped as trial logs are."""
+        kept = capped_log.CappedLog(self.layout.daemon_log, self.max_log_bytes,
+                                    wait_seconds=0)  # the daemon lock makes it the only writer
+        shown = self.log
+
+        def log(message: str) -> None:
+            shown(message)
+            kept.write(f"{now()} {message}\n".encode())
+
+        self.log = log
 
     def stop(self) -> None:
         self._stop.set()
@@ -283,7 +299,8 @@ class Daemon:
         try:
             spec = launcher.launch_spec(
                 self.layout, experiment, trial, slots,
-                visible_devices=cuda_visible_devices([self.machine[i] for i in slots]))
+                visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
+                max_log_bytes=self.max_log_bytes)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             process = launcher.start(spec)
         except launcher.LaunchError as error:  # retrying cannot help: end it
@@ -330,17 +347,21 @@ class Daemon:
             code = process.poll()
             if code is not None:
                 del self._processes[trial_id]
-                self._finish(trial_id, code)
+                self._finish(trial_id, code, process)
         for trial_id, pid in list(self._adopted.items()):
             if not alive(pid):
                 del self._adopted[trial_id]
                 self._finish(trial_id, returncode=None)
 
-    def _finish(self, trial_id: int, returncode: int | None) -> None:
+    def _finish(self, trial_id: int, returncode: int | None,
+                process: subprocess.Popen | None = None) -> None:
         """A trial process ended (returncode None: not ours, so judge from its records).
         One transaction: a daemon killed half-way leaves the trial RUNNING with a dead pid,
         which the next daemon finishes the same way."""
         self._slots_of.pop(trial_id, None)
+        trial = self.db.trial(trial_id)
+        # Its last lines (a failure's cause) may still be in its log writer's pipe.
+        launcher.wait_for_log(process, self.layout.trial_log(trial.experiment_id, trial_id))
         with self.db.atomic():
             trial = self.db.trial(trial_id)
             if trial.state != "RUNNING":

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from localdet import views
+from localdet import capped_log, views
 from localdet.daemon import Daemon
 from localdet.processes import DaemonLock
 from localdet.db import TERMINAL_STATES, StateDB
@@ -94,10 +94,9 @@ class _Logs:
         path = self.layout.trial_log(self.experiment_id, trial_id)
         if not path.exists():
             return []
-        with open(path, "rb") as log:
-            log.seek(self.offsets.get(trial_id, 0))
-            data = log.read()
-            self.offsets[trial_id] = log.tell()
+        if final:  # its last lines may still be on their way through the log's writer
+            capped_log.wait_for_writer(path)
+        data, self.offsets[trial_id] = capped_log.read_from(path, self.offsets.get(trial_id, 0))
         text = self.partial.pop(trial_id, "") + data.decode("utf-8", "replace")
         lines = text.split("\n")
         if not final:

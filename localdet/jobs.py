@@ -12,6 +12,7 @@ import time
 
 import click
 
+from localdet import capped_log
 from localdet.processes import DaemonLock
 from localdet.db import TERMINAL_STATES, StateDB
 from localdet.paths import Layout
@@ -53,6 +54,8 @@ def follow(layout: Layout, queued_name: str) -> int:
         offset = 0
         while True:
             ended = db.experiment(job_id).state in TERMINAL_STATES  # read before the log
+            if ended:  # its last lines may still be on their way through the log's writer
+                capped_log.wait_for_writer(log_path)
             offset = copy_new(log_path, offset, out)
             if ended:
                 break

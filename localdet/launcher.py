@@ -13,10 +13,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from localdet import engines, keras_line
+from localdet import capped_log, engines, keras_line
 from localdet.db import Experiment, Trial
 from localdet.paths import Layout
 
@@ -31,6 +32,7 @@ class LaunchSpec:
     keras_line_reason: str
     engine: str = engines.SINGLE   # how it trains on its slots (localdet/engines.py)
     header: str = ""               # the first line this launch writes to the log
+    max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # the trial log's cap
 
 
 # `python`, `python3`, `python3.11`: the interpreter the user means is localdet's own, so that
@@ -49,7 +51,8 @@ def argv_for(config: dict) -> list[str]:
 
 
 def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
-                slots: list[int], visible_devices: str | None = None) -> LaunchSpec:
+                slots: list[int], visible_devices: str | None = None,
+                max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES) -> LaunchSpec:
     """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots)."""
     env = dict(os.environ)
     env.pop("TF_USE_LEGACY_KERAS", None)  # the daemon's own choice must not leak in
@@ -87,6 +90,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         engine=engine,
         header=(f"[localdet] trial {trial.id} launch {trial.restarts + 1} on slots {slots}: "
                 f"{line} ({reason}); engine {engine}"),
+        max_log_bytes=max_log_bytes,
     )
 
 
@@ -115,13 +119,15 @@ class LaunchError(RuntimeError):
 
 
 def start(spec: LaunchSpec) -> subprocess.Popen:
-    """Start the trial's process, its output appended to its log. Raises LaunchError (also
-    written to the log) when the program is missing or cannot be run."""
+    """Start the trial's process, its output going to its log through the log's writer (a
+    process of its own, which keeps the log under its cap): `wait_for_log(process)` once
+    the process has ended waits until everything it printed is in the log. Raises
+    LaunchError (also written to the log) when the program is missing or cannot be run."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(spec.log_path, "ab") as log:
+    log, writer = _log_writer(spec)
+    try:
         if spec.header:  # which Keras and why, before anything the trial prints
-            log.write(f"{spec.header}\n".encode())
-            log.flush()
+            os.write(log, f"{spec.header}\n".encode())
         # A session of its own: the trial outlives a daemon restart, and can be signalled
         # as a group.
         try:
@@ -129,9 +135,11 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
             if program and shutil.which(program, path=spec.env.get("PATH")) is None \
                     and not (spec.cwd / program).is_file():
                 raise FileNotFoundError(program)  # say so now, not as each rank's exit 127
-            return subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            process = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+            process.log_writer = writer
+            return process
         except OSError as error:
             if not spec.cwd.is_dir():
                 message = f"the experiment's model folder {spec.cwd} is missing"
@@ -142,8 +150,53 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
                 program = spec.argv[spec.argv.index("--") + 1] if _supervised(spec) \
                     else spec.argv[0]
                 message = f"cannot start '{program}' from the entrypoint: {reason}"
-            log.write(f"error: {message}\n".encode())
+            os.write(log, f"error: {message}\n".encode())
+            os.close(log)
+            log = None
+            _wait(writer)  # the log says it before we do
             raise LaunchError(message) from None
+    finally:
+        if log is not None:
+            os.close(log)  # the trial holds its own copy; the writer ends when the trial does
+
+
+def wait_for_log(process: subprocess.Popen | None, log_path: Path,
+                 seconds: float = 5.0) -> None:
+    """Once a trial's process has ended, wait (up to `seconds`) until its log's writer has
+    written all it printed; `process` None: a process not ours, judged by the log's lock."""
+    writer = getattr(process, "log_writer", None)
+    if writer is not None:
+        _wait(writer, seconds)
+    else:
+        capped_log.wait_for_writer(log_path, seconds)
+
+
+def _wait(writer: subprocess.Popen | None, seconds: float = 5.0) -> None:
+    try:
+        if writer is not None:
+            writer.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass  # a process the trial left behind still holds the pipe: read what is there
+
+
+def _log_writer(spec: LaunchSpec) -> tuple[int, subprocess.Popen | None]:
+    """The write end of a pipe into the trial's log writer (`python -m localdet.capped_log`,
+    in a session of its own, so it outlives the daemon as the trial does), and the writer.
+    If the writer cannot start, the log file itself, uncapped."""
+    read_end, write_end = os.pipe()
+    try:
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "localdet.capped_log", str(spec.log_path),
+             str(spec.max_log_bytes)],
+            stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(write_end)
+        return os.open(spec.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), None
+    finally:
+        os.close(read_end)
+    # Reaped when it ends, so it leaves no zombie behind in a long-lived daemon.
+    threading.Thread(target=writer.wait, name="log-writer", daemon=True).start()
+    return write_end, writer
 
 
 def _supervised(spec: LaunchSpec) -> bool:
@@ -178,11 +231,9 @@ class Failure:
 
 
 def log_size(path: Path) -> int:
-    """Where the next launch's part of the log begins."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+    """Where the next launch's part of the log begins (a stream offset: it stays right when
+    the log's middle is dropped, see localdet/capped_log.py)."""
+    return capped_log.stream_size(path)
 
 
 def failure(path: Path, offset: int = 0) -> Failure | None:
@@ -190,7 +241,8 @@ def failure(path: Path, offset: int = 0) -> Failure | None:
     (a script), or None when its part of the log (from `offset`) shows neither."""
     try:
         with open(path, "rb") as log:
-            log.seek(max(offset, log_size(path) - 65536))
+            log.seek(0, os.SEEK_END)
+            log.seek(max(capped_log.file_position(path, offset), log.tell() - 65536))
             lines = log.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None

@@ -34,9 +34,7 @@ limit again).
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -45,12 +43,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from localdet import sizes
+from localdet.sizes import gigabytes
+
 SIGNATURE = "MemoryLimitExceeded"
 POLL_SECONDS = 0.5
-SIZE_HINT = "a size such as '4GB', '512MB' or '2GiB', or a number of bytes"
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _SMALLEST = 10**6  # less than Python itself needs: a missing unit, most likely
 _CGROUP_PREFIX = "localdet-trial-"
 _SWEEP_SECONDS = 5.0  # how long after joining a cgroup strays of the trial are moved in
@@ -62,33 +59,13 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def gigabytes(size: int) -> str:
-    """`300_000_000` -> "0.3 GB": how limits are told."""
-    value = size / 1e9
-    return f"{round(value)} GB" if value >= 100 else f"{value:.3g} GB"
-
-
 def parse_size(value: object) -> int:
     """Bytes from `resources.max_memory`: "4GB" (powers of 1000), "2GiB" (of 1024), or a
     number of bytes. ValueError, one sentence without the key, when it is not a size
     above 1 MB that fits in this machine's memory."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)) \
-            or (isinstance(value, float) and not math.isfinite(value)):
-        raise ValueError(f"expected {SIZE_HINT} (got {value!r})")
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if value.strip().startswith("-"):
-            raise ValueError(f"expected a size above zero, such as '4GB' (got {value!r})")
-        if not match or match.group(2).lower() not in _UNITS | {"": 1}:
-            raise ValueError(f"expected {SIZE_HINT} (got {value!r})")
-        size = float(match.group(1)) * _UNITS[match.group(2).lower() or "b"]
-    else:
-        size = value
-    if size <= 0:
-        raise ValueError(f"expected a size above zero, such as '4GB' (got {value!r})")
+    size = sizes.parse_size(value)
     if size < _SMALLEST:
-        hint = f"; did you mean '{value}MB'?" if not isinstance(value, str) or \
-            not match.group(2) else ""
+        hint = "" if sizes.has_unit(value) else f"; did you mean '{value}MB'?"
         raise ValueError(f"{value!r} is less than 1 MB, too little for any trial{hint}")
     total = physical_memory()
     if size > total:

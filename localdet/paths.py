@@ -65,6 +65,11 @@ class Layout:
         return self.home / "daemon.lock"
 
     @property
+    def daemon_log(self) -> Path:
+        """What the daemon says, kept under the same cap as a trial's log."""
+        return self.home / "daemon.log"
+
+    @property
     def slot_file(self) -> Path:
         """The slots the daemon found at start (JSON), for commands that run no daemon."""
         return self.home / "slots.json"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from localdet import capped_log
 from localdet.db import NotFound, StateDB
 from localdet.paths import Layout
 
@@ -38,17 +39,15 @@ def log_path(layout: Layout, db: StateDB, trial_id: int, wait: bool = False) -> 
 
 
 def copy_new(path: Path, offset: int, out: BinaryIO) -> int:
-    """Write what the log holds past `offset`; returns the new offset."""
-    if not path.exists():
-        return offset
-    with open(path, "rb") as log:
-        log.seek(offset)
-        data = log.read()
-        offset = log.tell()
-    if data:
+    """Write what the log holds past stream offset `offset`; returns the new offset. Past
+    the log's cap its middle is dropped: a follower that fell that far behind gets the line
+    saying so, then the most recent lines (localdet/capped_log.py)."""
+    while True:
+        data, offset = capped_log.read_from(path, offset, limit=1 << 20)
+        if not data:
+            return offset
         out.write(data)
         out.flush()
-    return offset
 
 
 def follow(layout: Layout, db: StateDB, trial_id: int, out: BinaryIO,
@@ -59,6 +58,8 @@ def follow(layout: Layout, db: StateDB, trial_id: int, out: BinaryIO,
     offset = 0
     while True:
         ended = db.trial(trial_id).state not in ACTIVE_STATES  # read before the log
+        if ended:  # its last lines may still be on their way through the log's writer
+            capped_log.wait_for_writer(path)
         offset = copy_new(path, offset, out)
         if ended:
             return

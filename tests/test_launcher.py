@@ -91,6 +91,7 @@ def test_a_script_process_starts_in_the_model_folder_and_logs(layout):
                       "os.environ['LOCALDET_TRIAL_ID'])\""}).config)
     process = launcher.start(launcher.launch_spec(layout, experiment, trial, [0]))
     assert process.wait(timeout=30) == 0
+    launcher.wait_for_log(process, layout.trial_log(experiment.id, trial.id))
     header, log = launcher.log_tail(layout.trial_log(experiment.id, trial.id)).splitlines()
     assert log == f"{layout.model_dir(experiment.id)} {sys.executable} {trial.id}"
     assert header == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras3 (the default); "

@@ -1,0 +1,46 @@
+"""Sizes as people write them: "100MB" (powers of 1000), "2GiB" (of 1024), or bytes.
+
+    parse_size("100MB")      # 100_000_000
+    parse_size(4096)         # 4096
+    gigabytes(300_000_000)   # "0.3 GB"
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+SIZE_HINT = "a size such as '4GB', '512MB' or '2GiB', or a number of bytes"
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: object) -> int:
+    """Bytes; ValueError (one sentence, without the setting's name) when `value` is not a
+    size above zero."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) \
+            or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"expected {SIZE_HINT} (got {value!r})")
+    if isinstance(value, str):
+        if value.strip().startswith("-"):
+            raise ValueError(f"expected a size above zero, such as '4GB' (got {value!r})")
+        match = _SIZE.match(value)
+        if not match or match.group(2).lower() not in _UNITS | {"": 1}:
+            raise ValueError(f"expected {SIZE_HINT} (got {value!r})")
+        size = float(match.group(1)) * _UNITS[match.group(2).lower() or "b"]
+    else:
+        size = value
+    if size <= 0:
+        raise ValueError(f"expected a size above zero, such as '4GB' (got {value!r})")
+    return int(size)
+
+
+def has_unit(value: object) -> bool:
+    return isinstance(value, str) and bool(_SIZE.match(value)) and bool(_SIZE.match(value).group(2))
+
+
+def gigabytes(size: int) -> str:
+    """`300_000_000` -> "0.3 GB": how limits are told."""
+    value = size / 1e9
+    return f"{round(value)} GB" if value >= 100 else f"{value:.3g} GB"
