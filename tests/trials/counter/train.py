@@ -7,7 +7,8 @@ deterministic step per batch, so any interruption that loses or repeats a batch 
 
 Hyperparameters: `variant` (changes the step), `batch_seconds` (a batch's duration),
 `checkpoint_seconds` (how long writing a checkpoint takes), `crash_at` (the first launch
-dies at this batch, a later one does not; 0: never).
+dies at this batch, a later one does not; 0: never), `print_lines` (lines it prints per
+batch, optional).
 """
 
 import json
@@ -52,6 +53,8 @@ def main() -> None:
         for _ in range(min(unit, info.target_batches - batches)):
             weights = step(weights, batches, info.seed, hp["variant"])
             batches += 1
+            for line in range(hp.get("print_lines", 0)):
+                print(f"batch {batches} line {line}: {weights.tolist()}")
             time.sleep(hp["batch_seconds"])
             if batches == hp["crash_at"] and not crash_marker.exists():
                 crash_marker.write_text("")
