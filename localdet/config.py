@@ -524,6 +524,11 @@ def _load_yaml(text: str) -> Any:
         value = loader.construct_document(node)
     except yaml.YAMLError as e:
         raise _yaml_error(e, text) from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # e.g. `!!int nope`
+        raise ConfigError("invalid YAML: a value does not fit its explicit tag (such as !!int "
+                          "or !!map); fix the value or remove the tag") from None
     except RecursionError:
         raise ConfigError("the config's YAML is nested too deeply (lists or mappings within "
                           "each other hundreds of levels down); flatten it") from None

@@ -86,10 +86,10 @@ def _signature(path: Path) -> tuple:
     return tuple(sorted(entries))
 
 
-def _open_for_writing(path: Path) -> bool:
-    """Whether a process we can see holds `path`, or a file under it, open for writing (a
-    copy that pauses longer than the settle time is still unfinished)."""
-    inside = str(path) + os.sep
+def _open_for_writing(folder: Path) -> set[str]:
+    """The files under `folder` that a process we can see holds open for writing (a copy
+    that pauses longer than the settle time is still unfinished)."""
+    inside, found = str(folder) + os.sep, set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
             fds = os.listdir(fd_dir)
@@ -98,15 +98,19 @@ def _open_for_writing(path: Path) -> bool:
         for fd in fds:
             try:
                 target = os.readlink(fd_dir / fd)
-                if target != str(path) and not target.startswith(inside):
+                if not target.startswith(inside):
                     continue
                 info = (fd_dir.parent / "fdinfo" / fd).read_text()
             except OSError:
                 continue
             flags = int(info.split("flags:")[1].split()[0], 8)
             if flags & (os.O_WRONLY | os.O_RDWR):
-                return True
-    return False
+                found.add(target)
+    return found
+
+
+def _within(path: Path, paths: set[str]) -> bool:
+    return any(p == str(path) or p.startswith(str(path) + os.sep) for p in paths)
 
 
 def check_entries(folder: Path, shown_name: str) -> None:
@@ -129,6 +133,8 @@ def check_entries(folder: Path, shown_name: str) -> None:
                 raise SubmissionError(f"{name} holds a file whose name is not valid UTF-8, "
                                       f"{relative}; rename it") from None
             mode = path.lstat().st_mode
+            # A bare file (or link) was staged alone in a folder, under its own name.
+            itself = path.parent == folder and entry == shown_name
             if stat.S_ISLNK(mode):
                 # Reads the links, never what they point to; a loop ends up broken.
                 target = Path(os.path.realpath(path))
@@ -140,11 +146,15 @@ def check_entries(folder: Path, shown_name: str) -> None:
                     what = "a folder"
                 else:
                     continue  # a file of the submission under a second name
-                raise SubmissionError(f"{name} holds a symbolic link, {relative}, to {what}; "
+                if itself:
+                    raise SubmissionError(f"{name} is a symbolic link to {what}; put the file "
+                                          f"or folder itself in the queue")
+                raise SubmissionError(f"{name} holds {relative}, a symbolic link to {what}; "
                                       f"put a copy of the file itself there")
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise SubmissionError(f"{name} holds {relative}, which is not a regular file "
-                                      f"(a FIFO, socket or device); remove it")
+                which = f"{name} is" if itself else f"{name} holds {relative}, which is"
+                raise SubmissionError(f"{which} not a regular file or folder (a FIFO, "
+                                      f"socket or device); remove it")
 
 
 def read_config_text(path: Path, shown_name: str) -> str:
@@ -269,7 +279,7 @@ class Intake:
         """Ingest every settled submission; returns the ids of the experiments (and jobs)
         created."""
         created, now = [], time.monotonic()
-        present = set()
+        present, writing = set(), None
         for path in self.candidates():
             present.add(path)
             signature = _signature(path)
@@ -279,7 +289,10 @@ class Intake:
                 continue
             if now - previous[1] < self.settle_seconds:
                 continue
-            if _open_for_writing(path):  # paused mid-copy: wait until it is closed
+            if writing is None:  # looked up once a poll, only when something has settled
+                writing = _open_for_writing(Path(os.path.realpath(self.layout.queue)))
+            # The kernel names open files by their real paths.
+            if _within(Path(os.path.realpath(path.parent), path.name), writing):  # paused mid-copy: wait until it is closed
                 self._seen[path] = (signature, now)
                 continue
             del self._seen[path]
