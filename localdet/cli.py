@@ -50,7 +50,7 @@ def _size_option(context: click.Context, parameter: click.Parameter, value: str)
         size = parse_size(value)
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    if size < 1000:  # room for a head, the line that says what was dropped, and a tail
+    if size < 1000 and parameter.name == "max_log_bytes":  # a head, the marker, a tail
         raise click.BadParameter(f"{value!r} is too small for a log; give at least 1KB")
     return size
 
@@ -79,10 +79,19 @@ def cli() -> None:
 @click.option("--max-log-bytes", default="100MB", show_default=True, callback=_size_option,
               help="Cap each trial's log (and the daemon's own daemon.log) at this size: "
                    "past it a log keeps its first and most recent lines.")
+@click.option("--min-free-space", default="2GB", show_default=True, callback=_size_option,
+              help="Free space to keep where state and checkpoints are written (with "
+                   "--min-free-percent, the smaller counts): below it the daemon launches "
+                   "nothing and running trials stop at their next boundary until space "
+                   "returns.")
+@click.option("--min-free-percent", type=click.FloatRange(0, 100), default=5.0,
+              show_default=True, help="The same reserve, as a percentage of the disk.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
-           trial_memory_fraction: float | None, max_log_bytes: int) -> None:
+           trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
+           min_free_percent: float) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
+    from localdet.disk_space import Reserve
     from localdet.processes import DaemonAlreadyRunning
 
     layout = Layout.from_environment()
@@ -96,7 +105,8 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
         click.echo(f"dashboard at {url}", err=True)
     try:
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
-               trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes).run()
+               trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
+               reserve=Reserve(min_free_space, min_free_percent)).run()
     except DaemonAlreadyRunning as error:
         _fail(str(error))
 
@@ -223,6 +233,9 @@ def status(experiment_id: int | None, as_json: bool) -> None:
     pid = DaemonLock.holder(layout.daemon_lock)
     console.print(f"daemon running (pid {pid})" if pid else
                   "[yellow]the daemon is not running[/] (start it with `localdet daemon`)")
+    notice = views.daemon_notice(db) if pid else None
+    if notice:
+        console.print(f"[yellow]{escape(notice)}[/]")
     if experiment_id is None:
         jobs = [f for f in facts if f["kind"] == "job"]
         experiments = [f for f in facts if f["kind"] != "job"]

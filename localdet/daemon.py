@@ -26,8 +26,8 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import capped_log, failures, gc, launcher, lifecycle, memory_limit, \
-    scheduler
+from localdet import capped_log, disk_space, failures, gc, launcher, lifecycle, \
+    memory_limit, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -61,9 +61,12 @@ class Daemon:
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
     trial_memory_fraction: float | None = None  # trials' memory limit with no max_memory
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
+    reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
+    _short: disk_space.Shortage | None = None  # launches held until space returns
+    _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
 
@@ -135,6 +138,7 @@ class Daemon:
                 self.log(f"{self.db.experiment(experiment_id).kind} {experiment_id} accepted")
             self._watch_scripts()
         self._handle_requests()
+        self._watch_space()
         self._search()
         self._reap()
         self._schedule()
@@ -147,6 +151,41 @@ class Daemon:
     def running(self) -> set[int]:
         """The trials whose processes this daemon is watching."""
         return set(self._processes) | set(self._adopted)
+
+    # -- free space ---------------------------------------------------------------------
+    def _watch_space(self) -> None:
+        """Below the reserve where state and checkpoints are written: launch nothing, and
+        hold running trials (they checkpoint if they can, exit, and wait queued); resume
+        on our own once space returns."""
+        shortage = self.reserve.shortage([self.layout.home, self.layout.store],
+                                         extra=self._space_extra)
+        if shortage is not None and self._short is None:
+            self.db.log_event("disk_low", path=str(shortage.path), free=shortage.free,
+                              needed=shortage.needed)
+            self.log(f"{shortage.describe()}: launching nothing, and running trials stop at "
+                     "their next boundary, until space returns")
+            with self.db.atomic():
+                for trial_id in self.running():
+                    trial = self.db.trial(trial_id)
+                    held = lifecycle.hold(phase_of(trial))
+                    if held != phase_of(trial):
+                        self.db.update_trial(trial_id, stop_requested=held.stop)
+        elif shortage is None and self._short is not None:
+            self.db.log_event("disk_ok")
+            self.log("free space is back above the reserve: launching again")
+            self._space_extra = 0
+        self._short = shortage
+
+    def _out_of_space(self, trial: Trial, experiment: Experiment, restart_to: str) -> None:
+        """A trial stopped because the disk filled: not its failure. It waits (restarts
+        untouched) and carries on from its latest checkpoint once there is room for another."""
+        latest = self.db.checkpoint(trial.latest_checkpoint) if trial.latest_checkpoint \
+            else None
+        self._space_extra = max(self._space_extra, 2 * (latest.size_bytes if latest else 0))
+        self.db.update_trial(trial.id, state=restart_to, stop_requested=None)
+        self.db.log_event("trial_out_of_space", experiment_id=experiment.id, trial_id=trial.id)
+        self.log(f"trial {trial.id} stopped: the disk is full; it carries on from its latest "
+                 "checkpoint once space returns")
 
     # -- searcher -----------------------------------------------------------------------
     def _search(self) -> None:
@@ -265,6 +304,8 @@ class Daemon:
         return console.export_text().rstrip()
 
     def _schedule(self) -> None:
+        if self._short is not None:
+            return  # held until free space returns (_watch_space)
         busy_slots = {slot for slots in self._slots_of.values() for slot in slots}
         free = [slot.index for slot in self.machine if slot.index not in busy_slots]
         if not free:
@@ -300,7 +341,7 @@ class Daemon:
             spec = launcher.launch_spec(
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
-                max_log_bytes=self.max_log_bytes)
+                max_log_bytes=self.max_log_bytes, reserve=self.reserve)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             process = launcher.start(spec)
         except launcher.LaunchError as error:  # retrying cannot help: end it
@@ -411,6 +452,9 @@ class Daemon:
         how = exit_description(returncode)
         self.memory.settle(trial, experiment.config)  # a stop for memory is in the log first
         failure = failures.record(self.db, self.layout, trial)
+        if failure and disk_space.out_of_space(failure.signature):
+            self._out_of_space(trial, experiment, restart_to)
+            return
         if failure and memory_limit.exceeded(failure):  # a restart would reach it again
             self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
                 f"{failure.told}\na restart would only reach the limit again, so it was not "

@@ -203,6 +203,13 @@ class StateDB:
         rows = self.db["events"].rows_where(where, args, order_by="id")
         return [{**row, "payload": json.loads(row["payload"])} for row in rows]
 
+    def last_event(self, kinds: Iterable[str]) -> dict | None:
+        """The newest event of one of these kinds (of any experiment), or None."""
+        kinds = list(kinds)
+        rows = list(self.db["events"].rows_where(
+            f"kind IN ({', '.join('?' for _ in kinds)})", kinds, order_by="id DESC", limit=1))
+        return {**rows[0], "payload": json.loads(rows[0]["payload"])} if rows else None
+
     # -- experiments --------------------------------------------------------------------
     def create_experiment(self, *, name: str, description: str, config: dict,
                           original_config: str, searcher: str, metric: str,

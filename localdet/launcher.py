@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from localdet import capped_log, engines, keras_line
+from localdet import capped_log, disk_space, engines, keras_line
 from localdet.db import Experiment, Trial
 from localdet.paths import Layout
 
@@ -52,7 +52,8 @@ def argv_for(config: dict) -> list[str]:
 
 def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 slots: list[int], visible_devices: str | None = None,
-                max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES) -> LaunchSpec:
+                max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES,
+                reserve: disk_space.Reserve | None = None) -> LaunchSpec:
     """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots)."""
     env = dict(os.environ)
     env.pop("TF_USE_LEGACY_KERAS", None)  # the daemon's own choice must not leak in
@@ -77,6 +78,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.update((reserve or disk_space.Reserve()).env())  # checked before each checkpoint
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     engine = _engine(experiment)
     env["LOCALDET_ENGINE"] = engine

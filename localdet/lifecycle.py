@@ -12,7 +12,8 @@ A trial's phase is its state and, while RUNNING, what it has been asked (`stop_r
     PAUSE     asked to checkpoint and stop at its next workload boundary; not seen yet
     PAUSING   the trial saw the request (`TrialReporter.should_pause` answered True once):
               it is checkpointing and will exit
-    REQUEUE   it is pausing, but a resume came since: it runs again once it has exited
+    REQUEUE   it is pausing, but a resume came since (or the daemon holds it while the disk
+              is short of space): it is queued again once it has exited
 
 Requests arrive at any moment of a trial's life (queued, launching, training, pausing,
 checkpointing, exiting, restarting) and in any order; each transition depends only on the
@@ -54,7 +55,7 @@ class TrialPhase:
         if self.pausing:
             return "PAUSING"
         if self.state == "RUNNING" and self.stop == REQUEUE:
-            return "RESUMING"
+            return "REQUEUING"  # stopping at its next boundary, to be launched again
         return self.state
 
 
@@ -87,6 +88,15 @@ def on_request(action: str, phase: TrialPhase) -> RequestOutcome:
                                              .get(stop, stop)))
         return RequestOutcome(phase)
     raise ValueError(f"unknown action {action!r}; it is one of {', '.join(ACTIONS)}")
+
+
+def hold(phase: TrialPhase) -> TrialPhase:
+    """The daemon stops a running trial for a while (the disk is short of space): it
+    checkpoints at its next boundary, exits and is queued again, launched once the daemon
+    launches again. A pause under way stays a pause."""
+    if phase.state == "RUNNING" and phase.stop is None:
+        return TrialPhase("RUNNING", REQUEUE)
+    return phase
 
 
 def applies(action: str, phase: TrialPhase) -> bool:

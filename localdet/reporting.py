@@ -20,6 +20,7 @@ from determined.core import TrialInfo
 from localdet import lifecycle
 from localdet.config import length_to_batches
 from localdet.db import Checkpoint, NotFound, StateDB, now
+from localdet.disk_space import DiskFull, Reserve
 from localdet.manifest import build_manifest, files_of
 from localdet.paths import Layout
 from localdet.store import Store, StoreError
@@ -35,6 +36,7 @@ class SQLiteReporter:
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
         self._verifying: Future | None = None
+        self._reserve = Reserve.from_environment()
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
@@ -91,6 +93,11 @@ class SQLiteReporter:
         into the store and then commits the manifest, so training goes on meanwhile. The
         folder is ours from here on, and deleted once stored."""
         self.wait_for_checkpoints()  # one at a time, and an earlier failure surfaces here
+        try:  # below the daemon's reserve nothing is written: the machine needs the rest
+            self._reserve.check_before_writing(self.layout.store)
+        except DiskFull:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
         uuid = str(uuidlib.uuid4())
         self._pending = self._saver.submit(self._store_and_commit, Path(directory),
                                            batches_trained, metadata, uuid)

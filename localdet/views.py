@@ -16,6 +16,20 @@ from localdet.launcher import log_tail
 from localdet.lifecycle import TrialPhase
 from localdet.paths import Layout
 from localdet.searching import replay
+from localdet.sizes import gigabytes
+
+
+def daemon_notice(db: StateDB) -> str | None:
+    """What the daemon is holding back and why (free space below its reserve), as its
+    latest events say; None when nothing is held."""
+    event = db.last_event(("disk_low", "disk_ok", "daemon_started", "daemon_stopped"))
+    if event is None or event["kind"] != "disk_low":
+        return None
+    short = event["payload"]
+    return (f"launches held since {event['at'][:19]}: free space on {short['path']} is "
+            f"{gigabytes(short['free'])}, below the reserve of {gigabytes(short['needed'])} "
+            "(localdet daemon --min-free-space); running trials stopped at their next "
+            "boundary and continue on their own when space returns")
 
 
 def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None:
@@ -36,7 +50,7 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         "experiment_id": trial.experiment_id,
         "request_id": trial.request_id,
         "state": trial.state,
-        # PAUSING or RESUMING while a request is under way (localdet/lifecycle.py).
+        # PAUSING or REQUEUING while a request is under way (localdet/lifecycle.py).
         "phase": TrialPhase(trial.state, trial.stop_requested).describe(),
         "hparams": trial.hparams,
         "batches_trained": trial.batches_trained,
@@ -171,7 +185,7 @@ def checkpoint_facts(checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 STATE_STYLES = {"ACTIVE": "cyan", "RUNNING": "cyan", "QUEUED": "white", "PAUSED": "yellow",
-                "WAITING": "blue", "PAUSING": "yellow", "RESUMING": "cyan",
+                "WAITING": "blue", "PAUSING": "yellow", "REQUEUING": "cyan",
                 "COMPLETED": "green", "CANCELED": "magenta", "ERROR": "red", "DELETED": "dim"}
 
 

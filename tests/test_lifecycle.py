@@ -32,7 +32,7 @@ def test_a_request_moves_a_trial_by_its_phase_alone(action, before, after):
 def test_the_exit_of_a_trial_that_paused_then_was_resumed_queues_it_again():
     phase = TrialPhase("RUNNING", acknowledge(PAUSE))
     phase = on_request("resume", phase).phase
-    assert phase.describe() == "RESUMING"
+    assert phase.describe() == "REQUEUING"
     assert on_exit(phase, Exit(clean=True, reached_end=False)).phase == TrialPhase("QUEUED")
     # Trained to the end before it could pause: the searcher judges it as any other.
     assert on_exit(TrialPhase("RUNNING", PAUSE), Exit(True, True)).judge == "complete"

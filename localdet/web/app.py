@@ -8,6 +8,7 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/experiments/{id}                          facts, config, charts, rungs
     GET  /api/trials/{id}                               facts, charts, checkpoints, log tail
     GET  /api/jobs                                      jobs
+    GET  /api/daemon                                    running?, what it holds back (disk)
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
     POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
@@ -54,6 +55,7 @@ from localdet import actions, views
 from localdet.db import NotFound, StateDB
 from localdet.launcher import log_tail
 from localdet.paths import Layout
+from localdet.processes import DaemonLock
 from localdet.web import figures
 
 STATIC = Path(__file__).parent / "static"
@@ -173,6 +175,14 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             return [_summary(views.experiment_facts(db, e)) for e in db.experiments()
                     if e.kind != "job"]
 
+    def daemon(request: Request) -> dict:
+        """Whether a daemon runs, and what it holds back and why."""
+        running = DaemonLock.holder(layout.daemon_lock) is not None
+        if not running or not layout.db.exists():
+            return {"running": running, "notice": None}
+        with database() as db:
+            return {"running": True, "notice": views.daemon_notice(db)}
+
     def experiment(request: Request) -> dict:
         with database() as db:
             record = db.experiment(int(request.path_params["id"]))
@@ -243,6 +253,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
     routes = [
         Route("/", page), Route("/experiments/{id:int}", page), Route("/trials/{id:int}", page),
         Route("/jobs", page),
+        Route("/api/daemon", api(daemon)),
         Route("/api/experiments", api(experiments)),
         Route("/api/experiments/{id:int}", api(experiment)),
         Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),

@@ -237,6 +237,10 @@ async function refresh() {
     else if ((match = path.match(/^\/trials\/(\d+)$/))) await trialPage(match[1]);
     else if (path === "/jobs") await jobsPage();
     else await experimentsPage();
+    const daemon = await getJSON("/api/daemon");  // e.g. launches held: the disk is short
+    const notice = document.getElementById("notice");
+    notice.hidden = !daemon.notice;
+    notice.textContent = daemon.notice || "";
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     main.dataset.path = "";
