@@ -291,8 +291,8 @@ class Intake:
                 continue
             if writing is None:  # looked up once a poll, only when something has settled
                 writing = _open_for_writing(Path(os.path.realpath(self.layout.queue)))
-            # The kernel names open files by their real paths.
-            if _within(Path(os.path.realpath(path.parent), path.name), writing):  # paused mid-copy: wait until it is closed
+            # Paused mid-copy: wait until it is closed (the kernel names files by real paths).
+            if _within(Path(os.path.realpath(path.parent), path.name), writing):
                 self._seen[path] = (signature, now)
                 continue
             del self._seen[path]

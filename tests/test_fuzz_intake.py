@@ -32,7 +32,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import yaml
 
 from conftest import Daemon, wait_for, write_config
 from fuzz.hostile import ACCEPTED, BASE, ERROR, REJECTED, Case, dump, generate, make, \
@@ -324,5 +323,6 @@ def test_hostile_submissions_while_an_experiment_trains(home, tmp_path):
           f"rejected {counts[REJECTED] + slow_counts['rejected']}, "
           f"accepted {counts[ACCEPTED] + slow_counts['accepted']}, errored {counts[ERROR]}")
     for category, tally in by_category.items():
-        print(f"  {category}: {sum(tally.values())} ({', '.join(f'{k} {v}' for k, v in tally.items())})")
+        tallies = ", ".join(f"{kind} {count}" for kind, count in tally.items())
+        print(f"  {category}: {sum(tally.values())} ({tallies})")
     print("  written slowly: 3 (accepted 2, rejected 1)")

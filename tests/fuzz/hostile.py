@@ -105,7 +105,9 @@ def schema_keys(node: dict = SCHEMA, path: str = "") -> list[tuple[str, list[str
         sub = _resolve(sub)
         here = f"{path}.{name}" if path else name
         types = sub.get("type")
-        types = [types] if isinstance(types, str) else types or (["enum"] if "enum" in sub else None)
+        if isinstance(types, str):
+            types = [types]
+        types = types or (["enum"] if "enum" in sub else None)
         if types:
             keys.append((here, types))
         if "object" in (types or []) and sub.get("properties"):
@@ -359,7 +361,8 @@ def generate(rng: random.Random, outside: Path) -> list[Case]:
         {"a.yaml": dump(JOB), "b.yaml": dump(JOB)}, job=True)
 
     # Special files.
-    add("special-fifo.yaml", "special files", REJECTED, "not a regular file or folder", Special("fifo"))
+    add("special-fifo.yaml", "special files", REJECTED, "not a regular file or folder",
+        Special("fifo"))
     add("special-fifo-inside", "special files", REJECTED, "not a regular file or folder",
         folder(good, feed=Special("fifo")))
     add("special-socket-inside", "special files", REJECTED, "not a regular file or folder",
