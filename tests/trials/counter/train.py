@@ -7,8 +7,8 @@ deterministic step per batch, so any interruption that loses or repeats a batch 
 
 Hyperparameters: `variant` (changes the step), `batch_seconds` (a batch's duration),
 `checkpoint_seconds` (how long writing a checkpoint takes), `crash_at` (the first launch
-dies at this batch, a later one does not; 0: never), `print_lines` (lines it prints per
-batch, optional).
+dies at this batch, a later one does not; 0: never); optional: `print_lines` (lines it
+prints per batch), `checkpoint_bytes` (random bytes added to each checkpoint).
 """
 
 import json
@@ -27,9 +27,12 @@ def step(weights: np.ndarray, batch: int, seed: int, variant: int) -> np.ndarray
     return weights * 0.9 + np.sin(batch * (variant + 1) + seed % 1000 + np.arange(4))
 
 
-def checkpoint(reporter, weights: np.ndarray, batches: int, seconds: float) -> None:
+def checkpoint(reporter, weights: np.ndarray, batches: int, seconds: float,
+               extra_bytes: int = 0) -> None:
     folder = Path(tempfile.mkdtemp(prefix="counter-checkpoint-"))
     time.sleep(seconds)  # a model's weights take a while to write
+    if extra_bytes:  # written as a model's file would be: all of it, or an error
+        (folder / "weights.bin").write_bytes(os.urandom(extra_bytes))
     (folder / "state.json").write_text(json.dumps({"batches": batches,
                                                    "weights": weights.tolist()}))
     reporter.save_checkpoint(folder, batches, {"framework": "counter"})
@@ -63,7 +66,8 @@ def main() -> None:
         finished = batches >= info.target_batches
         paused = not finished and reporter.should_pause()
         if finished or paused or batches % info.checkpoint_period == 0:
-            checkpoint(reporter, weights, batches, hp["checkpoint_seconds"])
+            checkpoint(reporter, weights, batches, hp["checkpoint_seconds"],
+                       hp.get("checkpoint_bytes", 0))
         if paused:
             reporter.wait_for_checkpoints()
             print(f"[trial {info.trial_id}] paused at {batches} batches", flush=True)
