@@ -20,6 +20,7 @@ import signal
 import subprocess
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -86,6 +87,9 @@ class Daemon:
         lock.acquire()
         self._keep_log()
         self.open()
+        # watchdog re-adds its inotify watch when a folder is moved within the queue (every
+        # submission is), and warns each time; nothing is lost, so the warning is noise.
+        warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning)
         observer = Observer()
         observer.schedule(_Wake(self._wake), str(self.layout.queue), recursive=True)
         observer.start()
