@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -107,7 +108,7 @@ def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path):
     config = tmp_path / "flood.yaml"
     config.write_text(yaml.safe_dump({
         "name": "flood", "entrypoint_script": "python3 train.py",
-        "hyperparameters": {"variant": 0, "batch_seconds": 0.05, "checkpoint_seconds": 0,
+        "hyperparameters": {"variant": 0, "batch_seconds": 0.2, "checkpoint_seconds": 0,
                             "crash_at": 0, "print_lines": 1500},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 12}},
         "scheduling_unit": 2, "min_checkpoint_period": {"batches": 4}}))
@@ -121,15 +122,19 @@ def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path):
                                     env=home.env, stdout=subprocess.PIPE)
         log = home.path / "experiments" / str(experiment["id"]) / "trials" / str(trial_id) \
             / "trial.log"
-        sizes = []
-        while home.experiment(experiment["id"])["state"] == "ACTIVE":
+        from localdet.db import StateDB
+
+        db, sizes = StateDB.open(home.path / "localdet.db"), []
+        while db.experiment(experiment["id"]).state == "ACTIVE":  # its size as it floods
             sizes.append(log.stat().st_size if log.exists() else 0)
+            time.sleep(0.01)
+        db.close()
         followed, _ = follower.communicate(timeout=60)
         assert home.experiment(experiment["id"])["state"] == "COMPLETED"
     finally:
         daemon.stop()
     content = log.read_bytes()
-    assert max(sizes) <= 100_000 and len(content) <= 100_000
+    assert len(sizes) > 10 and max(sizes) <= 100_000 and len(content) <= 100_000
     assert content.startswith(f"[localdet] trial {trial_id} launch 1".encode())
     last = b"batch 12 line 1499: "
     assert last in content.splitlines()[-1] or last in content[-2000:]
