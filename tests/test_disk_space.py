@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,11 @@ def counter_config(folder: Path, name: str) -> Path:
 @pytest.mark.slow
 def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, tmp_path):
     home = Home(small_disk / "home")
-    daemon = Daemon(home, "--min-free-space", "4MB", "--min-free-percent", "100")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon = Daemon(home, "--min-free-space", "4MB", "--min-free-percent", "100",
+                    "--web", "--no-token", "--port", str(port))
     from localdet.db import StateDB
     from localdet.reporting import CheckpointReader
     from localdet.paths import Layout
@@ -137,9 +143,8 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
         wait_for(lambda: trial().state == "QUEUED", 60, "the trial to be held", 0.05)
         status = home.cli("status").stdout
         assert "launches held" in " ".join(status.split()) and "free space on" in status
-        from localdet import views  # what the dashboard's /api/daemon answers
-
-        assert "free space on" in views.daemon_notice(db)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/daemon") as answer:
+            assert "free space on" in json.loads(answer.read())["notice"]  # the page's banner
         held_at = trial().batches_trained
         assert trial().restarts == 0 and trial().state == "QUEUED"
         launches = sum(e["kind"] == "trial_launched" for e in db.events(experiment_id))
@@ -168,6 +173,8 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
         facts = home.wait_until_ended(experiment_id, timeout=120)
         assert facts["state"] == "COMPLETED" and trial().restarts == 0
         assert "free space is back above the reserve" in (home.path / "daemon.log").read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/daemon") as answer:
+            assert json.loads(answer.read())["notice"] is None
 
         # The same experiment, never short of space, ends with the same weights.
         home.cli("submit", counter_config(tmp_path, "roomy"), TEST_TRIALS / "counter")
