@@ -99,6 +99,22 @@ def assert_same_weights(home, a: int, b: int, tmp_path) -> None:
         np.testing.assert_allclose(wa, wb, atol=1e-5)
 
 
+def pause_soon_after(home, experiment_id: int, batches: int) -> None:
+    """Ask for a pause the moment the trial has trained `batches`: watched in the database
+    and asked in process, so a loaded machine cannot let it run to its end meanwhile."""
+    from localdet.actions import request
+    from localdet.db import StateDB
+    from localdet.paths import Layout
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        wait_for(lambda: any(t.batches_trained >= batches for t in db.trials(experiment_id)),
+                 180, f"{batches} batches", interval=0.02)
+        request(Layout(home.path), db, "pause", experiment_id=experiment_id)
+    finally:
+        db.close()
+
+
 def rank_pids(home, trial_id: int) -> list[int]:
     """The rank processes under a trial's supervisor (the process the daemon records)."""
     from localdet.db import StateDB
@@ -212,8 +228,7 @@ def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_ru
     try:
         home.cli("submit", write_config(tmp_path, "paused", **config), model)
         paused = home.experiment_named("paused")["id"]
-        wait_for(lambda: trial_of(home, paused)["batches_trained"] >= 15, 180, "15 batches")
-        home.cli("pause", paused)
+        pause_soon_after(home, paused, 15)
         wait_for(lambda: trial_of(home, paused)["state"] == "PAUSED", 120, "the pause")
         assert 15 <= trial_of(home, paused)["batches_trained"] < 100
         home.cli("resume", paused)
