@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shutil
 import time
@@ -37,6 +38,7 @@ class SQLiteReporter:
         self._pending: Future | None = None
         self._verifying: Future | None = None
         self._reserve = Reserve.from_environment()
+        self._first_batch_reported = False
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
@@ -169,6 +171,21 @@ class SQLiteReporter:
                     self.db.update_trial(self.trial_id,
                                          stop_requested=lifecycle.acknowledge(stop))
         return stop in (lifecycle.PAUSE, lifecycle.PAUSING, lifecycle.REQUEUE)
+
+    def report_first_batch(self) -> None:
+        """Record a `trial_first_batch` event with the seconds since this launch: since the
+        trial's `started_at`, which the daemon writes with the launch record (the moment of
+        its `trial_launched` event) and a script run when it records itself."""
+        if self._first_batch_reported:  # once a launch, however many fits it runs
+            return
+        self._first_batch_reported = True
+        started_at = self.db.trial(self.trial_id).started_at
+        if started_at is None:  # a trial never launched (a benchmark's in-process run)
+            return
+        seconds = (datetime.datetime.fromisoformat(now())
+                   - datetime.datetime.fromisoformat(started_at)).total_seconds()
+        self.db.log_event("trial_first_batch", experiment_id=self._trial.experiment_id,
+                          trial_id=self.trial_id, seconds=round(seconds, 3))
 
     def heartbeat(self) -> None:
         self.db.update_trial(self.trial_id, heartbeat_at=now())

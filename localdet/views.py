@@ -42,9 +42,10 @@ def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None
 
 
 def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
-                launch: dict | None = None) -> dict[str, Any]:
-    """`launch`: the payload of the trial's latest `trial_launched` event, if any."""
+                launches: list[dict] | None = None) -> dict[str, Any]:
+    """`launches`: the trial's launches, oldest first (`launches_by_trial`)."""
     validations = [row.metrics for row in db.metrics(trial.id, "validation")]
+    launch = launches[-1] if launches else {}
     return {
         "id": trial.id,
         "experiment_id": trial.experiment_id,
@@ -57,11 +58,17 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         "target_batches": trial.target_batches,
         "restarts": trial.restarts,
         # How it trains on its slots (localdet/engines.py), as recorded at its last launch.
-        "engine": (launch or {}).get("engine"),
-        "slots": (launch or {}).get("slots"),
+        "engine": launch.get("engine"),
+        "slots": launch.get("slots"),
         # Which Keras it ran under and why (localdet/keras_line.py), at its last launch.
-        "keras_line": (launch or {}).get("keras_line"),
-        "keras_line_reason": (launch or {}).get("keras_line_reason"),
+        "keras_line": launch.get("keras_line"),
+        "keras_line_reason": launch.get("keras_line_reason"),
+        # Seconds from its latest launch to the end of that launch's first training batch
+        # (None until it ends): a slow model folder (imports, data loading) shows here.
+        "launch_seconds": launch.get("first_batch_seconds"),
+        "launches": [{"launched_at": one["launched_at"],
+                      "first_batch_seconds": one["first_batch_seconds"]}
+                     for one in launches or []],
         "latest_validation": validations[-1] if validations else None,
         "best_validation": _best(validations, experiment.metric, experiment.smaller_is_better),
         "latest_checkpoint": trial.latest_checkpoint,
@@ -90,14 +97,25 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
     return {"progress": 1.0 if done else min(progress, 1.0), "rungs": method.rungs()}
 
 
-def latest_launches(events: list[dict]) -> dict[int, dict]:
-    """trial id -> the payload of its latest `trial_launched` event (engine, slots, ...)."""
-    return {e["trial_id"]: e["payload"] for e in events if e["kind"] == "trial_launched"}
+def launches_by_trial(events: list[dict]) -> dict[int, list[dict]]:
+    """trial id -> its launches, oldest first: the payload of each `trial_launched` event
+    (engine, slots, ...; a script run's `script_run_started`) with `launched_at` and
+    `first_batch_seconds`, from the launch's `trial_first_batch` event (None: none yet)."""
+    launches: dict[int, list[dict]] = {}
+    for e in events:
+        if e["kind"] in ("trial_launched", "script_run_started"):
+            launches.setdefault(e["trial_id"], []).append(
+                {**e["payload"], "launched_at": e["at"], "first_batch_seconds": None})
+        elif e["kind"] == "trial_first_batch" and launches.get(e["trial_id"]):
+            # A launch's process reports it well after the daemon recorded the launch (it
+            # waits for that record, then builds its model): the trial's latest launch.
+            launches[e["trial_id"]][-1]["first_batch_seconds"] = e["payload"]["seconds"]
+    return launches
 
 
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     events = db.events(experiment.id)
-    launches = latest_launches(events)
+    launches = launches_by_trial(events)
     trials = [trial_facts(db, t, experiment, launches.get(t.id))
               for t in db.trials(experiment.id)]
     scored = [t for t in trials if t["best_validation"]]
@@ -300,7 +318,8 @@ def trials_table(experiment: dict) -> Table:
     # The engine matters only where a trial has several slots.
     engines = any(t.get("engine") not in (None, "single") for t in experiment["trials"])
     for column in ("Trial", "State", "Batches", "Restarts", *(("Engine",) if engines else ()),
-                   "Hyperparameters", f"Latest {metric}", f"Best {metric}", "Checkpoint"):
+                   "Start", "Hyperparameters", f"Latest {metric}", f"Best {metric}",
+                   "Checkpoint"):
         table.add_column(escape(column))
     for t in experiment["trials"]:
         hparams = ", ".join(f"{k}={_number(v)}"
@@ -308,9 +327,11 @@ def trials_table(experiment: dict) -> Table:
         latest = (t["latest_validation"] or {}).get(metric)
         best = (t["best_validation"] or {}).get(metric)
         engine = (f"{t['engine'] or ''} x{len(t['slots'] or [])}",) if engines else ()
+        # Its latest launch's time to the end of the first batch.
+        start = "" if t["launch_seconds"] is None else f"{t['launch_seconds']:.1f} s"
         table.add_row(str(t["id"]), _state(t["phase"]),
                       f"{t['batches_trained']}/{t['target_batches']}", str(t["restarts"]),
-                      *engine, escape(hparams), _number(latest), _number(best),
+                      *engine, start, escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
     return table
 

@@ -83,6 +83,17 @@ def test_fit_trains_to_the_searcher_length_and_reports(tmp_path):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history.history)
 
 
+def test_fit_records_when_its_launchs_first_batch_ended(tmp_path):
+    from localdet.db import now
+
+    db, trial_id, reporter, _ = start_trial(tmp_path, 6, scheduling_unit=2)
+    db.update_trial(trial_id, state="RUNNING", started_at=now())  # as the daemon launches it
+    script(reporter)
+    [seconds] = [e["payload"]["seconds"] for e in db.events()
+                 if e["kind"] == "trial_first_batch" and e["trial_id"] == trial_id]
+    assert seconds > 0
+
+
 def test_fit_without_a_searcher_length_trains_the_scripts_epochs(tmp_path):
     db, trial_id, reporter, _ = start_trial(tmp_path, 1)
     db.update_trial(trial_id, target_batches=0)  # what a config without max_length gives

@@ -255,3 +255,72 @@ def test_session_config_is_honoured(tmp_path):
         assert tf.config.get_soft_device_placement() is True
     finally:
         tf.config.set_soft_device_placement(True)
+
+
+class FirstBatchSpy:
+    """The real reporter, noting how many batches had ended (a user callback counts them)
+    each time the runner reports a launch's first batch."""
+
+    def __init__(self, inner, batch_ends: list):
+        self._inner = inner
+        self.batch_ends = batch_ends
+        self.reported_after: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def report_first_batch(self) -> None:
+        self.reported_after.append(len(self.batch_ends))
+        self._inner.report_first_batch()
+
+
+class BatchCountingTrial(ConstantLossTrial):
+    ENDS: list = []
+
+    def keras_callbacks(self):
+        ends = self.ENDS
+
+        class Count(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                ends.append(batch)
+
+        return [Count()]
+
+
+def test_each_launch_records_when_its_first_batch_ended_once(tmp_path):
+    import datetime
+
+    from localdet import lifecycle
+    from localdet.db import now
+    from localdet.reporting import SQLiteReporter
+
+    db, trial_id, reporter, _ = start_trial(tmp_path, target=12, scheduling_unit=4)
+    BatchCountingTrial.ENDS = ends = []
+    # Launch 1, started (as the daemon records it) a minute ago; a pause ends it at 4 batches.
+    a_minute_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=1)
+    db.update_trial(trial_id, state="RUNNING", started_at=a_minute_ago.isoformat(),
+                    stop_requested=lifecycle.PAUSE)
+    spy = FirstBatchSpy(reporter, ends)
+    TrialController.for_trial_class(BatchCountingTrial, reporter.trial_info(), spy).run()
+    assert db.trial(trial_id).batches_trained == 4
+    # Launch 2: a fresh process (reporter) resumes from the checkpoint and trains 8 more.
+    db.update_trial(trial_id, started_at=now(), stop_requested=None)
+    second = FirstBatchSpy(SQLiteReporter(reporter.layout, trial_id), ends)
+    TrialController.for_trial_class(BatchCountingTrial, second.trial_info(), second).run()
+    assert db.trial(trial_id).batches_trained == 12 and len(ends) == 12
+
+    # Reported once per launch, right after that launch's first batch, never again.
+    assert (spy.reported_after, second.reported_after) == ([1], [5])
+    recorded = [e["payload"]["seconds"] for e in db.events() if e["kind"] == "trial_first_batch"]
+    assert len(recorded) == 2
+    assert recorded[0] >= 60  # counted from the launch's start, not from the process's
+    assert recorded[1] > 0
+    # A second fit in the same process is no new launch: nothing more is recorded.
+    second.report_first_batch()
+    assert sum(e["kind"] == "trial_first_batch" for e in db.events()) == 2
+
+
+def test_a_reporter_never_launched_records_no_first_batch(tmp_path):
+    db, _, reporter, info = start_trial(tmp_path, target=2)  # no started_at: never launched
+    TrialController.for_trial_class(ConstantLossTrial, info, reporter).run()
+    assert not [e for e in db.events() if e["kind"] == "trial_first_batch"]

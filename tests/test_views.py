@@ -361,3 +361,39 @@ def test_each_trial_says_which_keras_line_it_ran_under_and_why(db):
     [trial] = views.experiment_facts(db, db.experiment(experiment_id))["trials"]
     assert (trial["keras_line"], trial["keras_line_reason"]) == (
         "keras2", "model_def.py:3 uses tf_keras, which only Keras 2 has")
+
+
+def test_each_launch_shows_how_long_its_first_batch_took(db):
+    experiment_id = make_experiment(db)
+    trial_id = make_trial(db, experiment_id, 1)
+    other = make_trial(db, experiment_id, 2)
+    [never] = [t for t in views.experiment_facts(db, db.experiment(experiment_id))["trials"]
+               if t["id"] == trial_id]
+    assert (never["launch_seconds"], never["launches"]) == (None, [])
+    # Three launches: the first trained (6.8 s to its first batch), the second failed
+    # before any batch, the third trained (3.31 s); the other trial's report is its own.
+    for seconds in (6.8, None, 3.31):
+        db.log_event("trial_launched", experiment_id=experiment_id, trial_id=trial_id,
+                     slots=[0], engine="single")
+        if seconds is not None:
+            db.log_event("trial_first_batch", experiment_id=experiment_id, trial_id=trial_id,
+                         seconds=seconds)
+    db.log_event("trial_launched", experiment_id=experiment_id, trial_id=other, slots=[1])
+    db.log_event("trial_first_batch", experiment_id=experiment_id, trial_id=other, seconds=9.0)
+    facts = views.experiment_facts(db, db.experiment(experiment_id))
+    trial = next(t for t in facts["trials"] if t["id"] == trial_id)
+    assert trial["launch_seconds"] == 3.31
+    assert [launch["first_batch_seconds"] for launch in trial["launches"]] == [6.8, None, 3.31]
+    assert all(launch["launched_at"] for launch in trial["launches"])
+    assert trial == views.trial_facts(db, db.trial(trial_id), db.experiment(experiment_id),
+                                      views.launches_by_trial(db.events(experiment_id))[trial_id])
+    json.dumps(facts)
+    text = render(views.trials_table(facts))
+    assert "Start" in text
+    [row] = [line for line in text.splitlines() if f" {trial_id} " in line[:8]]
+    assert "3.3 s" in row and "6.8 s" not in row  # the latest launch's
+    # A script run (laptop mode) counts from its start.
+    db.log_event("script_run_started", experiment_id=experiment_id, trial_id=other)
+    db.log_event("trial_first_batch", experiment_id=experiment_id, trial_id=other, seconds=1.5)
+    facts = views.experiment_facts(db, db.experiment(experiment_id))
+    assert [t["launch_seconds"] for t in facts["trials"] if t["id"] == other] == [1.5]

@@ -199,8 +199,8 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         with database() as db:
             record = db.trial(int(request.path_params["id"]))
             experiment = db.experiment(record.experiment_id)
-            launch = views.latest_launches(db.events(experiment.id)).get(record.id)
-            facts = views.trial_facts(db, record, experiment, launch)
+            launches = views.launches_by_trial(db.events(experiment.id)).get(record.id)
+            facts = views.trial_facts(db, record, experiment, launches)
             facts["experiment"] = {"id": experiment.id, "name": experiment.name,
                                    "metric": experiment.metric}
             facts["checkpoints"] = [views.checkpoint_facts(c)

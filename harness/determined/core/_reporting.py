@@ -65,6 +65,11 @@ class TrialReporter(Protocol):
         """Whether the user asked this trial to checkpoint and stop (`localdet pause`)."""
         ...
 
+    def report_first_batch(self) -> None:
+        """Record that this launch's first training batch just ended (called once, by the
+        chief), so a slow start (heavy imports, data loading) shows in `localdet status`."""
+        ...
+
     def heartbeat(self) -> None: ...
 
 
@@ -130,6 +135,9 @@ class DiscardingReporter:
 
     def should_pause(self) -> bool:
         return False
+
+    def report_first_batch(self) -> None:
+        pass
 
     def heartbeat(self) -> None:
         pass

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import tensorflow as tf
 import yaml
 
@@ -341,6 +342,8 @@ class TrialController:
         else:  # no records_per_epoch: one epoch that never ends
             want_epoch_begin = self.batches_trained == 0
         want_workload_begin = True
+        # This launch's first batch is reported once, then the check is one local flag.
+        first_batch = True
         step = 0
         logs: Dict[str, Any] = {}
         while self.batches_trained < self.target:
@@ -354,6 +357,9 @@ class TrialController:
             callbacks.on_train_batch_begin(batch)
             logs = train_step(self.iterator)
             callbacks.on_train_batch_end(batch, logs)
+            if first_batch:
+                first_batch = False
+                self._first_batch_ended(logs)
             step += 1
             self.batches_trained += 1
             if per_epoch and self.batches_trained % per_epoch == 0:
@@ -377,6 +383,14 @@ class TrialController:
         if self.fit and not self.paused and per_epoch and self.batches_trained % per_epoch:
             # Training ended inside an epoch: that partial epoch still gets its History row.
             callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(logs, always=True))
+
+    def _first_batch_ended(self, logs: Dict[str, Any]) -> None:
+        """Tell the reporter when this launch's first batch ended (the chief alone records),
+        so a slow start (heavy imports, data loading in `__init__`) is visible."""
+        if self.is_chief:
+            # The step may still be running on a GPU: its results mark its true end.
+            tf.nest.map_structure(np.asarray, logs)
+            self.reporter.report_first_batch()
 
     def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
         """An epoch's end as `model.fit` reports it: training metrics, plus validation

@@ -185,6 +185,19 @@ async function experimentPage(id) {
   chart("hparams", e.charts.hyperparameters);
 }
 
+// How long each launch took to end its first training batch: a slow model folder (heavy
+// imports, data loading) shows here. Every launch is listed when there were several.
+function launchFacts(t) {
+  const secs = (s) => `${s.toFixed(1)} s`;
+  const latest = t.launch_seconds === null ? "" :
+    `<span id="first-batch"><b>first batch</b> ${secs(t.launch_seconds)} after launch</span>`;
+  if (t.launches.length < 2) return latest;
+  const last = t.launches.length - 1;
+  const each = t.launches.map((l, i) => `${i + 1}: ${l.first_batch_seconds === null
+    ? (i === last ? "not yet" : "no batch") : secs(l.first_batch_seconds)}`);
+  return `${latest}<span id="launches"><b>launches</b> ${esc(each.join(", "))}</span>`;
+}
+
 async function trialPage(id) {
   const t = await getJSON(`/api/trials/${id}`);
   const hparams = Object.entries(flat(t.hparams)).map(([k, v]) => `<span><b>${esc(k)}</b> ${esc(num(v))}</span>`).join("");
@@ -205,7 +218,8 @@ async function trialPage(id) {
       ${actionButtons("trials", t.id, t.state)}
       <a data-nav href="/experiments/${t.experiment.id}">experiment ${t.experiment.id}: ${esc(t.experiment.name)}</a></h1>
     <div class="facts"><span><b>batches</b> ${t.batches_trained}/${t.target_batches}</span>
-      <span><b>restarts</b> ${t.restarts}</span>${t.engine ? `<span><b>engine</b> ${esc(t.engine)} on ${(t.slots || []).length} slot(s)</span>` : ""}</div>
+      <span><b>restarts</b> ${t.restarts}</span>${t.engine ? `<span><b>engine</b> ${esc(t.engine)} on ${(t.slots || []).length} slot(s)</span>` : ""}
+      ${launchFacts(t)}</div>
     <h2>Hyperparameters</h2><div class="facts">${hparams || '<span class="muted">none</span>'}</div>`);
   fill("rest", `<h2>Checkpoints</h2>${t.checkpoints.length ? checkpoints : '<p class="muted">none yet</p>'}
     <h2>Log</h2><pre id="log">${esc(t.log_tail || "(empty)")}</pre>`);
