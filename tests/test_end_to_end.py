@@ -45,6 +45,12 @@ def test_example_dropped_while_daemon_was_down_runs_to_completion(state):
     assert trial["batches_trained"] == 225
     assert trial["best_validation"]["val_accuracy"] > 0.8  # chance is 0.1
     assert trial["latest_checkpoint"]
+    # How long its one launch took to end the first batch, in `status --json` and the table.
+    assert trial["launch_seconds"] > 0
+    assert [launch["first_batch_seconds"] for launch in trial["launches"]] == [
+        trial["launch_seconds"]]
+    table = home.cli("status", facts["id"]).stdout
+    assert "Start" in table and f"{trial['launch_seconds']:.1f} s" in table
 
 
 def test_metric_rows_and_checkpoints_follow_the_periods(state):

@@ -51,6 +51,10 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
         facts = home.wait_until_ended(paused_id)
         assert facts["state"] == "COMPLETED"
         assert facts["trials"][0]["batches_trained"] == 120
+        # Both launches (before and after the pause) recorded when their first batch ended.
+        launches = facts["trials"][0]["launches"]
+        assert len(launches) == 2 and all(launch["first_batch_seconds"] > 0
+                                          for launch in launches)
         log = (home.path / "experiments" / str(paused_id) / "trials"
                / str(facts["trials"][0]["id"]) / "trial.log").read_text()
         assert "restored checkpoint" in log and "Test accuracy:" in log
