@@ -96,11 +96,17 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(ho
             link = page.locator("a", has_text="download .tar.gz")
             expect(link).to_have_count(1, timeout=30_000)
             expect(page.locator("#log")).to_contain_text("paused at")
+            # How long its launch took to end the first batch (a slow model folder shows).
+            expect(page.locator("#first-batch")).to_contain_text(
+                re.compile(r"first batch \d+\.\d s after launch"))
             assert home.experiment(experiment)["state"] == "PAUSED"  # as `localdet pause` does
             # The trial's own buttons act on it alone, as `localdet resume|kill --trial ID`.
             page.locator("button[data-action=resume]").click()
             expect(page.locator("#message")).to_contain_text("resume requested for trial")
             expect(page.locator("#state")).to_have_text("RUNNING", timeout=60_000)
+            # Relaunched: both launches are listed, the first with its time.
+            expect(page.locator("#launches")).to_contain_text(
+                re.compile(r"1: \d+\.\d s, 2: "), timeout=30_000)
             page.locator("button[data-action=kill]").click()
             expect(page.locator("#state")).to_have_text("CANCELED", timeout=60_000)
             page.screenshot(path=tmp_path / "trial.png", full_page=True)
