@@ -192,9 +192,9 @@ function launchFacts(t) {
   const latest = t.launch_seconds === null ? "" :
     `<span id="first-batch"><b>first batch</b> ${secs(t.launch_seconds)} after launch</span>`;
   if (t.launches.length < 2) return latest;
-  const last = t.launches.length - 1;
+  const last = t.launches.length - 1;  // only a running trial's latest launch may still train
   const each = t.launches.map((l, i) => `${i + 1}: ${l.first_batch_seconds === null
-    ? (i === last ? "not yet" : "no batch") : secs(l.first_batch_seconds)}`);
+    ? (i === last && t.state === "RUNNING" ? "not yet" : "no batch") : secs(l.first_batch_seconds)}`);
   return `${latest}<span id="launches"><b>launches</b> ${esc(each.join(", "))}</span>`;
 }
 
