@@ -86,9 +86,13 @@ def cli() -> None:
                    "returns.")
 @click.option("--min-free-percent", type=click.FloatRange(0, 100), default=5.0,
               show_default=True, help="The same reserve, as a percentage of the disk.")
+@click.option("--warm", type=click.IntRange(min=0),
+              help="Trial processes to keep started ahead of need, TensorFlow imported, so "
+                   "short trials skip the start-up (0: none). Default: one per spare CPU "
+                   "core (at most 2), or 1 with GPUs.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
-           min_free_percent: float) -> None:
+           min_free_percent: float, warm: int | None) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.disk_space import Reserve
@@ -106,7 +110,7 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
     try:
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
                trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
-               reserve=Reserve(min_free_space, min_free_percent)).run()
+               reserve=Reserve(min_free_space, min_free_percent), warm=warm).run()
     except DaemonAlreadyRunning as error:
         _fail(str(error))
 

@@ -36,6 +36,7 @@ from localdet.searching import Search, SearchError
 from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
     write_slot_file
 from localdet.submissions import Intake
+from localdet.warm_pool import WarmPool
 
 
 SCRIPT_GONE = "the script ended without finishing its run (was it killed?)"
@@ -57,14 +58,16 @@ class _Wake(FileSystemEventHandler):
 class Daemon:
     layout: Layout
     slots: int = 1             # CPU slots, when the machine has no GPU
-    poll_seconds: float = 0.5
+    poll_seconds: float = 0.25
     log: callable = print
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
     trial_memory_fraction: float | None = None  # trials' memory limit with no max_memory
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
     reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
+    warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
+    _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
@@ -79,7 +82,22 @@ class Daemon:
         self.intake = Intake(self.layout, self.db, slots=self.machine)
         self.search = Search(self.db, self.log)
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
+        size, self.warm_reason = self._warm_size()
+        self.pool = WarmPool(self.layout, size, self.log)
         return self
+
+    def _warm_size(self) -> tuple[int, str]:
+        """How many warm trial processes to keep, and why. On CPU slots a warm process's
+        start-up (importing TensorFlow) takes a core: only spare cores get one."""
+        if self.warm is not None:
+            return self.warm, "--warm" if self.warm else "off (--warm 0)"
+        if any(slot.kind == "gpu" for slot in self.machine):
+            return 1, "they use no GPU until given a trial"
+        spare = (os.cpu_count() or 1) - len(self.machine)
+        if spare <= 0:
+            return 0, (f"no spare core ({os.cpu_count()} cores, {len(self.machine)} slots); "
+                       "--warm N to keep some anyway")
+        return min(spare, 2), f"{spare} spare core(s) beside {len(self.machine)} slot(s)"
 
     def run(self) -> None:
         self.layout.ensure()
@@ -102,6 +120,7 @@ class Daemon:
             self.intake.recover()
             self._adopt_running_trials()
             self.log(self._slot_table())
+            self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
             while not self._stop.is_set():
@@ -113,6 +132,7 @@ class Daemon:
                 self._wake.wait(self.poll_seconds)
                 self._wake.clear()
         finally:
+            self.pool.close()
             observer.stop()
             observer.join()
             self.db.log_event("daemon_stopped", pid=os.getpid())
@@ -347,7 +367,7 @@ class Daemon:
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
                 max_log_bytes=self.max_log_bytes, reserve=self.reserve)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
-            process = launcher.start(spec)
+            process = launcher.start(spec, self.pool.take(spec))
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
                 self.db.update_trial(trial.id, state="ERROR", error=str(error))
@@ -367,9 +387,11 @@ class Daemon:
         self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
                           trial_id=trial.id, pid=process.pid, slots=slots,
                           keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason,
-                          engine=spec.engine, log_offset=log_offset)
+                          engine=spec.engine, log_offset=log_offset, warm=process.warm)
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started "
-                 f"(pid {process.pid}, slots {slots})")
+                 f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
+                 f"slots {slots})")
+        self.pool.keep(spec)  # the next trial like it finds one ready
 
     def _adopt_running_trials(self, experiment_id: int | None = None) -> None:
         """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
@@ -390,23 +412,56 @@ class Daemon:
     def _reap(self) -> None:
         for trial_id, process in list(self._processes.items()):
             code = process.poll()
-            if code is not None:
+            if getattr(process, "orphaned", False):  # its warm process ended before it
+                del self._processes[trial_id]
+                self._adopted[trial_id] = process.pid
+            elif code is not None:
                 del self._processes[trial_id]
                 self._finish(trial_id, code, process)
+            elif self._work_done(trial_id):
+                # Its final checkpoint and metrics are committed: the slot is free now, and
+                # the process's teardown (seconds of TensorFlow's) goes on beside the next.
+                del self._processes[trial_id]
+                self._tearing_down[trial_id] = process
+                self._finish(trial_id, 0, process, tearing_down=True)
         for trial_id, pid in list(self._adopted.items()):
             if not alive(pid):
                 del self._adopted[trial_id]
                 self._finish(trial_id, returncode=None)
+        for trial_id, process in list(self._tearing_down.items()):
+            code = process.poll()
+            if code is not None:
+                del self._tearing_down[trial_id]
+                if code != 0:
+                    self.log(f"trial {trial_id}'s process ended with {exit_description(code)} "
+                             "after its work was recorded; nothing was lost")
+
+    def _work_done(self, trial_id: int) -> bool:
+        """Whether a trial class's process has committed all it will: trained to its length,
+        checkpointed there and validated there. (A script may go on after `fit`, so only its
+        exit tells.)"""
+        trial = self.db.trial(trial_id)
+        if trial.state != "RUNNING" or not trial.latest_checkpoint \
+                or trial.batches_trained < trial.target_batches:
+            return False
+        experiment = self.db.experiment(trial.experiment_id)
+        if experiment.kind == "job" or experiment.config.get("entrypoint_kind") != "trial_class":
+            return False
+        checkpoint = self.db.checkpoint(trial.latest_checkpoint)
+        validations = self.db.metrics(trial_id, "validation")
+        return (checkpoint.batches_trained >= trial.target_batches and bool(validations)
+                and validations[-1].batches_trained >= trial.target_batches
+                and experiment.metric in validations[-1].metrics)
 
     def _finish(self, trial_id: int, returncode: int | None,
-                process: subprocess.Popen | None = None) -> None:
+                process: subprocess.Popen | None = None, tearing_down: bool = False) -> None:
         """A trial process ended (returncode None: not ours, so judge from its records).
         One transaction: a daemon killed half-way leaves the trial RUNNING with a dead pid,
         which the next daemon finishes the same way."""
         self._slots_of.pop(trial_id, None)
         trial = self.db.trial(trial_id)
-        # Its last lines (a failure's cause) may still be in its log writer's pipe.
-        launcher.wait_for_log(process, self.layout.trial_log(trial.experiment_id, trial_id))
+        if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
+            launcher.wait_for_log(process, self.layout.trial_log(trial.experiment_id, trial_id))
         with self.db.atomic():
             trial = self.db.trial(trial_id)
             if trial.state != "RUNNING":

@@ -120,16 +120,24 @@ class LaunchError(RuntimeError):
     """The trial's program could not be started; the message says which and why."""
 
 
-def start(spec: LaunchSpec) -> subprocess.Popen:
+def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:
     """Start the trial's process, its output going to its log through the log's writer (a
     process of its own, which keeps the log under its cap): `wait_for_log(process)` once
     the process has ended waits until everything it printed is in the log. Raises
-    LaunchError (also written to the log) when the program is missing or cannot be run."""
+    LaunchError (also written to the log) when the program is missing or cannot be run.
+    `warm`: a warm process (localdet/warm_pool.py) to run the trial in, skipping start-up;
+    `process.warm` tells which it was."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     log, writer = _log_writer(spec)
     try:
         if spec.header:  # which Keras and why, before anything the trial prints
-            os.write(log, f"{spec.header}\n".encode())
+            os.write(log, f"{spec.header}{'; in a warm process' if warm else ''}\n".encode())
+        process = warm.hand_over(spec, log) if warm is not None else None
+        if process is not None:
+            process.log_writer, process.warm = writer, True
+            return process
+        if warm is not None:
+            os.write(log, b"[localdet] the warm process had ended; starting the trial cold\n")
         # A session of its own: the trial outlives a daemon restart, and can be signalled
         # as a group.
         try:
@@ -140,7 +148,7 @@ def start(spec: LaunchSpec) -> subprocess.Popen:
             process = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-            process.log_writer = writer
+            process.log_writer, process.warm = writer, False
             return process
         except OSError as error:
             if not spec.cwd.is_dir():
