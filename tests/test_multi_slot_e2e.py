@@ -86,6 +86,11 @@ def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path
         ids.append(home.experiment_named(f"script{slots}")["id"])
     assert_same_weights(home, ids[0], ids[1], tmp_path)
     assert trial_of(home, ids[1])["batches_trained"] == trial_of(home, ids[0])["batches_trained"]
+    # Only the chief records when the launch's first batch ended, however many processes.
+    from localdet.db import StateDB
+    events = StateDB.open(home.path / "localdet.db").events(ids[1])
+    assert [e["kind"] for e in events].count("trial_first_batch") == 1
+    assert trial_of(home, ids[1])["launch_seconds"] > 0
 
 
 KERAS2 = dict(SHORT, environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1",
