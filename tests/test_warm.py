@@ -1,0 +1,161 @@
+"""Warm trial processes keep every guarantee: the same search and a paused-and-resumed trial
+run under a daemon with a warm process (`--warm 1`) and under one without (`--warm 0`) end
+with the same weights, bit for bit; a daemon killed with -9 leaves no warm process behind,
+and the trial forked from it goes on and is finished by the next daemon, never launched
+twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, Daemon, Home, wait_for, write_config
+from test_pause_resume_e2e import final_weights
+
+pytestmark = pytest.mark.slow
+
+DETERMINISTIC = {"environment_variables": ["TF_DETERMINISTIC_OPS=1"]}
+GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_rate": 0.01,
+                             "hidden_units": {"type": "categorical", "vals": [16, 32, 48]}},
+            searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
+                      "max_length": {"batches": 20}, "max_concurrent_trials": 1},
+            environment=DETERMINISTIC)
+LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
+                      "max_length": {"batches": 300}},
+            scheduling_unit=10, environment=DETERMINISTIC)
+
+
+def launches(home: Home, experiment_id: int) -> list[bool]:
+    """Whether each launch of the experiment's trials ran in a warm process, in order."""
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return [e["payload"]["warm"] for e in db.events(experiment_id)
+                if e["kind"] == "trial_launched"]
+    finally:
+        db.close()
+
+
+def request(home: Home, action: str, experiment_id: int) -> None:
+    from localdet.actions import request as record
+    from localdet.db import StateDB
+    from localdet.paths import Layout
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        record(Layout(home.path), db, action, experiment_id=experiment_id)
+    finally:
+        db.close()
+
+
+def batches(home: Home, experiment_id: int) -> int:
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        trials = db.trials(experiment_id)
+        return trials[0].batches_trained if trials else 0
+    finally:
+        db.close()
+
+
+def run_both(home: Home, tmp_path: Path, warm: str) -> dict:
+    daemon = Daemon(home, "--warm", warm)
+    try:
+        home.cli("submit", write_config(tmp_path, f"grid-{warm}", **GRID), EXAMPLE)
+        grid = home.experiment_named(f"grid-{warm}")["id"]
+        assert home.wait_until_ended(grid)["state"] == "COMPLETED"
+        home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), EXAMPLE)
+        long = home.experiment_named(f"long-{warm}")["id"]
+        wait_for(lambda: batches(home, long) >= 40, 180, "40 batches", 0.05)
+        request(home, "pause", long)
+        wait_for(lambda: home.experiment(long)["trials"][0]["state"] == "PAUSED", 120,
+                 "the pause")
+        request(home, "resume", long)
+        assert home.wait_until_ended(long)["state"] == "COMPLETED"
+    finally:
+        daemon.stop()
+    said = daemon.log_path.read_text()
+    return {
+        "said": said,
+        "grid": [(t["hparams"], t["latest_validation"])
+                 for t in home.experiment(grid)["trials"]],
+        "grid_launches": launches(home, grid),
+        "long_launches": launches(home, long),
+        "weights": final_weights(home, long, tmp_path / warm),
+    }
+
+
+def test_warm_and_cold_processes_train_alike(tmp_path):
+    warm = run_both(Home(tmp_path / "warm"), tmp_path, "1")
+    cold = run_both(Home(tmp_path / "cold"), tmp_path, "0")
+    assert "warm trial processes: 1 (--warm)" in warm["said"]
+    assert "warm trial processes: 0 (off (--warm 0))" in cold["said"]
+    # The first trial starts cold and leaves a warm process behind; later ones fork from it,
+    # the paused trial's second launch too.
+    assert warm["grid_launches"] == [False, True, True]
+    assert warm["long_launches"] == [True, True]
+    assert cold["grid_launches"] == [False] * 3 and cold["long_launches"] == [False] * 2
+    assert warm["grid"] == cold["grid"]
+    for (name_a, a), (name_b, b) in zip(warm["weights"], cold["weights"]):
+        assert name_a == name_b and (a == b).all()
+
+
+def warm_processes(home: Home) -> set[int]:
+    """The processes started as `localdet.warm_process` for this home (warm ones, and the
+    trials forked from them)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            environment = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"localdet.warm_process" in command \
+                and f"LOCALDET_HOME={home.path}".encode() in environment:
+            found.add(int(entry.name))
+    return found
+
+
+def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(tmp_path):
+    home = Home(tmp_path / "home")
+    config = dict(GRID, searcher=dict(GRID["searcher"], max_length={"batches": 300}),
+                  scheduling_unit=10,
+                  hyperparameters=dict(GRID["hyperparameters"],
+                                       hidden_units={"type": "categorical", "vals": [16, 32]}))
+    daemon = Daemon(home, "--warm", "1")
+    try:
+        home.cli("submit", write_config(tmp_path, "killed", **config), EXAMPLE)
+        experiment = home.experiment_named("killed")["id"]
+        wait_for(lambda: launches(home, experiment) == [False, True], 300,
+                 "the second trial to start in a warm process", 0.1)
+        trial = home.experiment(experiment)["trials"][1]
+        from localdet.db import StateDB
+
+        db = StateDB.open(home.path / "localdet.db")
+        pid = db.trial(trial["id"]).pid
+        db.close()
+        warm = warm_processes(home) - {pid}
+        assert warm, "no warm process was kept beside the running trial"
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait()
+        wait_for(lambda: not warm & warm_processes(home), 30, "the warm process to end", 0.1)
+        os.kill(pid, 0)  # the trial forked from it trains on
+    finally:
+        daemon.log.close()
+    daemon = Daemon(home, "--warm", "1")
+    try:
+        facts = home.wait_until_ended(experiment, timeout=300)
+        assert facts["state"] == "COMPLETED"
+        # Finished by the process the first daemon forked (adopted, or judged from its
+        # records if it ended before the new daemon looked): never launched again.
+        assert launches(home, experiment) == [False, True]
+        assert all(t["restarts"] == 0 for t in facts["trials"])
+    finally:
+        daemon.stop()
