@@ -67,7 +67,8 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         # (None until it ends): a slow model folder (imports, data loading) shows here.
         "launch_seconds": launch.get("first_batch_seconds"),
         "launches": [{"launched_at": one["launched_at"],
-                      "first_batch_seconds": one["first_batch_seconds"]}
+                      "first_batch_seconds": one["first_batch_seconds"],
+                      "warm": bool(one.get("warm"))}  # forked from a warm process
                      for one in launches or []],
         "latest_validation": validations[-1] if validations else None,
         "best_validation": _best(validations, experiment.metric, experiment.smaller_is_better),

@@ -189,8 +189,9 @@ async function experimentPage(id) {
 // imports, data loading) shows here. Every launch is listed when there were several.
 function launchFacts(t) {
   const secs = (s) => `${s.toFixed(1)} s`;
+  const warm = t.launches.length && t.launches[t.launches.length - 1].warm ? " (warm process)" : "";
   const latest = t.launch_seconds === null ? "" :
-    `<span id="first-batch"><b>first batch</b> ${secs(t.launch_seconds)} after launch</span>`;
+    `<span id="first-batch"><b>first batch</b> ${secs(t.launch_seconds)} after launch${warm}</span>`;
   if (t.launches.length < 2) return latest;
   const last = t.launches.length - 1;  // only a running trial's latest launch may still train
   const each = t.launches.map((l, i) => `${i + 1}: ${l.first_batch_seconds === null
