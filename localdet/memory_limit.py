@@ -17,8 +17,8 @@ limit and how):
   trial, never the daemon, even when no daemon is running. The guard notices the kill
   (`oom_kill` in memory.oom_control) and stops the rest of the trial's processes.
 - watcher: elsewhere (cgroup v2 desktops, where a user may not make memory cgroups without
-  moving the daemon itself). A thread sums the resident anonymous memory (RssAnon +
-  RssShmem: what grows; shared libraries are left out) of every process in the trial's
+  moving the daemon itself). A thread sums the private dirty memory (what grows; shared
+  libraries and pages shared with a warm process are left out) of every process in the trial's
   session every POLL_SECONDS and kills the session with SIGKILL when it is over. It works
   only while a daemon runs. LOCALDET_MEMORY_WATCHER=1 chooses it everywhere.
 
@@ -293,7 +293,17 @@ def _members(leaders: set[int]) -> dict[int, list[int]]:
 
 
 def _resident(pid: int) -> int:
-    """Resident anonymous and shared-memory bytes of a process (0 when it is gone)."""
+    """The memory a process has written and holds alone, in bytes (0 when it is gone): its
+    private dirty pages. A trial forked from a warm process shares TensorFlow's pages with
+    it until it writes them, and those are not its growth (RssAnon would count them in
+    every trial); without smaps_rollup, resident anonymous and shared memory."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/status") as status:
             lines = status.read().splitlines()

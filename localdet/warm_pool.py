@@ -88,8 +88,10 @@ class Warm:
     channel: socket.socket
     ready: threading.Event = field(default_factory=threading.Event)
     children: dict = field(default_factory=dict)  # pid -> Forked
+    _exits: dict = field(default_factory=dict)    # pid -> code, told before it was handed
     _pids: queue.Queue = field(default_factory=queue.Queue)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _handing: threading.Lock = field(default_factory=threading.Lock)   # one order at a time
+    _children: threading.Lock = field(default_factory=threading.Lock)  # children and _exits
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -114,9 +116,11 @@ class Warm:
                     self.ready.set()
                 elif "pid" in message:
                     self._pids.put(message["pid"])
-                elif "exit" in message:
-                    with self._lock:
+                elif "exit" in message:  # never waits on a hand-over: its pid may be next
+                    with self._children:
                         child = self.children.pop(message["exit"], None)
+                        if child is None:
+                            self._exits[message["exit"]] = message["code"]
                     if child is not None:
                         child._exited(message["code"])
 
@@ -124,15 +128,22 @@ class Warm:
         """Fork the trial from it: its environment, folder, command and log. None if the
         warm process has ended (start the trial cold then)."""
         order = {"env": spec.env, "cwd": str(spec.cwd), "argv": spec.argv}
-        with self._lock:
+        with self._handing:
             try:
                 socket.send_fds(self.channel, [json.dumps(order).encode()], [log_fd])
                 pid = self._pids.get(timeout=ANSWER_SECONDS)
             except (OSError, queue.Empty):
+                pid = None
+            if pid is None:  # dead, or an answer that may yet come and be taken for another's
+                self.close()
                 return None
-            if pid is None:
-                return None
-            child = self.children[pid] = Forked(pid, self)
+        child = Forked(pid, self)
+        with self._children:
+            code = self._exits.pop(pid, None)
+            if code is None:
+                self.children[pid] = child
+        if code is not None:
+            child._exited(code)
         return child
 
     def close(self) -> None:

@@ -73,6 +73,10 @@ class Daemon:
         self.log_path = home.path / f"daemon-test-{Daemon.started}.log"
         home.path.mkdir(parents=True, exist_ok=True)
         self.log = open(self.log_path, "ab")
+        # LOCALDET_TEST_WARM=N runs every daemon with `--warm N` unless the test chose, so
+        # the suite can be run with warm processes off (0) or on where cores are short.
+        if os.environ.get("LOCALDET_TEST_WARM") and "--warm" not in args:
+            args = (*args, "--warm", os.environ["LOCALDET_TEST_WARM"])
         self.process = subprocess.Popen([home.python, "-m", "localdet", "daemon", *args],
                                         env=home.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: "watching" in self.log_path.read_text() or self.process.poll() is not None,
