@@ -192,15 +192,20 @@ class CappedLog:
                 self.lost += len(data)
                 return
             self.lost = 0
-        if not self._append(data):
-            self.lost += len(data)
-            return
-        if self.view.size > self.max_bytes:
-            try:
-                self._compact()
-            except OSError as error:  # no room for the rewrite: keep the file for now
-                if error.errno not in _NO_ROOM:
-                    raise
+        # Room is made before a piece is appended, so that no reader ever sees the file
+        # past its cap; pieces of a quarter of the cap always fit once the middle is gone.
+        quarter = self.max_bytes // 4
+        for start in range(0, len(data), quarter):
+            piece = data[start:start + quarter]
+            if self.view.size + len(piece) > self.max_bytes:
+                try:
+                    self._compact()
+                except OSError as error:  # no room for the rewrite: keep the file for now
+                    if error.errno not in _NO_ROOM:
+                        raise
+            if not self._append(piece):
+                self.lost += len(data) - start
+                return
 
     def _append(self, data: bytes) -> bool:
         try:
