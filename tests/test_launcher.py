@@ -115,7 +115,9 @@ def test_a_trial_sees_only_its_slots_devices(layout, monkeypatch):
                       " os.environ.get('CUDA_DEVICE_ORDER'))\""}).config)
     for devices, order in (("", None), ("1,3", "PCI_BUS_ID")):
         spec = launcher.launch_spec(layout, experiment, trial, [1, 3], visible_devices=devices)
-        assert launcher.start(spec).wait(timeout=30) == 0
+        process = launcher.start(spec)
+        assert process.wait(timeout=30) == 0
+        launcher.wait_for_log(process, spec.log_path)
         log = launcher.log_tail(layout.trial_log(experiment.id, trial.id), lines=1)
         assert log == f"{devices!r} {order}"
 
@@ -169,7 +171,9 @@ def test_each_launch_begins_its_log_with_the_keras_line_and_why(layout):
         "keras2", "train.py:2 uses tf.keras.optimizers.legacy.SGD, which only Keras 2 has")
     spec = dataclasses.replace(spec, argv=[sys.executable, "-c", "print('trained')"])
     for _ in range(2):
-        assert launcher.start(spec).wait(timeout=30) == 0
+        process = launcher.start(spec)
+        assert process.wait(timeout=30) == 0
+        launcher.wait_for_log(process, spec.log_path)
     lines = spec.log_path.read_text().splitlines()
     assert lines[0] == lines[2] == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras2 "
                                     f"({spec.keras_line_reason}); engine single")
