@@ -27,8 +27,8 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import capped_log, disk_space, failures, gc, launcher, lifecycle, \
-    memory_limit, scheduler
+from localdet import capped_log, disk_space, failures, gc, keras_line, launcher, \
+    lifecycle, memory_limit, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
@@ -36,7 +36,7 @@ from localdet.searching import Search, SearchError
 from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
     write_slot_file
 from localdet.submissions import Intake
-from localdet.warm_pool import WarmPool
+from localdet.warm_pool import WarmPool, environment_kind
 
 
 SCRIPT_GONE = "the script ended without finishing its run (was it killed?)"
@@ -121,6 +121,10 @@ class Daemon:
             self._adopt_running_trials()
             self.log(self._slot_table())
             self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
+            # Ready before the first submission: an experiment that sets no environment
+            # variables and no Keras 2 has its first trial warm too.
+            self.pool.keep_for(environment_kind(launcher.experiment_environment(
+                self.layout, {}, keras_line.default()[0], self.reserve)))
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
             while not self._stop.is_set():

@@ -43,7 +43,7 @@ def choose(model_dir: Path, environment: dict[str, str],
     file in the model folder does)."""
     version = tensorflow_version()
     if version and version < (2, 16):
-        return "keras2", f"TensorFlow {'.'.join(map(str, version))} here has Keras 2 only"
+        return default()
     if "TF_USE_LEGACY_KERAS" in environment:
         line = "keras2" if environment["TF_USE_LEGACY_KERAS"] == "1" else "keras3"
         return line, "TF_USE_LEGACY_KERAS in environment.environment_variables"
@@ -64,6 +64,14 @@ def choose(model_dir: Path, environment: dict[str, str],
         where = ", ".join(f"{path.relative_to(model_dir)} (line {line})"
                           for path, line in unparsed)
         return "keras3", f"the default; {where} does not parse, so its text was searched"
+    return default()
+
+
+def default() -> tuple[str, str]:
+    """The line of a model folder with no sign of Keras 2, and why."""
+    version = tensorflow_version()
+    if version and version < (2, 16):
+        return "keras2", f"TensorFlow {'.'.join(map(str, version))} here has Keras 2 only"
     return "keras3", "the default"
 
 

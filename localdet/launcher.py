@@ -55,31 +55,16 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES,
                 reserve: disk_space.Reserve | None = None) -> LaunchSpec:
     """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots)."""
-    env = dict(os.environ)
-    env.pop("TF_USE_LEGACY_KERAS", None)  # the daemon's own choice must not leak in
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
-    env.update(user_env)
     line, reason = keras_line.choose(Path(experiment.model_dir), user_env, experiment.config)
-    version = keras_line.tensorflow_version()
-    if version and version < (2, 16):
-        # Keras 2 is its only Keras; the variable would make it look for tf-keras.
-        env.pop("TF_USE_LEGACY_KERAS", None)
-    else:
-        env["TF_USE_LEGACY_KERAS"] = "1" if line == "keras2" else "0"
+    env = experiment_environment(layout, user_env, line, reserve)
     env["LOCALDET_KERAS_LINE_REASON"] = reason
-    env.update({
-        "LOCALDET_HOME": str(layout.home),
-        "LOCALDET_TRIAL_ID": str(trial.id),
-        "LOCALDET_SLOTS": ",".join(map(str, slots)),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update({"LOCALDET_TRIAL_ID": str(trial.id), "LOCALDET_SLOTS": ",".join(map(str, slots))})
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env.update((reserve or disk_space.Reserve()).env())  # checked before each checkpoint
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     engine = _engine(experiment)
     env["LOCALDET_ENGINE"] = engine
     return LaunchSpec(
@@ -94,6 +79,27 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 f"{line} ({reason}); engine {engine}"),
         max_log_bytes=max_log_bytes,
     )
+
+
+def experiment_environment(layout: Layout, user_env: dict[str, str], line: str,
+                           reserve: disk_space.Reserve | None = None) -> dict[str, str]:
+    """What every trial of an experiment with these environment variables and this Keras
+    line gets: the daemon's environment, theirs, and localdet's. `launch_spec` adds what is
+    the trial's own; with `{}` and the default line, it is what a warm process is started
+    with before any trial has launched."""
+    env = dict(os.environ)
+    env.pop("TF_USE_LEGACY_KERAS", None)  # the daemon's own choice must not leak in
+    env.update(user_env)
+    version = keras_line.tensorflow_version()
+    if version and version < (2, 16):
+        # Keras 2 is its only Keras; the variable would make it look for tf-keras.
+        env.pop("TF_USE_LEGACY_KERAS", None)
+    else:
+        env["TF_USE_LEGACY_KERAS"] = "1" if line == "keras2" else "0"
+    env.update({"LOCALDET_HOME": str(layout.home), "PYTHONUNBUFFERED": "1"})
+    env.update((reserve or disk_space.Reserve()).env())  # checked before each checkpoint
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
 
 
 def supervised_argv(argv: list[str], engine: str, slots: int) -> list[str]:

@@ -3,6 +3,7 @@ forked from them for each trial, so that a trial skips the interpreter's and Ten
 start-up (several seconds a trial).
 
     pool = WarmPool(layout, size=1)
+    pool.keep_for(kind)          # at start: one for the trials expected most
     pool.keep(spec)              # after a launch: keep a warm process for trials like it
     warm = pool.take(spec)       # one of the same kind, or None: start cold
     launcher.start(spec, warm)   # the trial runs in a process forked from it
@@ -42,7 +43,12 @@ def kind_of(spec) -> tuple | None:
     launch cannot run warm."""
     if spec.engine != engines.SINGLE or not is_warm_command(spec.argv):
         return None
-    return tuple(sorted((k, v) for k, v in spec.env.items() if k not in TRIAL_OWN))
+    return environment_kind(spec.env)
+
+
+def environment_kind(env: dict[str, str]) -> tuple:
+    """The kind of a warm process for trials launched with `env`."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in TRIAL_OWN))
 
 
 class Forked:
@@ -163,7 +169,11 @@ class WarmPool:
 
     def keep(self, spec) -> None:
         """Keep a warm process for launches like `spec` (one per kind, `size` in all)."""
-        kind = kind_of(spec)
+        self.keep_for(kind_of(spec))
+
+    def keep_for(self, kind: tuple | None) -> None:
+        """Keep a warm process of this kind (`environment_kind`): before any launch, for the
+        trials the daemon expects most (see `launcher.experiment_environment`)."""
         self._drop_dead()
         if kind is None or self.size <= 0 or any(w.kind == kind for w in self._warm):
             return

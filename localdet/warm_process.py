@@ -38,6 +38,7 @@ def _prepare() -> None:
     import tensorflow  # noqa: F401
     import determined.keras  # noqa: F401  (Keras itself, the controller, the callbacks)
     from determined.keras import _trial_controller  # noqa: F401
+    import localdet.reporting  # noqa: F401  (the TrialReporter seam's: sqlite-utils, jsonschema)
 
 
 def _run(argv: list[str]) -> int:
