@@ -47,8 +47,8 @@ How the three are made comparable:
 Optuna's and Keras Tuner's times are given twice: `process` (spawn to exit: Python, importing
 TensorFlow and the tool, the search) and `search` (the `study.optimize` / `tuner.search` call
 alone). localdet's daemon starts before the clock, so the stricter comparison is against
-`search`. (The daemon starts a warm process for trials of a kind once one has launched: an
-experiment's first launch is cold, the rest warm.)
+`search`. (The daemon keeps a warm process ready from its start for experiments that set no
+environment variables and no Keras 2, so every launch here is warm.)
 
 For localdet the script also reads its SQLite file once the experiment is done:
   launch -> first batch       per launch (`trial_launched` event), the time to the trial's
@@ -72,19 +72,20 @@ time at most 1.2x Optuna's, first batch within 1 s of a warm process being assig
     python scripts/bench/search.py --only localdet  # one tool (repeatable)
 
 Measured with --both-warm on the 2-vCPU test machine (TensorFlow 2.21, Keras 3.15, Optuna
-5.0, Keras Tuner 1.4.8, localdet at a6fedfb), load average under 1.2 through each run;
+5.0, Keras Tuner 1.4.8, localdet at 4395d19), load average under 1.2 through each run;
 x: ratio to Optuna's process / search time:
                         random, 8 trials x 2 epochs    ASHA, 12 trials, <= 16 epochs
-  Optuna                13.1 s process, 8.4 s search   34.2 s, 29.2 s (156 epochs, 0.19 s/epoch)
-  Keras Tuner           13.6 s, 9.6 s: 1.03x / 1.61x   53.0 s, 48.2 s: 1.55x / 1.82x
-                                                       (32 trials, 136 epochs, 0.35 s/epoch)
-  localdet, warm        14.3 s: 1.09x / 1.70x          27.5 s: 0.80x / 0.94x
-                        (7 of 8 launches warm)         (13 of 14 warm; 120 epochs, 0.23 s/epoch)
-  localdet, --warm 0    33.6 s: 2.56x / 3.99x          62.5 s: 1.83x / 2.14x (0.52 s/epoch)
-  launch -> first batch, medians: warm 0.95 s, the cold first launch 3.60 s, --warm 0 3.52 s
-    (ASHA: 0.92 s, 3.68 s, 3.45 s)
-  final checkpoint -> next first batch: warm 0.98 s, --warm 0 3.71 s (ASHA: 0.96 s, 3.69 s),
+  Optuna                13.9 s process, 8.8 s search   35.4 s, 30.3 s (156 epochs, 0.19 s/epoch)
+  Keras Tuner           14.0 s, 9.7 s: 1.00x / 1.59x   54.9 s, 50.2 s: 1.55x / 1.81x
+                                                       (32 trials, 136 epochs, 0.37 s/epoch)
+  localdet, warm        10.2 s: 0.73x / 1.16x          22.1 s: 0.63x / 0.73x
+                        (8 of 8 launches warm)         (14 of 14 warm; 120 epochs, 0.18 s/epoch)
+  localdet, --warm 0    34.2 s: 2.46x / 3.89x          62.9 s: 1.78x / 2.08x (0.53 s/epoch)
+  launch -> first batch, medians: warm 0.79 s, --warm 0 3.63 s (ASHA: 0.75 s, 3.49 s)
+  final checkpoint -> next first batch: warm 0.83 s, --warm 0 3.87 s (ASHA: 0.80 s, 3.73 s),
     of which checkpoint -> next launch 0.04 s warm, 0.25 s with --warm 0 (ASHA the same)
+Before the warm process was kept from the daemon's start (a6fedfb), an experiment's first
+launch was cold (3.6 s to its first batch) and the random search took 1.70x Optuna's search.
 """
 
 from __future__ import annotations
