@@ -24,7 +24,7 @@ from localdet.db import Checkpoint, NotFound, StateDB, now
 from localdet.disk_space import DiskFull, Reserve
 from localdet.manifest import build_manifest, files_of
 from localdet.paths import Layout
-from localdet.store import Store, StoreError
+from localdet.store import FileEntry, Store, StoreError
 
 
 class SQLiteReporter:
@@ -114,12 +114,18 @@ class SQLiteReporter:
             # must not delete them.
             with self.store.writing():
                 files = self.store.put_directory(directory, consume=True)  # durable first
-                db.add_checkpoint(build_manifest(
-                    uuid=uuid, experiment_id=self._trial.experiment_id, trial_id=self.trial_id,
-                    batches_trained=batches_trained, files=files, metadata=metadata))
+                self.commit_checkpoint(db, uuid, batches_trained, files, metadata)
         finally:
             db.close()
             shutil.rmtree(directory, ignore_errors=True)
+
+    def commit_checkpoint(self, db: StateDB, uuid: str, batches_trained: int,
+                          files: Dict[str, FileEntry], metadata: Dict[str, Any]) -> None:
+        """Register a checkpoint whose blobs are already durable in the store (the caller
+        holds `store.writing()`); also the report server's commit for remote trials."""
+        db.add_checkpoint(build_manifest(
+            uuid=uuid, experiment_id=self._trial.experiment_id, trial_id=self.trial_id,
+            batches_trained=batches_trained, files=files, metadata=metadata))
 
     def wait_for_checkpoints(self) -> None:
         pending, self._pending = self._pending, None

@@ -74,14 +74,22 @@ class TrialReporter(Protocol):
 
 
 def reporter_from_environment() -> TrialReporter:
-    """The reporter for a process the localdet launcher started (`LOCALDET_TRIAL_ID` set)."""
+    """The reporter for a process the localdet launcher started (`LOCALDET_TRIAL_ID` set):
+    over HTTP to the daemon when `LOCALDET_REPORT_URL` is set (a trial on another machine),
+    else straight into the daemon's SQLite file and store."""
     trial_id = os.environ.get("LOCALDET_TRIAL_ID")
     if not trial_id:
         raise RuntimeError("LOCALDET_TRIAL_ID is not set: this process was not started by "
                            "localdet; submit the experiment with `localdet submit`")
-    from localdet.reporting import SQLiteReporter  # the only import of localdet by a trial
+    # The only imports of localdet by a trial.
+    if os.environ.get("LOCALDET_REPORT_URL"):
+        from localdet.remote_reporter import HTTPReporter
 
-    reporter = SQLiteReporter.from_environment(int(trial_id))
+        reporter: TrialReporter = HTTPReporter.from_environment()
+    else:
+        from localdet.reporting import SQLiteReporter
+
+        reporter = SQLiteReporter.from_environment(int(trial_id))
     if int(os.environ.get("LOCALDET_RANK", "0")) > 0:
         return WorkerReporter(reporter)
     return reporter

@@ -1,0 +1,507 @@
+"""The daemon's report server: where trials on other machines (and local trials under
+`localdet daemon --report http`) report, since they cannot write the daemon's SQLite file.
+
+    server = ReportServer(layout, host="127.0.0.1").start()   # port remembered in the home
+    env = trial_environment(layout, trial_id, launch=trial.restarts + 1, url=server.url)
+    ...start the trial with `env` added...
+    server.close()
+
+Every operation is done by the local `SQLiteReporter` (metric merging, the PAUSE -> PAUSING
+acknowledgement, the disk reserve, store-then-commit of checkpoints, the first-batch event),
+so a trial records the same things over either transport; the trial side is
+`localdet.remote_reporter.HTTPReporter`.
+
+Authentication: each launch of a trial gets its own token, HMAC-SHA256 of (trial id, launch
+number) under a daemon secret kept in `$LOCALDET_HOME/report_secret` (mode 0600): a daemon
+restarted later derives the same tokens, so nothing is stored per launch. A wrong token is
+refused (403); a launch that is no longer the trial's current one, or a trial that is not
+running, is answered 410 or 409, and the process exits: never two processes training one
+trial. The port is chosen once and kept in `$LOCALDET_HOME/report_port`, so trials adopted
+by a restarted daemon reach it again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import io
+import json
+import os
+import secrets
+import shutil
+import socketserver
+import re
+import sqlite3
+import tempfile
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+from localdet import remote_reporter as wire
+from localdet.db import TERMINAL_STATES, NotFound, StateDB
+from localdet.disk_space import DiskFull, Reserve
+from localdet.manifest import files_of
+from localdet.paths import Layout
+from localdet.reporting import SQLiteReporter
+from localdet.store import FileEntry, Lease, Store, StoreError
+
+SECRET_FILE = "report_secret"
+PORT_FILE = "report_port"
+BEGUN_SECONDS = 3600.0  # a begun checkpoint's hold on the store, if its commit never comes
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_UUID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
+
+
+class ReportServerError(RuntimeError):
+    """The report server cannot start; the message says why and what to change."""
+
+
+def daemon_secret(layout: Layout) -> bytes:
+    """The daemon's secret: created once (mode 0600), then read back by every daemon."""
+    path = layout.home / SECRET_FILE
+    if not path.exists():
+        layout.home.mkdir(parents=True, exist_ok=True)
+        fresh = layout.home / f".{SECRET_FILE}.{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(fresh, path)  # atomic: a daemon racing us keeps its secret or takes ours
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(fresh)
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise ReportServerError(f"{path} is not a hex secret; delete it (running remote "
+                                "trials then cannot report) and restart the daemon") from None
+
+
+def launch_token(secret: bytes, trial_id: int, launch: int) -> str:
+    return hmac.new(secret, f"trial {trial_id} launch {launch}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def trial_environment(layout: Layout, trial_id: int, launch: int, url: str, *,
+                      local: bool = False) -> dict[str, str]:
+    """What a launch puts in its trial's environment to report over HTTP to `url`.
+    `launch` is the trial's restarts + 1; `local`: the process runs on the daemon's machine,
+    in a process group the daemon records (its launch record is checked as SQLite's is)."""
+    env = {"LOCALDET_REPORT_URL": url, "LOCALDET_TRIAL_ID": str(trial_id),
+           "LOCALDET_LAUNCH": str(launch),
+           "LOCALDET_REPORT_TOKEN": launch_token(daemon_secret(layout), trial_id, launch)}
+    if local:
+        env["LOCALDET_REPORT_CHECK_PGRP"] = "1"
+    return env
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.extra = status, extra
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    app: "ReportServer"
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks the host's name up (DNS); nothing here needs it.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+class ReportServer:
+    """The HTTP server a daemon runs for trials that report over the network.
+
+    Args:
+        layout: the daemon's state folder.
+        host: the address to serve on (default 127.0.0.1; a cluster's head node address).
+        port: a fixed port (`--report-port`); default None: the one remembered in
+            `$LOCALDET_HOME/report_port` if free, else a free one, then remembered.
+        reserve: the daemon's free-space reserve, checked before a checkpoint is written.
+        log: where to say what it does.
+    """
+
+    def __init__(self, layout: Layout, host: str = "127.0.0.1", port: int | None = None,
+                 reserve: Reserve | None = None, log: Callable[[str], None] = print):
+        self.layout, self.host, self.port = layout, host, port
+        self.reserve = reserve or Reserve()
+        self.log = log
+        self.secret = daemon_secret(layout)
+        self._begun: dict[str, tuple[Lease, float]] = {}  # checkpoint uuid -> store hold
+        self._begun_lock = threading.Lock()
+        self._server: _HTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "ReportServer":
+        port_file = self.layout.home / PORT_FILE
+        if self.port is not None:
+            try:
+                self._server = _HTTPServer((self.host, self.port), _Handler)
+            except OSError as error:
+                raise ReportServerError(
+                    f"cannot serve trial reports on {self.host}:{self.port} "
+                    f"({error.strerror or error}); free the port or choose another "
+                    "--report-port") from None
+        else:
+            remembered = _read_port(port_file)
+            if remembered:
+                try:
+                    self._server = _HTTPServer((self.host, remembered), _Handler)
+                except OSError as error:
+                    self.log(f"the report port {remembered} is taken ({error.strerror}); "
+                             "trials launched before cannot report until it is free again: "
+                             "serving on a new port")
+            if self._server is None:
+                self._server = _HTTPServer((self.host, 0), _Handler)
+        self._server.app = self
+        self.port = self._server.server_address[1]
+        if _read_port(port_file) != self.port:
+            fresh = port_file.with_name(f".{PORT_FILE}.{os.getpid()}")
+            fresh.write_text(f"{self.port}\n")
+            os.replace(fresh, port_file)
+        threading.Thread(target=self._server.serve_forever, name="report-server",
+                         daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        with self._begun_lock:
+            for lease, _ in self._begun.values():
+                lease.release()
+            self._begun.clear()
+
+    # -- checkpoint holds -------------------------------------------------------------------
+    def begin(self, store, uuid: str) -> None:
+        """Hold the store against collection from a checkpoint's first blob to its commit,
+        as SQLiteReporter does within one call."""
+        with self._begun_lock:
+            self._expire()
+            if uuid not in self._begun:
+                self._begun[uuid] = (store.writing(), time.monotonic())
+
+    def end(self, uuid: str) -> None:
+        with self._begun_lock:
+            held = self._begun.pop(uuid, None)
+        if held:
+            held[0].release()
+
+    def _expire(self) -> None:
+        old = [u for u, (_, at) in self._begun.items() if time.monotonic() - at > BEGUN_SECONDS]
+        for uuid in old:
+            self._begun.pop(uuid)[0].release()
+
+
+def _read_port(path: Path) -> int | None:
+    try:
+        port = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+class _Body:
+    """A request's body as a stream of exactly Content-Length bytes."""
+
+    def __init__(self, source, length: int):
+        self.source, self.left = source, length
+
+    def readinto(self, buffer) -> int:
+        if self.left <= 0:
+            return 0
+        view = memoryview(buffer)[:min(len(buffer), self.left)]
+        got = self.source.readinto(view)
+        if not got:
+            raise ConnectionError("the upload ended early")
+        self.left -= got
+        return got
+
+    def read(self, size: int = -1) -> bytes:
+        buffer = bytearray(min(self.left, wire.CHUNK if size < 0 else size))
+        return bytes(buffer[:self.readinto(buffer)])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a trial keeps one connection per thread
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self._reporters: dict[int, SQLiteReporter] = {}  # SQLite connections stay in a thread
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            for reporter in self._reporters.values():
+                reporter.db.close()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line a request would drown the daemon's log
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    # -- dispatch -------------------------------------------------------------------------
+    def _serve(self, method: str) -> None:
+        app = self.server.app
+        length = int(self.headers.get("Content-Length") or 0)
+        body_read = False
+        try:
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if parts[:2] != wire.API.strip("/").split("/") or len(parts) < 4:
+                raise _Refused(404, f"no such report endpoint: {method} {self.path}")
+            try:
+                trial_id = int(parts[2])
+                launch = int(self.headers.get(wire.LAUNCH_HEADER, ""))
+            except ValueError:
+                raise _Refused(400, "the request names no trial id or launch number") from None
+            token = self.headers.get(wire.TOKEN_HEADER, "").removeprefix("Bearer ")
+            expected = launch_token(app.secret, trial_id, launch)
+            if not hmac.compare_digest(token.encode(), expected.encode()):
+                raise _Refused(403, f"the report token is not trial {trial_id}'s for launch "
+                                    f"{launch}; start trials with the environment from "
+                                    "`trial_environment`")
+            reporter = self._reporter(trial_id)
+            self._check_launch(reporter, trial_id, launch)
+            op, args = parts[3], parts[4:]
+            if method == "PUT" and op == "blobs" and len(args) == 1:
+                body_read = True
+                return self._answer(self._put_blob(reporter, args[0],
+                                                   _Body(self.rfile, length)))
+            payload = json.loads(self.rfile.read(length) or b"null") if length else None
+            body_read = True
+            if method == "GET" and op == "checkpoints" and len(args) == 3 and args[1] == "blobs":
+                return self._send_blob(reporter, args[0], args[2])
+            handler = self._routes().get((method, op, len(args)))
+            if handler is None:
+                raise _Refused(404, f"no such report endpoint: {method} {self.path}")
+            self._answer(handler(reporter, payload, *args))
+        except _Refused as refused:
+            self._answer({"error": str(refused), **refused.extra}, refused.status, body_read,
+                         length)
+        except DiskFull as error:
+            self._answer({"error": str(error)}, wire.INSUFFICIENT_STORAGE, body_read, length)
+        except sqlite3.OperationalError as error:  # a busy database: the trial retries
+            self._answer({"error": f"the database is busy ({error})"}, 503, body_read, length)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as error:
+            app.log(f"report server: unexpected error on {method} {self.path}:\n"
+                    + traceback.format_exc())
+            self._answer({"error": f"the daemon failed on this report ({error}); see its log"},
+                         500, body_read, length)
+
+    def _routes(self) -> dict:
+        return {
+            ("POST", "hello", 0): lambda r, p: {"ok": True},
+            ("GET", "info", 0): self._info,
+            ("POST", "report", 0): self._report,
+            ("POST", "target", 0): lambda r, p: r.set_target_batches(int(p["batches"])),
+            ("POST", "should_pause", 0): lambda r, p: {"pause": r.should_pause()},
+            ("POST", "checkpoints", 2): self._checkpoint_step,
+            ("GET", "checkpoints", 1): self._manifest,
+        }
+
+    def _answer(self, answer: Any, status: int = 200, body_read: bool = True,
+                length: int = 0) -> None:
+        data = json.dumps(answer if answer is not None else {}).encode()
+        if not body_read and length:
+            self.close_connection = True  # the unread body would be taken for a request
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reporter(self, trial_id: int) -> SQLiteReporter:
+        reporter = self._reporters.get(trial_id)
+        if reporter is None:
+            try:
+                reporter = SQLiteReporter(self.server.app.layout, trial_id)
+            except NotFound:
+                raise _Refused(wire.STALE, f"trial {trial_id} does not exist in this "
+                                           "daemon's state; this process exits") from None
+            reporter._reserve = self.server.app.reserve  # the daemon's, not the environment's
+            self._reporters[trial_id] = reporter
+        return reporter
+
+    def _check_launch(self, reporter: SQLiteReporter, trial_id: int, launch: int) -> None:
+        """Only the trial's current launch, running, may report (the HTTP form of
+        SQLiteReporter._await_launch_record)."""
+        trial = reporter.db.trial(trial_id)
+        current = trial.restarts + 1
+        if launch < current or trial.state in TERMINAL_STATES:
+            now = f"on launch {current}" if launch < current else trial.state
+            raise _Refused(wire.STALE, f"launch {launch} of trial {trial_id} is over (the "
+                                       f"trial is {now}); this process exits so that only "
+                                       "one process trains the trial")
+        if launch > current or trial.state != "RUNNING":
+            raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is not running launch "
+                                             f"{launch} (it is {trial.state}, launch "
+                                             f"{current}); this process exits")
+        pgrp = self.headers.get(wire.PGRP_HEADER)
+        if pgrp is not None and trial.pid != int(pgrp):
+            raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is recorded as running in "
+                                             f"process {trial.pid}, not in this one ({pgrp}); "
+                                             "this process exits")
+
+    # -- operations -----------------------------------------------------------------------
+    def _info(self, reporter: SQLiteReporter, payload: Any) -> dict:
+        info = reporter.trial_info()
+        facts = dict(vars(info))
+        facts.pop("model_dir"), facts.pop("trial_dir")  # the node's own, not the daemon's
+        return facts
+
+    def _report(self, reporter: SQLiteReporter, payload: dict) -> dict:
+        for kind, batches, metrics in payload.get("metrics", []):
+            if kind not in ("training", "validation"):
+                raise _Refused(400, f"metric kind {kind!r} is neither training nor validation")
+            # A retried batch merges into the rows it already wrote: nothing twice.
+            report = (reporter.report_training_metrics if kind == "training"
+                      else reporter.report_validation_metrics)
+            report(int(batches), metrics)
+        if payload.get("first_batch") and not self._first_batch_recorded(reporter):
+            reporter.report_first_batch()
+        if payload.get("heartbeat"):
+            reporter.heartbeat()
+        return {}
+
+    def _first_batch_recorded(self, reporter: SQLiteReporter) -> bool:
+        """Whether this launch's first batch is already recorded (a retried report)."""
+        trial = reporter.db.trial(reporter.trial_id)
+        if trial.started_at is None:
+            return False
+        since = datetime.datetime.fromisoformat(trial.started_at)
+        return any(event["kind"] == "trial_first_batch" and event["trial_id"] == trial.id
+                   and datetime.datetime.fromisoformat(event["at"]) >= since
+                   for event in reporter.db.events(trial.experiment_id))
+
+    def _checkpoint_step(self, reporter: SQLiteReporter, payload: dict, uuid: str,
+                         step: str) -> dict:
+        app = self.server.app
+        if not _UUID.fullmatch(uuid):
+            raise _Refused(400, f"{uuid!r} is not a checkpoint uuid")
+        if step == "begin":
+            reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
+            app.begin(reporter.store, uuid)
+            return {}
+        if step == "missing":
+            hashes = payload.get("hashes", [])
+            return {"missing": [sha for sha in hashes if not self._has(reporter, sha)]}
+        if step == "commit":
+            return self._commit(reporter, payload, uuid)
+        raise _Refused(404, f"no such checkpoint step {step!r}")
+
+    @staticmethod
+    def _has(reporter: SQLiteReporter, sha256: str) -> bool:
+        if not _SHA256.fullmatch(sha256):
+            raise _Refused(400, f"{sha256!r} is not a sha256 digest (64 lowercase hex digits)")
+        return reporter.store.has(sha256)
+
+    def _commit(self, reporter: SQLiteReporter, payload: dict, uuid: str) -> dict:
+        app = self.server.app
+        if self._committed(reporter, uuid):  # a retried commit whose answer was lost
+            app.end(uuid)
+            return {}
+        with reporter.store.writing():  # a begun hold may have died with a former daemon
+            files = {}
+            missing = []
+            for name, (sha256, size) in payload["files"].items():
+                if not self._has(reporter, sha256):
+                    missing.append(sha256)
+                    continue
+                if isinstance(reporter.store, Store):  # the stored size, not the told one
+                    size = reporter.store.blob_path(sha256).stat().st_size
+                files[name] = FileEntry(sha256, int(size))
+            if missing:
+                raise _Refused(wire.MISSING_BLOBS, f"{len(missing)} checkpoint file(s) are "
+                                                   "not in the store; upload them first",
+                               missing=sorted(set(missing)))
+            try:
+                reporter.commit_checkpoint(reporter.db, uuid, int(payload["batches_trained"]),
+                                           files, payload.get("metadata") or {})
+            except ValueError as error:  # the manifest refused a field
+                raise _Refused(400, str(error)) from None
+        app.end(uuid)
+        return {}
+
+    @staticmethod
+    def _committed(reporter: SQLiteReporter, uuid: str) -> bool:
+        try:
+            return reporter.db.checkpoint(uuid).uuid == uuid
+        except NotFound:
+            return False
+
+    def _put_blob(self, reporter: SQLiteReporter, sha256: str, body: _Body) -> dict:
+        store = reporter.store
+        self._has(reporter, sha256)  # refuses a name that is no sha256
+        if isinstance(store, Store):
+            # Hashed while written, durable before it is named: the store's own writer.
+            entry = store._put_stream(body, None)
+        else:  # another kind of store (s3) takes files
+            uploads = self.server.app.layout.home / "uploads"
+            uploads.mkdir(exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=uploads) as spool:
+                shutil.copyfileobj(body, spool, wire.CHUNK)
+                spool.flush()
+                entry = store.put_file(spool.name)
+        if entry.sha256 != sha256:
+            raise _Refused(wire.MISSING_BLOBS, f"the uploaded bytes hash to {entry.sha256}, "
+                                               f"not {sha256}; sending them again",
+                           missing=[sha256])
+        return {}
+
+    def _manifest(self, reporter: SQLiteReporter, payload: Any, uuid: str) -> dict:
+        try:
+            checkpoint = reporter.db.checkpoint(uuid)
+        except NotFound as error:
+            raise _Refused(404, str(error)) from None
+        return {"uuid": checkpoint.uuid,
+                "files": {name: [e.sha256, e.size]
+                          for name, e in files_of(checkpoint.manifest).items()}}
+
+    def _send_blob(self, reporter: SQLiteReporter, uuid: str, sha256: str) -> None:
+        store = reporter.store
+        with store.reading(uuid):  # the collector leaves a checkpoint being read alone
+            try:
+                checkpoint = reporter.db.checkpoint(uuid)
+            except NotFound as error:
+                raise _Refused(404, str(error)) from None
+            if sha256 not in {e.sha256 for e in files_of(checkpoint.manifest).values()}:
+                raise _Refused(404, f"checkpoint {uuid} has no file with sha256 {sha256}")
+            try:
+                blob = (open(store.blob_path(sha256), "rb") if isinstance(store, Store)
+                        else io.BytesIO(store.read_bytes(sha256)))
+            except (FileNotFoundError, StoreError):
+                raise _Refused(404, f"blob {sha256} of checkpoint {uuid} is missing from the "
+                                    "store; resume from an earlier checkpoint") from None
+            with blob:
+                size = blob.seek(0, io.SEEK_END)
+                blob.seek(0)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                shutil.copyfileobj(blob, self.wfile, wire.CHUNK)

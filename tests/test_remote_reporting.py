@@ -1,0 +1,249 @@
+"""Trials that report over the network: `HTTPReporter` against a real `ReportServer` on
+127.0.0.1 in a temporary home (tokens, stale launches, batched and retried reports,
+deduplicated checkpoint uploads), and end to end, a daemon with `--report http` whose trials
+end bit for bit as under `--report sqlite`, and whose trial survives the daemon's kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, Daemon, Home, start_trial, wait_for, write_config
+from localdet import lifecycle
+from localdet.db import StateDB, now
+from localdet.paths import Layout
+from localdet.remote_reporter import HTTPReporter, ReportError, StaleLaunch
+from localdet.report_server import (PORT_FILE, SECRET_FILE, ReportServer, ReportServerError,
+                                    launch_token, daemon_secret, trial_environment)
+
+
+class DroppingProxy:
+    """A small HTTP/1.1 proxy on 127.0.0.1: it forwards each request to the server, and
+    the first answer to a request whose line contains `drop` is read from the server and
+    then lost, the client's connection reset, as when a daemon dies mid-reply."""
+
+    def __init__(self, upstream: int, drop: str | None = None):
+        self.upstream, self.drop = upstream, drop
+        self.seen: Counter = Counter()  # request lines the server answered
+        self.dropped = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _message(reader) -> bytes:
+        head = b""
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            head += line
+        if not head:
+            return b""
+        length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                       if h.lower().startswith(b"content-length:")), 0)
+        return head + b"\r\n" + reader.read(length)
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream))
+        reader, answers = client.makefile("rb"), upstream.makefile("rb")
+        try:
+            while request := self._message(reader):
+                upstream.sendall(request)
+                answer = self._message(answers)
+                line = request.split(b"\r\n")[0].decode()
+                self.seen[line] += 1
+                if self.drop and self.drop in line and not self.dropped:
+                    self.dropped += 1
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))  # a reset, not a clean close
+                    return
+                client.sendall(answer)
+        except OSError:
+            pass
+        finally:
+            client.close()
+            upstream.close()
+
+    def count(self, fragment: str) -> int:
+        return sum(n for line, n in self.seen.items() if fragment in line)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A recorded, running trial and a report server for it."""
+    db, trial_id, _, _ = start_trial(tmp_path, target=100)
+    db.update_trial(trial_id, state="RUNNING", started_at=now())
+    layout = Layout(tmp_path / "home")
+    server = ReportServer(layout, "127.0.0.1").start()
+    yield db, trial_id, layout, server
+    server.close()
+    db.close()
+
+
+def reporter_for(layout: Layout, trial_id: int, port: int, tmp_path: Path, launch: int = 1,
+                 **kwargs) -> HTTPReporter:
+    token = launch_token(daemon_secret(layout), trial_id, launch)
+    return HTTPReporter(f"http://127.0.0.1:{port}", trial_id, launch, token,
+                        trial_dir=tmp_path / "node", retry_seconds=10, **kwargs)
+
+
+def test_wrong_token_is_refused_with_one_sentence(served, tmp_path):
+    db, trial_id, layout, server = served
+    reporter = HTTPReporter(server.url, trial_id, 1, "0" * 64, trial_dir=tmp_path / "n")
+    with pytest.raises(ReportError, match=f"the report token is not trial {trial_id}'s"):
+        reporter.start()
+    # Another trial's token is just as wrong.
+    other = HTTPReporter(server.url, trial_id, 1,
+                         launch_token(daemon_secret(layout), trial_id + 1, 1))
+    with pytest.raises(ReportError, match="token"):
+        other.trial_info()
+
+
+def test_a_stale_launch_exits_and_a_new_one_waits_for_its_launch_record(served, tmp_path):
+    db, trial_id, layout, server = served
+    db.update_trial(trial_id, restarts=1)  # the trial is on its second launch now
+    stale = reporter_for(layout, trial_id, server.port, tmp_path, launch=1)
+    with pytest.raises(StaleLaunch, match="launch 1 of trial .* is over") as refused:
+        stale.start()
+    assert refused.value.status == 410
+    # A process started before the daemon recorded its launch waits for the record...
+    db.update_trial(trial_id, state="QUEUED")
+    fresh = reporter_for(layout, trial_id, server.port, tmp_path, launch=2)
+    with pytest.raises(StaleLaunch, match="is not running launch 2"):
+        fresh.start(seconds=0.3)
+    def record() -> None:  # as the daemon does, on its own connection
+        daemon_db = StateDB.open(layout.db)
+        daemon_db.update_trial(trial_id, state="RUNNING")
+        daemon_db.close()
+
+    threading.Timer(0.3, record).start()
+    fresh.start(seconds=30)
+    assert fresh.trial_info().trial_id == trial_id
+    # ...and one of a local launch must be the recorded process group.
+    local = reporter_for(layout, trial_id, server.port, tmp_path, launch=2, pgrp=os.getpgrp())
+    with pytest.raises(StaleLaunch, match="recorded as running in process"):
+        local.start(seconds=0.2)
+    db.update_trial(trial_id, pid=os.getpgrp())
+    local.start(seconds=0.2)
+
+
+def test_metrics_are_batched_and_a_retried_batch_records_nothing_twice(served, tmp_path):
+    db, trial_id, layout, server = served
+    proxy = DroppingProxy(server.port, drop="/report")
+    try:
+        reporter = reporter_for(layout, trial_id, proxy.port, tmp_path)
+        for batches in range(1, 51):
+            reporter.report_training_metrics(batches, {"loss": 1.0 / batches})
+        reporter.report_validation_metrics(50, {"val_loss": 0.25})
+        reporter.heartbeat()
+        reporter.flush()
+        assert proxy.dropped == 1  # one answer was lost, so its batch was sent twice
+        sent = proxy.count("/report")
+        assert sent < 51 + 1, f"{sent} requests for 51 reports: they were not batched"
+    finally:
+        proxy.close()
+    rows = [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]
+    assert len(rows) == 51
+    assert rows[0] == ("training", 1, {"loss": 1.0})
+    assert ("validation", 50, {"val_loss": 0.25}) in rows
+    trial = db.trial(trial_id)
+    assert trial.batches_trained == 50 and trial.heartbeat_at is not None
+
+
+def checkpoint_folder(folder: Path, weights: bytes) -> Path:
+    (folder / "code").mkdir(parents=True)
+    (folder / "determined-keras-model.h5").write_bytes(weights)
+    (folder / "code" / "model_def.py").write_text("# the model\n")
+    (folder / "metadata.json").write_text("{}")
+    return folder
+
+
+def test_checkpoints_upload_only_new_blobs_commit_once_and_restore_bit_identical(
+        served, tmp_path):
+    db, trial_id, layout, server = served
+    first_weights, second_weights = os.urandom(3 << 20), os.urandom(1 << 20)
+    proxy = DroppingProxy(server.port, drop="/commit")
+    try:
+        reporter = reporter_for(layout, trial_id, proxy.port, tmp_path)
+        reporter.report_training_metrics(10, {"loss": 0.5})
+        first = reporter.save_checkpoint(checkpoint_folder(tmp_path / "c1", first_weights), 10,
+                                         {"n": 1})
+        # The same code and metadata: only the new weights travel.
+        second = reporter.save_checkpoint(checkpoint_folder(tmp_path / "c2", second_weights),
+                                          20, {"n": 2})
+        reporter.wait_for_checkpoints()
+        assert not (tmp_path / "c1").exists() and not (tmp_path / "c2").exists()
+        assert proxy.dropped == 1 and proxy.count("/commit") == 3  # one commit retried
+        assert proxy.count("PUT") == 3 + 1
+        restored = reporter.restore_checkpoint(first, tmp_path / "restored")
+        reporter.verify_restored_checkpoint()
+    finally:
+        proxy.close()
+    checkpoints = db.db.execute("SELECT uuid FROM checkpoints WHERE trial_id = ?",
+                                [trial_id]).fetchall()
+    assert sorted(uuid for (uuid,) in checkpoints) == sorted([first, second])
+    assert db.trial(trial_id).latest_checkpoint == second
+    assert (restored / "determined-keras-model.h5").read_bytes() == first_weights
+    assert (restored / "code" / "model_def.py").read_text() == "# the model\n"
+    assert db.checkpoint(second).metadata == {"n": 2}
+
+
+def test_should_pause_acknowledges_a_pause_once_even_when_retried(served, tmp_path):
+    db, trial_id, layout, server = served
+    proxy = DroppingProxy(server.port, drop="/should_pause")
+    try:
+        reporter = reporter_for(layout, trial_id, proxy.port, tmp_path)
+        assert reporter.should_pause() is False  # this answer is lost, and asked again
+        db.update_trial(trial_id, stop_requested=lifecycle.PAUSE)
+        reporter.report_training_metrics(30, {"loss": 0.1})
+        assert reporter.should_pause() is True
+        assert reporter.should_pause() is True
+    finally:
+        proxy.close()
+    assert db.trial(trial_id).stop_requested == lifecycle.PAUSING
+    assert [m.batches_trained for m in db.metrics(trial_id)] == [30]  # flushed before
+
+
+def test_a_daemon_that_never_comes_back_ends_the_trial_with_one_sentence(served, tmp_path):
+    db, trial_id, layout, server = served
+    reporter = reporter_for(layout, trial_id, server.port, tmp_path)
+    reporter.retry_seconds = 0.5
+    server.close()
+    with pytest.raises(ReportError, match="could not report to the localdet daemon .* for 0 s"):
+        reporter.should_pause()
+
+
+def test_port_and_secret_survive_a_restart(tmp_path):
+    layout = Layout(tmp_path / "home").ensure()
+    first = ReportServer(layout).start()
+    port = first.port
+    first.close()
+    again = ReportServer(layout).start()
+    try:
+        assert again.port == port
+        assert (layout.home / PORT_FILE).read_text().strip() == str(port)
+        assert stat.S_IMODE((layout.home / SECRET_FILE).stat().st_mode) == 0o600
+        env = trial_environment(layout, 3, 2, again.url, local=True)
+        assert env["LOCALDET_REPORT_TOKEN"] == launch_token(daemon_secret(layout), 3, 2)
+        assert env["LOCALDET_LAUNCH"] == "2" and env["LOCALDET_REPORT_URL"] == again.url
+        with pytest.raises(ReportServerError, match="free the port or choose another"):
+            ReportServer(layout, port=port).start()
+    finally:
+        again.close()
