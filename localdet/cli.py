@@ -349,14 +349,14 @@ def export(uuid: str, destination: Path) -> None:
     """Write checkpoint UUID (or a unique prefix) to DESTINATION as a plain folder."""
     from localdet.manifest import files_of
     from localdet.reporting import CheckpointReader
-    from localdet.store import Store
+    from localdet.storage import checkpoint_store
 
     layout = Layout.from_environment()
     _open_db(layout).close()
     try:
         # Held while its files are copied: `localdet gc` skips it meanwhile.
         with CheckpointReader(layout).holding(uuid) as found:
-            Store(layout.store).materialize(files_of(found.manifest), destination)
+            checkpoint_store(layout, found).materialize(files_of(found.manifest), destination)
     except (NotFound, StoreError) as error:  # NotFound includes a checkpoint gc deleted
         _fail(str(error))
     click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import importlib.util
 import json
 import math
 import re
@@ -337,6 +338,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     if _is_const(config["hyperparameters"].get("global_batch_size")):
         global_batch_size(config)  # a constant that is no batch size fails now
     _check_searcher(config, warnings)
+    _check_checkpoint_storage(config["checkpoint_storage"])
     resources = config["resources"]
     if resources["max_memory"] is not None:  # bytes from here on
         try:
@@ -371,6 +373,36 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
         if size > MAX_GRID_POINTS:
             raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
                               f"{MAX_GRID_POINTS:,} are allowed: lower some counts", "hyperparameters")
+
+
+_STORAGE_KEYS = {"shared_fs": ("host_path", "storage_path"),
+                 "s3": ("bucket", "prefix", "endpoint_url", "access_key", "secret_key")}
+
+
+def _check_checkpoint_storage(storage: dict[str, Any]) -> None:
+    """What the schema cannot say about where checkpoints go (localdet/storage.py)."""
+    kind = storage.get("type")
+    for other, keys in _STORAGE_KEYS.items():
+        for key in keys:
+            if key in storage and kind != other:
+                path = f"checkpoint_storage.{key}"
+                raise ConfigError(f"{path}: only used with checkpoint_storage.type {other!r}; "
+                                  f"set that type or remove the key", path)
+    if kind == "shared_fs" and storage.get("storage_path"):
+        host, storage_path = Path(storage["host_path"]), Path(storage["storage_path"])
+        inside = (host / storage_path) if not storage_path.is_absolute() else storage_path
+        if ".." in storage_path.parts or not inside.is_relative_to(host):
+            path = "checkpoint_storage.storage_path"
+            raise ConfigError(f"{path}: expected a folder inside host_path {str(host)!r}, got "
+                              f"{_shown(storage['storage_path'])}", path)
+    if kind == "s3" and importlib.util.find_spec("boto3") is None:
+        raise ConfigError("checkpoint_storage.type: 's3' needs boto3, which is not installed; "
+                          "run `pip install localdet[s3]`", "checkpoint_storage.type")
+    if kind == "s3" and bool(storage.get("access_key")) != bool(storage.get("secret_key")):
+        given = "access_key" if storage.get("access_key") else "secret_key"
+        missing = "secret_key" if given == "access_key" else "access_key"
+        raise ConfigError(f"checkpoint_storage.{missing}: needed with {given}; give both, or "
+                          f"neither to use the usual AWS credentials", f"checkpoint_storage.{missing}")
 
 
 def _job_schema() -> dict[str, Any]:

@@ -21,6 +21,13 @@ Safe to call often and from several processes at once (the daemon after each tri
 - A full collection (no experiment named) also deletes orphan blobs and temporary files that
   no manifest names, but only those older than `GRACE_SECONDS`: a writer that does not take
   the writers lock, or one that crashed, leaves them.
+- Each experiment's checkpoints live in the store its `checkpoint_storage` names
+  (`localdet.storage`): localdet's own, a `shared_fs` one (the same locks, on the shared
+  mount) or `s3`, where objects stand in for the locks and no blob younger than the grace
+  period is deleted (`localdet.s3_store` says why that is safe). Retention and blob
+  deletion run per store; a blob counts as live if a live checkpoint of *any* store names
+  it, which at worst keeps a blob longer than needed, never deletes one in use. A full
+  collection sweeps localdet's own store and every store an experiment names.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from dataclasses import dataclass, field
 from localdet.db import StateDB
 from localdet.paths import Layout
 from localdet.retention import CheckpointRef, checkpoints_to_keep, describe
+from localdet.storage import CheckpointStore, open_store
 from localdet.store import Lease, Store
 
 # An unreferenced blob younger than this may still be in flight (put before its manifest
@@ -93,13 +101,22 @@ def collect(layout: Layout, db: StateDB, experiment_id: int | None = None,
     if db.db.conn.in_transaction:
         raise RuntimeError("gc.collect() must not run inside a database transaction: it "
                            "commits before releasing its leases")
-    store = Store(layout.store)
     report = GcReport(dry_run=dry_run)
-    ids = [db.experiment(experiment_id).id] if experiment_id is not None else [
-        e.id for e in db.experiments()]
-    for eid in ids:
-        _retain(db, store, eid, dry_run, report)
-    _free_blobs(db, store, experiment_id, dry_run, grace_seconds, writer_wait_seconds, report)
+    experiments = [db.experiment(experiment_id)] if experiment_id is not None else \
+        db.experiments()
+    stores: dict[str, tuple[CheckpointStore, list[int]]] = {}
+    if experiment_id is None:  # its orphans are swept even when no experiment uses it
+        own = Store(layout.store)
+        stores[own.location] = (own, [])
+    for experiment in experiments:
+        store = open_store(layout, experiment.config, grace_seconds=grace_seconds)
+        stores.setdefault(store.location, (store, []))[1].append(experiment.id)
+    for store, ids in stores.values():
+        for eid in ids:
+            _retain(db, store, eid, dry_run, report)
+    for store, ids in stores.values():
+        _free_blobs(db, store, ids, experiment_id is None, dry_run, grace_seconds,
+                    writer_wait_seconds, report)
     return report
 
 
@@ -131,7 +148,7 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
     return doomed, describe(experiment.config)
 
 
-def _retain(db: StateDB, store: Store, experiment_id: int, dry_run: bool,
+def _retain(db: StateDB, store: CheckpointStore, experiment_id: int, dry_run: bool,
             report: GcReport) -> None:
     doomed, _ = _doomed(db, experiment_id)  # read-only first: most calls end here
     if not doomed:
@@ -170,22 +187,26 @@ def _retain(db: StateDB, store: Store, experiment_id: int, dry_run: bool,
 
 # -- blobs ----------------------------------------------------------------------------------
 
-def _free_blobs(db: StateDB, store: Store, experiment_id: int | None, dry_run: bool,
-                grace_seconds: float, writer_wait_seconds: float, report: GcReport) -> None:
-    full = experiment_id is None
+def _free_blobs(db: StateDB, store: CheckpointStore, experiment_ids: list[int], full: bool,
+                dry_run: bool, grace_seconds: float, writer_wait_seconds: float,
+                report: GcReport) -> None:
+    """Delete the blobs of `store` that the deleted checkpoints of `experiment_ids` (the
+    experiments whose checkpoints go there) leave unused; with `full`, also its orphans."""
     would_go = {d.uuid for d in report.deleted} if dry_run else set()
 
     def live_hashes() -> set[str]:
         return {sha for uuid, sha, _ in db.checkpoint_files(deleted=False)
                 if uuid not in would_go}
 
-    # Blobs of deleted checkpoints (of this experiment) still on disk. DELETED is final, so
+    # Blobs of deleted checkpoints (of these experiments) still stored. DELETED is final, so
     # these stay candidates; only whether a live checkpoint also uses them can change.
-    candidates = {sha: size for _, sha, size in db.checkpoint_files(
-        deleted=True, experiment_id=experiment_id)}
-    if would_go:
-        candidates.update({sha: size for uuid, sha, size in db.checkpoint_files(
-            deleted=False, experiment_id=experiment_id) if uuid in would_go})
+    candidates: dict[str, int] = {}
+    for experiment_id in experiment_ids:
+        candidates.update({sha: size for _, sha, size in db.checkpoint_files(
+            deleted=True, experiment_id=experiment_id)})
+        if would_go:
+            candidates.update({sha: size for uuid, sha, size in db.checkpoint_files(
+                deleted=False, experiment_id=experiment_id) if uuid in would_go})
     candidates = {sha: size for sha, size in candidates.items() if store.has(sha)}
     if candidates:
         live = live_hashes()
@@ -197,8 +218,8 @@ def _free_blobs(db: StateDB, store: Store, experiment_id: int | None, dry_run: b
         if full:
             found.update(store.unreferenced(live_hashes() | set(found),
                                             min_age_seconds=grace_seconds))
-        report.blobs = sorted(found)
-        report.bytes_freed = sum(found.values())
+        report.blobs = sorted({*report.blobs, *found})
+        report.bytes_freed += sum(found.values())
         return
     sweep = _try_sweeping(store, writer_wait_seconds)
     if sweep is None:
@@ -213,11 +234,11 @@ def _free_blobs(db: StateDB, store: Store, experiment_id: int | None, dry_run: b
             orphans = store.unreferenced(live, min_age_seconds=grace_seconds)
             gone.update(store.delete_blobs(set(orphans), min_age_seconds=grace_seconds))
             store.delete_temporary(min_age_seconds=grace_seconds)
-    report.blobs = sorted(gone)
-    report.bytes_freed = sum(gone.values())
+    report.blobs = sorted({*report.blobs, *gone})
+    report.bytes_freed += sum(gone.values())
 
 
-def _try_sweeping(store: Store, wait_seconds: float) -> Lease | None:
+def _try_sweeping(store: CheckpointStore, wait_seconds: float) -> Lease | None:
     deadline = time.monotonic() + wait_seconds
     while True:
         lease = store.try_sweeping()

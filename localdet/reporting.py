@@ -24,7 +24,8 @@ from localdet.db import Checkpoint, NotFound, StateDB, now
 from localdet.disk_space import DiskFull, Reserve
 from localdet.manifest import build_manifest, files_of
 from localdet.paths import Layout
-from localdet.store import FileEntry, Store, StoreError
+from localdet.storage import checkpoint_store, experiment_store
+from localdet.store import FileEntry, StoreError
 
 
 class SQLiteReporter:
@@ -32,7 +33,8 @@ class SQLiteReporter:
         self.layout = layout
         self.trial_id = trial_id
         self.db = StateDB.open(layout.db)
-        self.store = Store(layout.store)
+        # The experiment's checkpoint_storage: localdet's own store, shared_fs or s3.
+        self.store = experiment_store(layout, self.db, self.db.trial(trial_id).experiment_id)
         self._trial = self.db.trial(trial_id)
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
@@ -234,8 +236,9 @@ class CheckpointReader:
         Raises NotFound, or CheckpointDeleted (one sentence) if retention deleted it."""
         db = StateDB.open(self.layout.db)
         try:
-            uuid = db.checkpoint(uuid_or_prefix).uuid
-            with Store(self.layout.store).reading(uuid):
+            found = db.checkpoint(uuid_or_prefix)
+            uuid = found.uuid
+            with experiment_store(self.layout, db, found.experiment_id).reading(uuid):
                 # Looked up again under the lease: a collector may have deleted it meanwhile.
                 yield db.checkpoint(uuid)
         finally:
@@ -245,5 +248,5 @@ class CheckpointReader:
         """Write the checkpoint (a uuid or unique prefix) into `destination` as a plain,
         verified folder."""
         with self.holding(uuid) as checkpoint:
-            return Store(self.layout.store).materialize(files_of(checkpoint.manifest),
-                                                        destination, link=False, verify=True)
+            return checkpoint_store(self.layout, checkpoint).materialize(
+                files_of(checkpoint.manifest), destination, link=False, verify=True)

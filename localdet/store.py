@@ -138,6 +138,48 @@ def _copy_hashing(src: BinaryIO, out: BinaryIO | None) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def walk_files(folder: Path, rel: PurePosixPath = PurePosixPath()) -> Iterator[PurePosixPath]:
+    """The files of a checkpoint folder, relative to it; symlinks to files are followed,
+    folder symlinks, broken symlinks and special files raise StoreError."""
+    with os.scandir(folder) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                yield from walk_files(Path(entry.path), rel / entry.name)
+            elif entry.is_file():  # follows symlinks to files
+                yield rel / entry.name
+            else:  # refused rather than silently left out of the checkpoint
+                raise StoreError(f"cannot store '{entry.path}': only files and symlinks to "
+                                 "files can be checkpointed, not folder symlinks, broken "
+                                 "symlinks or special files")
+
+
+def check_export(files: Mapping[str, FileEntry], dest: Path) -> bool:
+    """Refuse unsafe names and a non-empty `dest`, then create `dest`; returns whether it
+    was created (for `undo_export`)."""
+    for name in files:  # a manifest must not be able to write outside `dest`
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or not rel.parts or ".." in rel.parts or "\\" in name:
+            raise StoreError(f"refusing to export unsafe file name {name!r}")
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise StoreError(f"export destination '{dest}' already exists and is not empty; "
+                         "choose another folder")
+    created = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def undo_export(dest: Path, created: bool) -> None:
+    """Remove what a failed export wrote, leaving `dest` as it was."""
+    if created:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    for child in dest.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 class Store:
     """A directory of immutable blobs named by their sha256.
 
@@ -154,6 +196,11 @@ class Store:
         self.writers_lock = self.root / "writers.lock"
         self.objects.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def location(self) -> str:
+        """Where the blobs live, as a user reads it (and as gc tells stores apart)."""
+        return str(self.root)
 
     def blob_path(self, sha256: str) -> Path:
         """``<root>/objects/ab/ab12...``; rejects anything but 64 lowercase hex digits."""
@@ -273,7 +320,7 @@ class Store:
             raise StoreError(f"checkpoint folder '{base}' does not exist or is not a folder")
         dirty: set[Path] = set()
         result: dict[str, FileEntry] = {}
-        for rel in sorted(self._walk(base, PurePosixPath())):
+        for rel in sorted(walk_files(base)):
             path = base / rel
             try:
                 if consume and not path.is_symlink():
@@ -289,18 +336,6 @@ class Store:
                 raise StoreError(f"cannot store checkpoint file '{base / rel}': {e}") from e
         _fsync_dirs(dirty)
         return result
-
-    def _walk(self, folder: Path, rel: PurePosixPath) -> Iterator[PurePosixPath]:
-        with os.scandir(folder) as it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    yield from self._walk(Path(entry.path), rel / entry.name)
-                elif entry.is_file():  # follows symlinks to files
-                    yield rel / entry.name
-                else:  # refused rather than silently left out of the checkpoint
-                    raise StoreError(f"cannot store '{entry.path}': only files and symlinks to "
-                                     "files can be checkpointed, not folder symlinks, broken "
-                                     "symlinks or special files")
 
     # -- reading ----------------------------------------------------------------------
     def _open_blob(self, sha256: str, name: str) -> BinaryIO:
@@ -332,15 +367,7 @@ class Store:
         if not verify and not link:
             raise ValueError("materialize(verify=False) is only for linked restores")
         dest = Path(dest)
-        for name in files:  # a manifest must not be able to write outside `dest`
-            rel = PurePosixPath(name)
-            if rel.is_absolute() or not rel.parts or ".." in rel.parts or "\\" in name:
-                raise StoreError(f"refusing to export unsafe file name {name!r}")
-        if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
-            raise StoreError(f"export destination '{dest}' already exists and is not empty; "
-                             "choose another folder")
-        created = not dest.exists()
-        dest.mkdir(parents=True, exist_ok=True)
+        created = check_export(files, dest)
         try:
             for name, entry in files.items():
                 target = dest.joinpath(*PurePosixPath(name).parts)
@@ -352,14 +379,7 @@ class Store:
                 if actual != entry.sha256:
                     raise CorruptBlobError(entry.sha256, actual, name)
         except BaseException:
-            if created:
-                shutil.rmtree(dest, ignore_errors=True)
-            else:
-                for child in dest.iterdir():
-                    if child.is_dir() and not child.is_symlink():
-                        shutil.rmtree(child, ignore_errors=True)
-                    else:
-                        child.unlink(missing_ok=True)
+            undo_export(dest, created)
             raise
         return dest
 

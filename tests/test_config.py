@@ -189,14 +189,18 @@ def test_bare_int_lengths_mean_batches():
     assert cfg["min_checkpoint_period"] == {"batches": 50}
 
 
-def test_checkpoint_storage_backend_keys_give_one_warning():
+def test_checkpoint_storage_container_keys_give_one_warning():
+    # type, host_path, bucket...: where checkpoints go (tests/test_storage.py); the keys
+    # about containers mean nothing here and are dropped with one warning.
     parsed = parse_config(minimal(checkpoint_storage={
-        "type": "s3", "bucket": "b", "access_key": "k", "secret_key": "s", "save_trial_latest": 2,
+        "type": "shared_fs", "host_path": "/mnt/shared", "container_path": "/determined",
+        "propagation": "rprivate", "save_trial_latest": 2,
     }))
     storage_warnings = [w for w in parsed.warnings if "checkpoint_storage" in w]
     assert len(storage_warnings) == 1
-    assert "'checkpoint_storage.bucket'" in storage_warnings[0]
+    assert "'checkpoint_storage.container_path'" in storage_warnings[0]
     assert parsed.config["checkpoint_storage"] == {
+        "type": "shared_fs", "host_path": "/mnt/shared",
         "save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 2,
     }
 
