@@ -90,13 +90,24 @@ def cli() -> None:
               help="Trial processes to keep started ahead of need, TensorFlow imported, so "
                    "short trials skip the start-up (0: none). Default: one per spare CPU "
                    "core (at most 2), or 1 with GPUs.")
+@click.option("--report", type=click.Choice(["sqlite", "http"]), default="sqlite",
+              show_default=True,
+              help="How trials report: straight into the state folder (sqlite), or over "
+                   "HTTP to a report server on 127.0.0.1 (http), as trials on other "
+                   "machines do.")
+@click.option("--report-port", type=click.IntRange(1, 65535),
+              help="The report server's port (with --report http). Default: the one chosen "
+                   "at its first start, kept in the state folder so running trials find a "
+                   "restarted daemon.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
-           min_free_percent: float, warm: int | None) -> None:
+           min_free_percent: float, warm: int | None, report: str,
+           report_port: int | None) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.disk_space import Reserve
     from localdet.processes import DaemonAlreadyRunning
+    from localdet.report_server import ReportServerError
 
     layout = Layout.from_environment()
     if web:
@@ -110,8 +121,9 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
     try:
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
                trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
-               reserve=Reserve(min_free_space, min_free_percent), warm=warm).run()
-    except DaemonAlreadyRunning as error:
+               reserve=Reserve(min_free_space, min_free_percent), warm=warm,
+               report=report, report_port=report_port).run()
+    except (DaemonAlreadyRunning, ReportServerError) as error:
         _fail(str(error))
 
 

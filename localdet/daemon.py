@@ -65,6 +65,9 @@ class Daemon:
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
     reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
+    report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
+    report_port: int | None = None  # the report server's port; None: the remembered one
+    report_url: str | None = None   # set while the report server runs
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
@@ -113,7 +116,15 @@ class Daemon:
         observer.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+        reporting = None
         try:
+            if self.report == "http":  # before adopting: adopted trials report to it at once
+                from localdet.report_server import ReportServer
+
+                reporting = ReportServer(self.layout, "127.0.0.1", self.report_port,
+                                         self.reserve, self.log).start()
+                self.report_url = reporting.url
+                self.log(f"trials report over HTTP to {reporting.url}")
             write_slot_file(self.layout.slot_file, self.machine)  # `localdet submit` checks it
             self.db.log_event("daemon_started", pid=os.getpid(), slots=len(self.machine),
                               devices=[slot.name for slot in self.machine])
@@ -137,6 +148,8 @@ class Daemon:
                 self._wake.clear()
         finally:
             self.pool.close()
+            if reporting is not None:
+                reporting.close()
             observer.stop()
             observer.join()
             self.db.log_event("daemon_stopped", pid=os.getpid())
@@ -369,7 +382,8 @@ class Daemon:
             spec = launcher.launch_spec(
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
-                max_log_bytes=self.max_log_bytes, reserve=self.reserve)
+                max_log_bytes=self.max_log_bytes, reserve=self.reserve,
+                report_url=self.report_url)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             process = launcher.start(spec, self.pool.take(spec))
         except launcher.LaunchError as error:  # retrying cannot help: end it

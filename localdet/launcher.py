@@ -53,14 +53,25 @@ def argv_for(config: dict) -> list[str]:
 def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 slots: list[int], visible_devices: str | None = None,
                 max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES,
-                reserve: disk_space.Reserve | None = None) -> LaunchSpec:
-    """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots)."""
+                reserve: disk_space.Reserve | None = None,
+                report_url: str | None = None) -> LaunchSpec:
+    """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots);
+    `report_url`: the daemon's report server, for a trial that reports over HTTP
+    (`localdet daemon --report http`) rather than into SQLite."""
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
     line, reason = keras_line.choose(Path(experiment.model_dir), user_env, experiment.config)
     env = experiment_environment(layout, user_env, line, reserve)
     env["LOCALDET_KERAS_LINE_REASON"] = reason
     env.update({"LOCALDET_TRIAL_ID": str(trial.id), "LOCALDET_SLOTS": ",".join(map(str, slots))})
+    if report_url is not None:
+        from localdet.report_server import trial_environment
+
+        env.update(trial_environment(layout, trial.id, trial.restarts + 1, report_url,
+                                     local=True))
+        # Where a remote trial's folders would be its node's: here, the daemon's own.
+        env["LOCALDET_MODEL_DIR"] = experiment.model_dir
+        env["LOCALDET_TRIAL_DIR"] = str(layout.trial_dir(experiment.id, trial.id))
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default

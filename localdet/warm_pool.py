@@ -34,7 +34,10 @@ from localdet.warm_process import is_warm_command
 
 # What a launch sets for its trial alone; everything else must match for a process to fit.
 TRIAL_OWN = ("LOCALDET_TRIAL_ID", "LOCALDET_SLOTS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-             "LOCALDET_KERAS_LINE_REASON", "LOCALDET_ENGINE")
+             "LOCALDET_KERAS_LINE_REASON", "LOCALDET_ENGINE",
+             # reporting over HTTP (localdet/report_server.py): the launch's URL and token
+             "LOCALDET_REPORT_URL", "LOCALDET_REPORT_TOKEN", "LOCALDET_LAUNCH",
+             "LOCALDET_REPORT_CHECK_PGRP", "LOCALDET_MODEL_DIR", "LOCALDET_TRIAL_DIR")
 ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
 
 

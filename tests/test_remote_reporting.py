@@ -247,3 +247,108 @@ def test_port_and_secret_survive_a_restart(tmp_path):
             ReportServer(layout, port=port).start()
     finally:
         again.close()
+
+
+# -- end to end: a real daemon with `--report http` ---------------------------------------
+SLOW_DIGITS = Path(__file__).resolve().parent / "trials" / "slow_digits"
+PAUSED = dict(entrypoint="model_def:SlowDigitsTrial",
+              hyperparameters={"global_batch_size": 32, "hidden_units": 32,
+                               "learning_rate": 0.05, "batch_sleep": 0.03},
+              searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
+                        "max_length": {"batches": 100}},
+              scheduling_unit=10, environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
+
+
+def trial_row(home: Home, experiment_id: int):
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        trials = db.trials(experiment_id)
+        return trials[0] if trials else None
+    finally:
+        db.close()
+
+
+def reports_over_http(pid: int) -> bool:
+    environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return any(v.startswith(b"LOCALDET_REPORT_URL=http://127.0.0.1:") for v in environment)
+
+
+def paused_and_resumed(tmp_path: Path, report: str) -> dict:
+    from test_pause_resume_e2e import final_weights
+    from test_warm import launches, request
+
+    home = Home(tmp_path / report)
+    daemon = Daemon(home, "--report", report, "--warm", "1")
+    try:
+        home.cli("submit", write_config(tmp_path, f"paused-{report}", **PAUSED), SLOW_DIGITS)
+        experiment = home.experiment_named(f"paused-{report}")["id"]
+        trial = wait_for(lambda: (t := trial_row(home, experiment)) and t.batches_trained >= 30
+                         and t, 180, "30 batches", 0.05)
+        over_http = reports_over_http(trial.pid)
+        request(home, "pause", experiment)
+        wait_for(lambda: home.experiment(experiment)["trials"][0]["state"] == "PAUSED", 120,
+                 "the pause")
+        request(home, "resume", experiment)
+        facts = home.wait_until_ended(experiment)
+    finally:
+        daemon.stop()
+    return {"facts": facts, "over_http": over_http, "launches": launches(home, experiment),
+            "said": daemon.log_path.read_text(),
+            "metrics": [(m.kind, m.batches_trained, m.metrics) for m in metrics(home, experiment)],
+            "weights": final_weights(home, experiment, tmp_path / report)}
+
+
+def metrics(home: Home, experiment_id: int):
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return db.metrics(trial_row(home, experiment_id).id)
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_a_paused_and_resumed_trial_ends_alike_over_http_and_sqlite(tmp_path):
+    http = paused_and_resumed(tmp_path, "http")
+    sqlite = paused_and_resumed(tmp_path, "sqlite")
+    assert http["facts"]["state"] == sqlite["facts"]["state"] == "COMPLETED"
+    assert http["over_http"] and not sqlite["over_http"]
+    assert "trials report over HTTP to http://127.0.0.1:" in http["said"]
+    # Two launches each; the resumed one forked from a warm process with its own token.
+    assert len(http["launches"]) == 2 and http["launches"][-1] is True
+    assert http["metrics"] == sqlite["metrics"]
+    for (name_a, a), (name_b, b) in zip(http["weights"], sqlite["weights"]):
+        assert name_a == name_b and (a == b).all()
+
+
+@pytest.mark.slow
+def test_a_trial_keeps_reporting_to_a_daemon_killed_and_restarted_on_the_same_port(tmp_path):
+    from test_warm import launches
+
+    home = Home(tmp_path / "home")
+    config = dict(PAUSED, environment={"environment_variables": []})
+    daemon = Daemon(home, "--report", "http", "--warm", "0")
+    try:
+        home.cli("submit", write_config(tmp_path, "killed", **config), SLOW_DIGITS)
+        experiment = home.experiment_named("killed")["id"]
+        trial = wait_for(lambda: (t := trial_row(home, experiment)) and t.batches_trained >= 20
+                         and t, 180, "20 batches", 0.05)
+        port = (home.path / PORT_FILE).read_text().strip()
+        daemon.process.send_signal(signal.SIGKILL)  # no chance to tidy up
+        daemon.process.wait()
+    finally:
+        daemon.log.close()
+    daemon = Daemon(home, "--report", "http", "--warm", "0")
+    try:
+        facts = home.wait_until_ended(experiment, timeout=300)
+    finally:
+        daemon.stop()
+    assert f"trials report over HTTP to http://127.0.0.1:{port}" in daemon.log_path.read_text()
+    assert facts["state"] == "COMPLETED"
+    assert launches(home, experiment) == [False]  # the same process, never launched again
+    assert facts["trials"][0]["restarts"] == 0 and trial_row(home, experiment).pid == trial.pid
+    training = [m.batches_trained for m in metrics(home, experiment) if m.kind == "training"]
+    assert training == list(range(10, 101, 10))  # every workload once
