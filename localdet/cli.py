@@ -387,7 +387,7 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
     db = _open_db(layout)
     try:
         report = collect(layout, db, experiment_id, dry_run=dry_run, writer_wait_seconds=10)
-    except NotFound as error:
+    except (NotFound, StoreError) as error:  # StoreError: an S3 store it cannot reach
         _fail(str(error))
     if dry_run:
         for c in report.deleted:

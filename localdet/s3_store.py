@@ -175,19 +175,23 @@ class S3Store:
 
     def _head(self, sha256: str) -> dict | None:
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=self.blob_key(sha256))
+            return self._call("look up", "head_object", Key=self.blob_key(sha256))
         except Exception as error:
             if _missing(error):
                 return None
-            raise self._error("look up", error) from None
+            raise
 
     def _delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=key)
+        self._call("delete", "delete_object", Key=key)
 
     def _list(self, prefix: str) -> Iterator[tuple[dict, float]]:
         """(object, the server's time of the page that listed it) under `prefix`."""
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix):
+        try:
+            pages = list(self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix))
+        except Exception as error:
+            raise self._error("list", error) from None
+        for page in pages:
             now = _server_now(page)
             for item in page.get("Contents", []):
                 yield item, now
@@ -196,7 +200,22 @@ class S3Store:
         return [item["Key"] for item, _ in self._list(prefix)]
 
     def _error(self, doing: str, error: Exception) -> StoreError:
-        return StoreError(f"cannot {doing} checkpoint files in {self.location}: {error}")
+        hint = ""
+        if type(error).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            hint = ("; set checkpoint_storage.access_key and secret_key, or AWS_ACCESS_KEY_ID "
+                    "and AWS_SECRET_ACCESS_KEY")
+        return StoreError(f"cannot {doing} checkpoint files in {self.location}: "
+                          f"{str(error).rstrip('.')}{hint}")
+
+    def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
+        """``client.<method>(Bucket=..., **kwargs)``; a failure other than a missing key
+        becomes one StoreError sentence (a missing key is the caller's to handle)."""
+        try:
+            return getattr(self.client, method)(Bucket=self.bucket, **kwargs)
+        except Exception as error:
+            if _missing(error):
+                raise
+            raise self._error(doing, error) from None
 
     def has(self, sha256: str) -> bool:
         return self._head(sha256) is not None
@@ -204,7 +223,7 @@ class S3Store:
     # -- leases ---------------------------------------------------------------------------
     def _mark(self, uuid: str, kind: str) -> str:
         key = f"{self._lease_prefix(uuid)}{kind}-{secrets.token_hex(8)}"
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=b"")
+        self._call("hold", "put_object", Key=key, Body=b"")
         return key
 
     def _others(self, uuid: str, kind: str, stale_after: float) -> list[str]:
@@ -244,7 +263,10 @@ class S3Store:
 
     # -- writing ----------------------------------------------------------------------
     def _upload(self, path: Path, sha256: str) -> None:
-        self.client.upload_file(str(path), self.bucket, self.blob_key(sha256))
+        try:
+            self.client.upload_file(str(path), self.bucket, self.blob_key(sha256))
+        except Exception as error:
+            raise self._error("store", error) from None
 
     def put_file(self, path: str | os.PathLike[str]) -> FileEntry:
         """Store one file; on return the object is in the bucket (refreshed if it was)."""
@@ -259,9 +281,10 @@ class S3Store:
             if self._head(sha256) is not None and size <= _COPY_LIMIT:
                 try:  # copying onto itself refreshes LastModified: gc spares it a while
                     key = self.blob_key(sha256)
-                    self.client.copy_object(
-                        Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
-                        MetadataDirective="REPLACE", Metadata={"reused": str(int(time.time()))})
+                    self._call("store", "copy_object", Key=key,
+                               CopySource={"Bucket": self.bucket, "Key": key},
+                               MetadataDirective="REPLACE",
+                               Metadata={"reused": str(int(time.time()))})
                     session = self._sessions.get(threading.get_ident())
                     if session is not None:
                         session.reused[sha256] = path
@@ -278,7 +301,7 @@ class S3Store:
 
     def put_bytes(self, data: bytes) -> FileEntry:
         sha256 = hashlib.sha256(data).hexdigest()
-        self.client.put_object(Bucket=self.bucket, Key=self.blob_key(sha256), Body=data)
+        self._call("store", "put_object", Key=self.blob_key(sha256), Body=data)
         return FileEntry(sha256, len(data))
 
     def put_directory(self, directory: str | os.PathLike[str], *,
@@ -300,17 +323,24 @@ class S3Store:
     def _download(self, sha256: str, name: str, out: Any) -> str:
         """Stream the blob into `out` (None: only hash it); returns the sha256 of its bytes."""
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self.blob_key(sha256))["Body"]
+            body = self._call("read", "get_object", Key=self.blob_key(sha256))["Body"]
+        except StoreError:
+            raise
         except Exception as error:
             if _missing(error):
                 raise MissingBlobError(sha256, self._url(sha256), name) from None
-            raise self._error("read", error) from None
+            raise
         digest = hashlib.sha256()
-        with body:
-            for chunk in body.iter_chunks(CHUNK_SIZE):
-                digest.update(chunk)
-                if out is not None:
-                    out.write(chunk)
+        try:
+            with body:
+                for chunk in body.iter_chunks(CHUNK_SIZE):
+                    digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+        except OSError:
+            raise  # the local disk: the caller's error
+        except Exception as error:  # the connection broke mid-download
+            raise self._error("read", error) from None
         return digest.hexdigest()
 
     def read_bytes(self, sha256: str, name: str = "") -> bytes:
@@ -389,12 +419,12 @@ class S3Store:
     def delete_temporary(self, *, min_age_seconds: float) -> int:
         """Abort multipart uploads (an interrupted put's leftovers) older than
         `min_age_seconds`; returns how many."""
-        response = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
+        response = self._call("list", "list_multipart_uploads", Prefix=self.prefix)
         now, aborted = _server_now(response), 0
         for upload in response.get("Uploads", []):
             if now - upload["Initiated"].timestamp() >= min_age_seconds:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
-                                                   UploadId=upload["UploadId"])
+                self._call("delete", "abort_multipart_upload", Key=upload["Key"],
+                           UploadId=upload["UploadId"])
                 aborted += 1
         return aborted
 

@@ -65,6 +65,10 @@ def open_store(layout: Layout, config: Mapping[str, Any], *,
     if kind is None:
         return Store(layout.store)
     if kind == "shared_fs":
+        # A mount missing here must not turn into a local folder of the same name.
+        if not Path(section["host_path"]).is_dir():
+            raise StoreError(f"checkpoint_storage.host_path '{section['host_path']}' is not a "
+                             "folder on this machine; mount the shared folder there")
         return Store(shared_fs_root(section))
     if kind == "s3":
         return _s3_store(section["bucket"], section.get("prefix") or "",

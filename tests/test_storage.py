@@ -241,6 +241,7 @@ def test_bad_storage_keys_are_rejected_in_one_sentence(storage, message):
 def test_good_storage_keys_are_kept_and_open_their_store(layout):
     from localdet.storage import open_store
 
+    (layout.home.parent / "shared").mkdir()
     config = parse_config(experiment(checkpoint_storage={
         "type": "shared_fs", "host_path": str(layout.home.parent / "shared"),
         "storage_path": "determined-checkpoint", "save_trial_latest": 2})).config
@@ -248,6 +249,11 @@ def test_good_storage_keys_are_kept_and_open_their_store(layout):
     store = open_store(layout, config)
     assert store.root == layout.home.parent / "shared" / "determined-checkpoint"
     assert open_store(layout, parse_config(experiment()).config).root == layout.store
+    unmounted = parse_config(experiment(checkpoint_storage={
+        "type": "shared_fs", "host_path": str(layout.home.parent / "not-mounted")})).config
+    with pytest.raises(StoreError, match="is not a folder on this machine; mount the shared"):
+        open_store(layout, unmounted)
+    assert not (layout.home.parent / "not-mounted").exists()
 
 
 # -- end to end: a real daemon, a real trial -----------------------------------------------------
@@ -315,3 +321,38 @@ def test_s3_checkpoint_lands_in_the_bucket_and_exports(finished, s3_endpoint, tm
     assert (exported / WEIGHTS).is_file()
     assert {hashlib.sha256(p.read_bytes()).hexdigest()
             for p in exported.rglob("*") if p.is_file()} == manifest_hashes(home, uuid)
+
+
+def test_a_trial_saves_to_and_resumes_from_s3(s3_endpoint, tmp_path):
+    """The reporter a trial process uses: its checkpoint goes to the experiment's bucket and
+    comes back from it, verified, when the trial resumes."""
+    from conftest import start_trial
+
+    prefix = f"trial-{uuidlib.uuid4().hex[:8]}"
+    db, _, reporter, _ = start_trial(tmp_path, 10,
+                                     checkpoint_storage=s3_config(s3_endpoint, prefix))
+    saved = tree(checkpoint_folder(tmp_path / "ckpt", b"trained weights"))
+    uuid = reporter.save_checkpoint(tmp_path / "ckpt", 10, {"note": "s3"})
+    reporter.wait_for_checkpoints()
+    assert not (tmp_path / "ckpt").exists()  # uploaded, then the folder is gone
+    assert not [p for p in (tmp_path / "home" / "store" / "objects").rglob("*") if p.is_file()]
+    restored = reporter.restore_checkpoint(uuid, tmp_path / "restored")
+    reporter.verify_restored_checkpoint()
+    assert tree(restored) == saved
+    db.close()
+
+
+def test_s3_without_credentials_is_one_sentence(s3_endpoint, tmp_path, monkeypatch):
+    from localdet.s3_store import S3Store
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask 169.254.169.254
+    store = S3Store(BUCKET, "nocreds", endpoint_url=s3_endpoint)
+    with pytest.raises(StoreError) as caught:
+        store.put_directory(checkpoint_folder(tmp_path / "a", b"weights"))
+    assert "set checkpoint_storage.access_key and secret_key" in str(caught.value)
+    assert "\n" not in str(caught.value)
