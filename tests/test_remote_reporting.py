@@ -230,6 +230,20 @@ def test_a_daemon_that_never_comes_back_ends_the_trial_with_one_sentence(served,
         reporter.should_pause()
 
 
+def test_a_launch_over_http_still_fits_a_warm_process(served):
+    from localdet import keras_line, launcher
+    from localdet.warm_pool import environment_kind, kind_of
+
+    db, trial_id, layout, server = served
+    trial = db.trial(trial_id)
+    spec = launcher.launch_spec(layout, db.experiment(trial.experiment_id), trial, [0],
+                                visible_devices="", report_url=server.url)
+    assert spec.env["LOCALDET_REPORT_URL"] == server.url and spec.env["LOCALDET_LAUNCH"] == "1"
+    # What differs from trial to trial is the trial's own: the daemon's warm process fits.
+    assert kind_of(spec) == environment_kind(launcher.experiment_environment(
+        layout, {}, keras_line.default()[0]))
+
+
 def test_port_and_secret_survive_a_restart(tmp_path):
     layout = Layout(tmp_path / "home").ensure()
     first = ReportServer(layout).start()
@@ -275,12 +289,17 @@ def reports_over_http(pid: int) -> bool:
     return any(v.startswith(b"LOCALDET_REPORT_URL=http://127.0.0.1:") for v in environment)
 
 
-def paused_and_resumed(tmp_path: Path, report: str) -> dict:
+def paused_and_resumed(tmp_path: Path, report: str, kill: bool = False) -> dict:
+    """Run the PAUSED experiment under a daemon with `--report REPORT`: pause it at 30
+    batches, resume it, and with `kill`, kill the daemon with -9 once the resumed launch has
+    trained to 50 and start another."""
     from test_pause_resume_e2e import final_weights
     from test_warm import launches, request
 
     home = Home(tmp_path / report)
-    daemon = Daemon(home, "--report", report, "--warm", "1")
+    # No warm process: on two cores its start-up slows the trial it would not serve (the
+    # experiment sets environment variables); launches over HTTP fitting one is tested above.
+    daemon = Daemon(home, "--report", report, "--warm", "0")
     try:
         home.cli("submit", write_config(tmp_path, f"paused-{report}", **PAUSED), SLOW_DIGITS)
         experiment = home.experiment_named(f"paused-{report}")["id"]
@@ -288,16 +307,29 @@ def paused_and_resumed(tmp_path: Path, report: str) -> dict:
                          and t, 180, "30 batches", 0.05)
         over_http = reports_over_http(trial.pid)
         request(home, "pause", experiment)
-        wait_for(lambda: home.experiment(experiment)["trials"][0]["state"] == "PAUSED", 120,
-                 "the pause")
+        wait_for(lambda: trial_row(home, experiment).state == "PAUSED", 120, "the pause", 0.1)
         request(home, "resume", experiment)
+        if kill:
+            resumed = wait_for(lambda: (t := trial_row(home, experiment)).state == "RUNNING"
+                               and t.batches_trained >= 50 and t, 180, "50 batches", 0.05)
+            port = (home.path / PORT_FILE).read_text().strip()
+            daemon.process.send_signal(signal.SIGKILL)  # no chance to tidy up
+            daemon.process.wait()
+            daemon.log.close()
+            daemon = Daemon(home, "--report", report, "--warm", "0")
+        wait_for(lambda: trial_row(home, experiment).state in ("COMPLETED", "ERROR"), 180,
+                 "the trial to end", 0.2)
         facts = home.wait_until_ended(experiment)
     finally:
         daemon.stop()
-    return {"facts": facts, "over_http": over_http, "launches": launches(home, experiment),
-            "said": daemon.log_path.read_text(),
-            "metrics": [(m.kind, m.batches_trained, m.metrics) for m in metrics(home, experiment)],
-            "weights": final_weights(home, experiment, tmp_path / report)}
+    found = {"facts": facts, "over_http": over_http, "launches": launches(home, experiment),
+             "said": daemon.log_path.read_text(),
+             "metrics": [(m.kind, m.batches_trained, m.metrics)
+                         for m in metrics(home, experiment)],
+             "weights": final_weights(home, experiment, tmp_path / report)}
+    if kill:
+        found.update(port=port, pid_before=resumed.pid, pid_after=trial_row(home, experiment).pid)
+    return found
 
 
 def metrics(home: Home, experiment_id: int):
@@ -311,44 +343,26 @@ def metrics(home: Home, experiment_id: int):
 
 
 @pytest.mark.slow
-def test_a_paused_and_resumed_trial_ends_alike_over_http_and_sqlite(tmp_path):
-    http = paused_and_resumed(tmp_path, "http")
-    sqlite = paused_and_resumed(tmp_path, "sqlite")
+def test_over_http_a_trial_paused_resumed_and_outliving_its_daemon_ends_as_over_sqlite(tmp_path):
+    """Over HTTP the daemon is also killed with -9 after the resume: the resumed process
+    keeps reporting to the next daemon, on the same port, and completes once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as both:  # two homes, two daemons: side by side
+        http, sqlite = both.map(lambda report: paused_and_resumed(tmp_path, report,
+                                                                  kill=report == "http"),
+                                ["http", "sqlite"])
     assert http["facts"]["state"] == sqlite["facts"]["state"] == "COMPLETED"
     assert http["over_http"] and not sqlite["over_http"]
-    assert "trials report over HTTP to http://127.0.0.1:" in http["said"]
-    # Two launches each; the resumed one forked from a warm process with its own token.
-    assert len(http["launches"]) == 2 and http["launches"][-1] is True
+    # The restarted daemon serves on the first one's port, and never launched the trial
+    # again: the process it adopted finished it.
+    assert f"trials report over HTTP to http://127.0.0.1:{http['port']}" in http["said"]
+    assert "adopted trial" in http["said"]
+    assert len(http["launches"]) == len(sqlite["launches"]) == 2
+    assert http["facts"]["trials"][0]["restarts"] == 0
+    assert http["pid_before"] == http["pid_after"]
+    # Every workload's metrics once, the same as over SQLite; the same weights, bit for bit.
     assert http["metrics"] == sqlite["metrics"]
+    assert [b for kind, b, _ in http["metrics"] if kind == "training"] == list(range(10, 101, 10))
     for (name_a, a), (name_b, b) in zip(http["weights"], sqlite["weights"]):
         assert name_a == name_b and (a == b).all()
-
-
-@pytest.mark.slow
-def test_a_trial_keeps_reporting_to_a_daemon_killed_and_restarted_on_the_same_port(tmp_path):
-    from test_warm import launches
-
-    home = Home(tmp_path / "home")
-    config = dict(PAUSED, environment={"environment_variables": []})
-    daemon = Daemon(home, "--report", "http", "--warm", "0")
-    try:
-        home.cli("submit", write_config(tmp_path, "killed", **config), SLOW_DIGITS)
-        experiment = home.experiment_named("killed")["id"]
-        trial = wait_for(lambda: (t := trial_row(home, experiment)) and t.batches_trained >= 20
-                         and t, 180, "20 batches", 0.05)
-        port = (home.path / PORT_FILE).read_text().strip()
-        daemon.process.send_signal(signal.SIGKILL)  # no chance to tidy up
-        daemon.process.wait()
-    finally:
-        daemon.log.close()
-    daemon = Daemon(home, "--report", "http", "--warm", "0")
-    try:
-        facts = home.wait_until_ended(experiment, timeout=300)
-    finally:
-        daemon.stop()
-    assert f"trials report over HTTP to http://127.0.0.1:{port}" in daemon.log_path.read_text()
-    assert facts["state"] == "COMPLETED"
-    assert launches(home, experiment) == [False]  # the same process, never launched again
-    assert facts["trials"][0]["restarts"] == 0 and trial_row(home, experiment).pid == trial.pid
-    training = [m.batches_trained for m in metrics(home, experiment) if m.kind == "training"]
-    assert training == list(range(10, 101, 10))  # every workload once
