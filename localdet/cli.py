@@ -90,6 +90,10 @@ def cli() -> None:
               help="Trial processes to keep started ahead of need, TensorFlow imported, so "
                    "short trials skip the start-up (0: none). Default: one per spare CPU "
                    "core (at most 2), or 1 with GPUs.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the trials on a Ray cluster (`auto`: the one running here, else "
+                   "HOST:PORT of its head): its GPUs, or on CPU-only nodes the "
+                   "`localdet_slot` resource, are the slots; trials report over HTTP.")
 @click.option("--report", type=click.Choice(["sqlite", "http"]), default="sqlite",
               show_default=True,
               help="How trials report: straight into the state folder (sqlite), or over "
@@ -101,12 +105,13 @@ def cli() -> None:
                    "restarted daemon.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
-           min_free_percent: float, warm: int | None, report: str,
+           min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
            report_port: int | None) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.daemon import Daemon
     from localdet.disk_space import Reserve
     from localdet.processes import DaemonAlreadyRunning
+    from localdet.ray_cluster import RayError
     from localdet.report_server import ReportServerError
 
     layout = Layout.from_environment()
@@ -122,8 +127,8 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
                trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
                reserve=Reserve(min_free_space, min_free_percent), warm=warm,
-               report=report, report_port=report_port).run()
-    except (DaemonAlreadyRunning, ReportServerError) as error:
+               report=report, report_port=report_port, ray=ray_address).run()
+    except (DaemonAlreadyRunning, ReportServerError, RayError) as error:
         _fail(str(error))
 
 

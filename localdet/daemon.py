@@ -13,6 +13,7 @@ same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -32,6 +33,7 @@ from localdet import capped_log, disk_space, failures, gc, keras_line, launcher,
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
+from localdet.ray_cluster import RayCluster
 from localdet.searching import Search, SearchError
 from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
     write_slot_file
@@ -65,6 +67,7 @@ class Daemon:
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
     reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
+    ray: str | None = None   # a Ray cluster's address ("auto"): its slots, trials run there
     report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
     report_port: int | None = None  # the report server's port; None: the remembered one
     report_url: str | None = None   # set while the report server runs
@@ -80,7 +83,10 @@ class Daemon:
     def open(self, db: StateDB | None = None) -> "Daemon":
         """Find the machine's slots and connect to the state (`run` does this itself;
         `localdet run` calls it)."""
-        self.machine: list[Slot] = detect_slots(self.slots)
+        # Trials start on this machine, or in actors on a Ray cluster (localdet/ray_cluster.py).
+        self.cluster = RayCluster.connect(self.ray, self.layout) if self.ray else None
+        self.machine: list[Slot] = self.cluster.slots() if self.cluster else \
+            detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
         self.intake = Intake(self.layout, self.db, slots=self.machine)
         self.search = Search(self.db, self.log)
@@ -92,6 +98,8 @@ class Daemon:
     def _warm_size(self) -> tuple[int, str]:
         """How many warm trial processes to keep, and why. On CPU slots a warm process's
         start-up (importing TensorFlow) takes a core: only spare cores get one."""
+        if self.cluster is not None:
+            return 0, "trials run on the Ray cluster"
         if self.warm is not None:
             return self.warm, "--warm" if self.warm else "off (--warm 0)"
         if any(slot.kind == "gpu" for slot in self.machine):
@@ -118,10 +126,13 @@ class Daemon:
             signal.signal(sig, lambda *_: self.stop())
         reporting = None
         try:
-            if self.report == "http":  # before adopting: adopted trials report to it at once
+            # Trials on a cluster report over HTTP: they cannot reach the SQLite file.
+            if self.report == "http" or self.cluster is not None:
+                # Before adopting: adopted trials report to it at once.
                 from localdet.report_server import ReportServer
 
-                reporting = ReportServer(self.layout, "127.0.0.1", self.report_port,
+                host = self.cluster.report_host() if self.cluster is not None else "127.0.0.1"
+                reporting = ReportServer(self.layout, host, self.report_port,
                                          self.reserve, self.log).start()
                 self.report_url = reporting.url
                 self.log(f"trials report over HTTP to {reporting.url}")
@@ -148,6 +159,8 @@ class Daemon:
                 self._wake.clear()
         finally:
             self.pool.close()
+            if self.cluster is not None:
+                self.cluster.close()
             if reporting is not None:
                 reporting.close()
             observer.stop()
@@ -323,6 +336,10 @@ class Daemon:
     def _end_process(self, trial_id: int) -> None:
         """Kill the trial's process group, if one runs, and free its slots."""
         process = self._processes.pop(trial_id, None)
+        if hasattr(process, "end"):  # a launch on a cluster
+            process.end()
+            self._slots_of.pop(trial_id, None)
+            return
         pid = process.pid if process else self._adopted.pop(trial_id, None)
         if pid:
             try:
@@ -348,7 +365,9 @@ class Daemon:
         if self._short is not None:
             return  # held until free space returns (_watch_space)
         busy_slots = {slot for slots in self._slots_of.values() for slot in slots}
-        free = [slot.index for slot in self.machine if slot.index not in busy_slots]
+        usable, node_of, most = self._usable_slots()
+        free = [slot.index for slot in self.machine
+                if slot.index not in busy_slots and slot.index in usable]
         if not free:
             return
         waiting, busy, max_slots = [], {}, {}
@@ -362,19 +381,38 @@ class Daemon:
             per_trial = resources["slots_per_trial"]
             max_slots[experiment.id] = resources.get("max_slots")
             for trial in self.db.trials(experiment.id, states=("QUEUED",)):
-                if per_trial > len(self.machine):  # would wait forever and block the queue
+                if per_trial > most:  # would wait forever and block the queue
                     key = "slots" if experiment.kind == "job" else "slots_per_trial"
                     where = (f"`localdet run --slots {per_trial}`" if self.only is not None
                              else f"`localdet daemon --slots {per_trial}`")
-                    self.db.update_trial(trial.id, state="ERROR", error=(
-                        f"resources.{key} is {per_trial} but only {len(self.machine)} slot(s) "
-                        f"are available; lower it or start {where}"))
+                    error = (f"resources.{key} is {per_trial} but only {most} slot(s) are "
+                             f"available; lower it or start {where}")
+                    if self.cluster is not None:
+                        error = (f"resources.{key} is {per_trial} but no node of the Ray "
+                                 f"cluster has more than {most} slot(s), and a trial runs "
+                                 "within one node; lower it or add a bigger node")
+                    self.db.update_trial(trial.id, state="ERROR", error=error)
                     self._settle_experiment(experiment.id)
                     continue
                 waiting.append(scheduler.Waiting(trial.id, experiment.id, per_trial,
                                                  resources.get("priority"), trial.id))
-        for trial_id, slots in scheduler.assign(waiting, free, busy, max_slots):
+        for trial_id, slots in scheduler.assign(waiting, free, busy, max_slots, node_of):
             self._launch(self.db.trial(trial_id), slots)
+
+    def _usable_slots(self) -> tuple[set[int], dict[int, str] | None, int]:
+        """The slots trials may start on now, which machine each is on (None: all on this
+        one), and the most slots one trial can have."""
+        if self.cluster is None:
+            return {slot.index for slot in self.machine}, None, len(self.machine)
+        self.machine = self.cluster.slots()  # nodes come and go
+        usable = self.cluster.available()
+        node_of = {index: self.cluster.node_of(index) for index in usable}
+        per_node: dict[str, int] = {}
+        for node in node_of.values():
+            per_node[node] = per_node.get(node, 0) + 1
+        # A node that is gone for now may come back: its trials wait rather than fail.
+        most = max([*per_node.values(), *self.cluster.largest_node_seen()])
+        return usable, node_of, most
 
     def _launch(self, trial: Trial, slots: list[int]) -> None:
         experiment = self.db.experiment(trial.experiment_id)
@@ -383,9 +421,14 @@ class Daemon:
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
                 max_log_bytes=self.max_log_bytes, reserve=self.reserve,
-                report_url=self.report_url)
+                report_url=self.report_url, report_local=self.cluster is None)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
-            process = launcher.start(spec, self.pool.take(spec))
+            launched_at = now()
+            if self.cluster is not None:
+                process = self.cluster.start(
+                    spec, dataclasses.replace(trial, started_at=launched_at), slots)
+            else:
+                process = launcher.start(spec, self.pool.take(spec))
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
                 self.db.update_trial(trial.id, state="ERROR", error=str(error))
@@ -393,10 +436,11 @@ class Daemon:
                 self._searching(experiment, self.search.exited_early, experiment, trial)
                 self._settle_experiment(experiment.id)
             return
-        self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
+        if self.cluster is None:  # (on a cluster, its node's memory is Ray's to watch)
+            self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
-        self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=now(),
+        self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=launched_at,
                              process_start=process_start(process.pid),
                              slots=json.dumps(slots))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
@@ -405,8 +449,11 @@ class Daemon:
         self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
                           trial_id=trial.id, pid=process.pid, slots=slots,
                           keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason,
-                          engine=spec.engine, log_offset=log_offset, warm=process.warm)
-        self.log(f"trial {trial.id} of experiment {trial.experiment_id} started "
+                          engine=spec.engine, log_offset=log_offset, warm=process.warm,
+                          **({"node": process.node, "host": process.host}
+                             if self.cluster is not None else {}))
+        where = f"on Ray node {process.host} " if self.cluster is not None else ""
+        self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
                  f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
                  f"slots {slots})")
         self.pool.keep(spec)  # the next trial like it finds one ready
@@ -417,7 +464,9 @@ class Daemon:
         for trial in self.db.trials(experiment_id, states=("RUNNING",)):
             if trial.experiment_id not in mine and experiment_id is None:
                 continue
-            if (trial.pid and alive(trial.pid)
+            if self.cluster is not None:
+                self._adopt_from_cluster(trial)
+            elif (trial.pid and alive(trial.pid)
                     and trial.process_start in (None, process_start(trial.pid))):
                 self._adopted[trial.id] = trial.pid
                 self.memory.watch(trial, trial.pid, self.db.experiment(trial.experiment_id).config)
@@ -425,6 +474,18 @@ class Daemon:
                 self.log(f"adopted trial {trial.id} (pid {trial.pid})")
             else:
                 self._finish(trial.id, returncode=None)
+
+    def _adopt_from_cluster(self, trial: Trial) -> None:
+        """Its actor, if it still runs in the cluster (named after the trial's launch)."""
+        experiment = self.db.experiment(trial.experiment_id)
+        handle = self.cluster.adopt(trial, self.layout.trial_log(experiment.id, trial.id),
+                                    self.max_log_bytes)
+        if handle is None:
+            self._finish(trial.id, returncode=None)
+            return
+        self._processes[trial.id] = handle
+        self._slots_of[trial.id] = trial.slots or []
+        self.log(f"adopted trial {trial.id} (Ray actor {handle.name})")
 
     # -- exits --------------------------------------------------------------------------
     def _reap(self) -> None:
@@ -499,7 +560,9 @@ class Daemon:
                     reached_end or trial.stop_requested is not None))
                 outcome = lifecycle.on_exit(phase_of(trial),
                                             lifecycle.Exit(clean, bool(reached_end)))
-                if outcome.phase is not None:
+                if outcome.judge == "failed" and getattr(process, "lost", False):
+                    self._node_lost(trial, experiment, process, outcome.restart_to)
+                elif outcome.phase is not None:
                     self.db.update_trial(trial.id, state=outcome.phase.state,
                                          stop_requested=outcome.phase.stop)
                     how = ("paused" if outcome.phase.state == "PAUSED"
@@ -511,6 +574,17 @@ class Daemon:
                     self._failed(trial, experiment, returncode, outcome.restart_to)
             self._settle_experiment(experiment.id)
         self._collect(experiment.id)
+
+    def _node_lost(self, trial: Trial, experiment: Experiment, process,
+                   restart_to: str) -> None:
+        """The machine under a trial went away: not the trial's failure. It starts again
+        from its latest checkpoint on another node, its restarts untouched."""
+        self.db.update_trial(trial.id, state=restart_to, stop_requested=None)
+        node = self.cluster.describe_node(process.node)
+        self.db.log_event("trial_node_lost", experiment_id=experiment.id, trial_id=trial.id,
+                          node=process.node)
+        self.log(f"trial {trial.id}: Ray node {node} was lost; the trial starts again from its "
+                 "latest checkpoint on another node (not counted against max_restarts)")
 
     def _collect(self, experiment_id: int) -> None:
         """Apply checkpoint retention once a trial has stopped (never inside a transaction:

@@ -54,10 +54,11 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 slots: list[int], visible_devices: str | None = None,
                 max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES,
                 reserve: disk_space.Reserve | None = None,
-                report_url: str | None = None) -> LaunchSpec:
+                report_url: str | None = None, report_local: bool = True) -> LaunchSpec:
     """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots);
     `report_url`: the daemon's report server, for a trial that reports over HTTP
-    (`localdet daemon --report http`) rather than into SQLite."""
+    (`localdet daemon --report http`) rather than into SQLite; `report_local`: the trial
+    runs on this machine (not on a cluster's node)."""
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
     line, reason = keras_line.choose(Path(experiment.model_dir), user_env, experiment.config)
@@ -68,7 +69,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         from localdet.report_server import trial_environment
 
         env.update(trial_environment(layout, trial.id, trial.restarts + 1, report_url,
-                                     local=True))
+                                     local=report_local))
         # Where a remote trial's folders would be its node's: here, the daemon's own.
         env["LOCALDET_MODEL_DIR"] = experiment.model_dir
         env["LOCALDET_TRIAL_DIR"] = str(layout.trial_dir(experiment.id, trial.id))

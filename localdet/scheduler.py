@@ -32,10 +32,21 @@ class Waiting:
     order: int = 0               # place in the queue (e.g. the trial id): lower goes first
 
 
-def _pick_slots(free: list[int], needed: int) -> list[int]:
-    """The lowest run of `needed` consecutive free slots, else the lowest free slots."""
+def _pick_slots(free: list[int], needed: int,
+                node_of: dict[int, str] | None = None) -> list[int] | None:
+    """The lowest run of `needed` consecutive free slots, else the lowest free slots. With
+    `node_of` (slot -> machine, on a cluster), only slots of one machine: None if no machine
+    has that many free."""
     if needed <= 0:
         return []
+    if node_of is not None:
+        by_node: dict[str, list[int]] = {}
+        for slot in free:
+            by_node.setdefault(node_of[slot], []).append(slot)
+        fitting = [slots for slots in by_node.values() if len(slots) >= needed]
+        if not fitting:
+            return None
+        return _pick_slots(min(fitting), needed)
     for start in range(len(free) - needed + 1):
         run = free[start:start + needed]
         if run[-1] - run[0] == needed - 1:
@@ -46,11 +57,13 @@ def _pick_slots(free: list[int], needed: int) -> list[int]:
 def assign(waiting: list[Waiting], free_slots: list[int],
            busy_by_experiment: dict[int, int],
            max_slots_by_experiment: dict[int, int | None] | None = None,
+           node_of: dict[int, str] | None = None,
            ) -> list[tuple[int, list[int]]]:
     """(trial id, slots) for each trial to start now, in the order they were chosen.
 
     `busy_by_experiment`: experiment id -> slots its running trials hold.
     `max_slots_by_experiment`: experiment id -> resources.max_slots (None or absent: no cap).
+    `node_of`: slot -> the machine it is on, on a cluster: a trial's slots are on one.
     """
     free = sorted(set(free_slots))
     caps = max_slots_by_experiment or {}
@@ -79,10 +92,11 @@ def assign(waiting: list[Waiting], free_slots: list[int],
             break
         chosen = min(candidates, key=rank)
         trial = queues[chosen][-1][2]
-        if trial.slots_needed > len(free):
+        taken = _pick_slots(free, trial.slots_needed, node_of) \
+            if trial.slots_needed <= len(free) else None
+        if taken is None:
             break  # no backfilling past it
         queues[chosen].pop()
-        taken = _pick_slots(free, trial.slots_needed)
         free = [slot for slot in free if slot not in taken]
         in_use[chosen] = in_use.get(chosen, 0) + trial.slots_needed
         assignments.append((trial.trial_id, taken))

@@ -1,0 +1,453 @@
+"""Trials on a Ray cluster: the cluster's slots, and each trial launch as a Ray actor.
+
+    cluster = RayCluster.connect("auto", layout)   # or "HOST:6379": a running cluster
+    cluster.slots()                                 # one per GPU, or per `localdet_slot`
+    handle = cluster.start(spec, trial, slots)      # what the daemon needs of a Popen
+    handle = cluster.adopt(trial)                   # after a daemon restart; None: gone
+
+A launch runs in a detached actor named after the trial and its launch, in a namespace of
+this LOCALDET_HOME, placed on the node of its slots and holding them there: `num_gpus` for
+GPU slots, the custom resource `localdet_slot` (`ray start --resources
+'{"localdet_slot": 2}'`) on CPU-only nodes. The actor starts the trial's program as its child
+in a session of its own, with the trial's environment over the node's own (Ray's
+`CUDA_VISIBLE_DEVICES` stays), in the model folder, which travels through Ray's object
+store (zipped once per folder, unpacked once per node). The child dies with the actor (PR_SET_PDEATHSIG), so a lost node or a killed
+actor leaves no process training. The actor keeps the child's output until the daemon pulls
+it into the trial's log.
+
+Detached, the actor outlives a daemon killed with -9; the next daemon finds it by name and
+adopts the launch, so no trial runs twice. A launch whose node died is `lost`: the daemon
+relaunches it from its latest checkpoint elsewhere without counting a restart.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from localdet.capped_log import CappedLog
+from localdet.db import Trial
+from localdet.paths import Layout
+from localdet.slots import CPU, GPU, Slot
+
+SLOT_RESOURCE = "localdet_slot"  # what CPU-only nodes declare: trials each node may run
+NODE_CHECK_SECONDS = 2.0         # how often the cluster's nodes are looked at again
+LOST_EXIT = -9                   # the exit status told for a launch whose actor died
+
+
+class RayError(RuntimeError):
+    """The cluster cannot be used as asked; the message says why and what to do."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayError("Ray is not installed; install it with `pip install localdet[ray]`") \
+            from None
+    return ray
+
+
+def namespace_of(layout: Layout) -> str:
+    """One Ray namespace per LOCALDET_HOME: two daemons on one cluster never meet."""
+    return "localdet-" + hashlib.sha256(str(layout.home.resolve()).encode()).hexdigest()[:12]
+
+
+def actor_name(trial: Trial) -> str:
+    # A launch is a trial's restarts, lost nodes included, so that a launch's actor lingering
+    # after its end is never taken for the next.
+    return f"trial-{trial.id}-{trial.started_at or 'new'}"
+
+
+class TrialActor:
+    """Runs one launch of a trial on its node (Ray instantiates it there)."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._output = bytearray()
+        self._read_upto = 0  # stream offset of `_output[0]`
+        self._lock = threading.Lock()
+        self._started = threading.Event()
+        self._ended = threading.Event()
+        self._error: str | None = None
+
+    def start(self, argv: list[str], env: dict[str, str], unset: list[str],
+              model: bytes, digest: str) -> dict:
+        """Start the trial's program in its model folder (`model`: the folder as a zip, by
+        its digest); its pid and where it runs."""
+        import ray
+
+        folder = _unpacked(model, digest)
+        environment = dict(os.environ)
+        for key in unset:
+            environment.pop(key, None)
+        environment.update(env)
+        environment["LOCALDET_MODEL_DIR"] = str(folder)
+        trial_dir = environment.get("LOCALDET_TRIAL_DIR")
+        if not trial_dir or not os.path.isdir(os.path.dirname(trial_dir)):
+            # The daemon's folders are not on this node (no shared file system).
+            environment["LOCALDET_TRIAL_DIR"] = tempfile.mkdtemp(prefix="localdet-trial-")
+        if argv and argv[0] == "python":  # the node's interpreter: the same localdet on each
+            argv = [sys.executable, *argv[1:]]
+        # One thread starts the child and waits for it: PR_SET_PDEATHSIG fires when the
+        # thread that forked a child ends, so it must live as long as the child does.
+        threading.Thread(target=self._run, args=(argv, environment, folder),
+                         daemon=True).start()
+        self._started.wait()
+        if self._error:
+            raise RuntimeError(self._error)
+        context = ray.get_runtime_context()
+        return {"pid": self._process.pid, "node": context.get_node_id(),
+                "host": ray.util.get_node_ip_address()}
+
+    def _run(self, argv: list[str], environment: dict[str, str], folder: Path) -> None:
+        try:
+            self._process = subprocess.Popen(
+                argv, env=environment, cwd=folder, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as error:
+            self._error = f"cannot start '{argv[0]}' on its node: {error.strerror or error}"
+            self._started.set()
+            return
+        self._started.set()
+        for chunk in iter(lambda: self._process.stdout.read1(1 << 16), b""):
+            with self._lock:
+                self._output += chunk
+        self._process.wait()
+        self._ended.set()
+
+    def read_output(self, offset: int) -> tuple[int, bytes]:
+        """The output from stream offset `offset` on (what came before it is dropped: the
+        daemon has it), with the offset it starts at (later than asked if some was lost)."""
+        with self._lock:
+            drop = max(0, min(offset - self._read_upto, len(self._output)))
+            del self._output[:drop]
+            self._read_upto += drop
+            return self._read_upto, bytes(self._output)
+
+    def wait(self) -> int:
+        """The child's exit status, once it has ended and its output is all read."""
+        self._started.wait()
+        if self._process is None:
+            return 127
+        self._ended.wait()
+        return self._process.returncode
+
+    def signal(self, signum: int) -> None:
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def _unpacked(model: bytes, digest: str) -> Path:
+    """The model folder on this node, unpacked once per content (trials of an experiment,
+    and experiments of the same folder, share it)."""
+    root = Path(tempfile.gettempdir()) / "localdet-models"
+    folder = root / digest
+    if not folder.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root))
+        with zipfile.ZipFile(io.BytesIO(model)) as archive:
+            archive.extractall(partial)
+        try:
+            os.rename(partial, folder)
+        except OSError:  # another trial unpacked it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def pack(folder: Path) -> tuple[bytes, str]:
+    """The model folder as a zip (file modes kept) and the sha256 of its files."""
+    buffer, digest = io.BytesIO(), hashlib.sha256()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            name = path.relative_to(folder).as_posix()
+            data = path.read_bytes()
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (path.stat().st_mode & 0o777) << 16
+            archive.writestr(info, data, zipfile.ZIP_DEFLATED)
+    return buffer.getvalue(), digest.hexdigest()[:32]
+
+
+def _die_with_parent() -> None:
+    """In the trial's child, before it runs: killed when the thread that started it (the
+    actor's) ends, whatever the reason."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Node:
+    id: str
+    host: str
+    alive: bool
+
+
+class RayTrial:
+    """A launch running in a Ray actor: what the daemon needs of a Popen (pid, poll, wait)
+    plus `end()`, `lost` (its node died) and `node`. Its output goes into the trial's log
+    as the daemon polls it."""
+
+    warm = False
+    log_writer = None
+    orphaned = False
+
+    def __init__(self, cluster: "RayCluster", actor, name: str, pid: int | None, node: str,
+                 host: str, log: CappedLog):
+        self.cluster, self.actor, self.name = cluster, actor, name
+        self.pid, self.node, self.host = pid, node, host
+        self.returncode: int | None = None
+        self.lost = False
+        self._log = log
+        self._offset = 0
+        self._waiting = actor.wait.remote()
+        self._reading = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        ray = _ray()
+        self._pull_output(block=False)
+        ready, _ = ray.wait([self._waiting], timeout=0)
+        if not ready:
+            return None
+        try:
+            code = ray.get(self._waiting)
+            self._pull_output(block=True)
+        except ray.exceptions.RayActorError:
+            code = LOST_EXIT
+            self.lost = not self.cluster.node_alive(self.node)
+        self._end_actor()
+        self.returncode = code
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.name, timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+    def end(self) -> None:
+        """Kill the launch: its child's process group, then the actor."""
+        ray = _ray()
+        try:
+            ray.get(self.actor.signal.remote(signal.SIGKILL), timeout=10)
+        except Exception:  # the actor or its node is gone: so is the child (PDEATHSIG)
+            pass
+        self._end_actor()
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
+
+    def _end_actor(self) -> None:
+        try:
+            _ray().kill(self.actor, no_restart=True)
+        except Exception:
+            pass
+        self._log.close()
+
+    def _pull_output(self, block: bool) -> None:
+        """Append what the trial printed since the last pull to its log."""
+        ray = _ray()
+        while True:
+            if self._reading is None:
+                self._reading = self.actor.read_output.remote(self._offset)
+            ready, _ = ray.wait([self._reading], timeout=30 if block else 0)
+            if not ready:
+                return
+            try:
+                start, data = ray.get(self._reading)
+            except ray.exceptions.RayActorError:
+                self._reading = None
+                return
+            self._reading = None
+            if start > self._offset:
+                self._log.write(f"[localdet] {start - self._offset} bytes of the trial's "
+                                "output were lost while no daemon read it\n".encode())
+            if data:
+                self._log.write(data)
+            self._offset = start + len(data)
+            if not block or not data:
+                return
+
+
+class RayCluster:
+    """The daemon's connection to a Ray cluster."""
+
+    def __init__(self, layout: Layout, address: str):
+        self.layout, self.address = layout, address
+        self._slots: list[Slot] = []
+        self._node_of: dict[int, str] = {}  # slot index -> node id
+        self._nodes: dict[str, _Node] = {}
+        self._checked = 0.0
+        self._models: dict[Path, tuple] = {}  # model folder -> (object ref, digest)
+
+    @classmethod
+    def connect(cls, address: str, layout: Layout) -> "RayCluster":
+        ray = _ray()
+        cluster = cls(layout, address)
+        try:
+            ray.init(address=address, namespace=namespace_of(layout), log_to_driver=False,
+                     logging_level="WARNING", configure_logging=False)
+        except (ConnectionError, ValueError, RuntimeError) as error:
+            raise RayError(f"cannot connect to the Ray cluster at {address!r} ({error}); "
+                           "start one with `ray start --head` or give its address as "
+                           "--ray HOST:PORT") from None
+        cluster._refresh(force=True)
+        if not cluster._slots:
+            ray.shutdown()
+            raise RayError(f"the Ray cluster at {address!r} has no GPU and no "
+                           f"'{SLOT_RESOURCE}' resource; start its CPU-only nodes with "
+                           f"`ray start --resources '{{\"{SLOT_RESOURCE}\": N}}'` (N trials "
+                           "each)")
+        return cluster
+
+    def close(self) -> None:
+        _ray().shutdown()
+
+    def report_host(self) -> str:
+        """The address the cluster's nodes reach this machine at (the report server's)."""
+        return _ray().util.get_node_ip_address()
+
+    # -- slots ------------------------------------------------------------------------
+    def _refresh(self, force: bool = False) -> None:
+        """Look at the nodes again (every NODE_CHECK_SECONDS): new nodes add slots, whose
+        indices never change; a dead node's slots are unavailable."""
+        if not force and time.monotonic() - self._checked < NODE_CHECK_SECONDS:
+            return
+        self._checked = time.monotonic()
+        nodes = sorted(_ray().nodes(), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+        gpus = any(n["Resources"].get("GPU") for n in nodes if n["Alive"])
+        for node in nodes:
+            self._nodes[node["NodeID"]] = _Node(node["NodeID"], node["NodeManagerAddress"],
+                                                node["Alive"])
+            if not node["Alive"]:
+                continue
+            kind = GPU if gpus else CPU
+            count = int(node["Resources"].get("GPU" if gpus else SLOT_RESOURCE, 0))
+            have = [i for i, n in self._node_of.items() if n == node["NodeID"]]
+            for _ in range(count - len(have)):
+                index = len(self._slots)
+                self._slots.append(Slot(index, kind, f"{kind.upper()} on {node['NodeManagerAddress']} "
+                                        f"({node['NodeID'][:8]})"))
+                self._node_of[index] = node["NodeID"]
+
+    def slots(self) -> list[Slot]:
+        """Every slot the cluster has had (indices are stable); `available` says which can
+        be used now."""
+        self._refresh()
+        return list(self._slots)
+
+    def available(self) -> set[int]:
+        self._refresh()
+        return {i for i, node in self._node_of.items() if self._nodes[node].alive}
+
+    def largest_node_seen(self) -> list[int]:
+        """The slots of the biggest node seen (alive or not), as a one-item list; [] if none."""
+        counts: dict[str, int] = {}
+        for node in self._node_of.values():
+            counts[node] = counts.get(node, 0) + 1
+        return [max(counts.values())] if counts else []
+
+    def node_of(self, slot: int) -> str:
+        return self._node_of[slot]
+
+    def node_alive(self, node_id: str) -> bool:
+        self._refresh(force=True)
+        node = self._nodes.get(node_id)
+        return node is not None and node.alive
+
+    def describe_node(self, node_id: str) -> str:
+        node = self._nodes.get(node_id)
+        return f"{node.host} ({node_id[:8]})" if node else node_id[:8]
+
+    # -- launches -----------------------------------------------------------------------
+    def start(self, spec, trial: Trial, slots: list[int]) -> RayTrial:
+        """Launch the trial in an actor on its slots' node (they are all on one: the
+        scheduler places a trial within a node)."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = self._node_of[slots[0]]
+        kind = self._slots[slots[0]].kind
+        resources = ({"num_gpus": len(slots)} if kind == GPU
+                     else {"resources": {SLOT_RESOURCE: len(slots)}})
+        name = actor_name(trial)
+        actor = ray.remote(TrialActor).options(
+            name=name, lifetime="detached", num_cpus=0, max_concurrency=4, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            **resources).remote()
+        model, digest = self._model(spec.cwd)
+        env, unset = _trial_environment(spec.env)
+        argv = ["python", *spec.argv[1:]] if spec.argv[0] == sys.executable else spec.argv
+        log = CappedLog(spec.log_path, spec.max_log_bytes)
+        if spec.header:
+            log.write(f"{spec.header}; on Ray node {self.describe_node(node)}\n".encode())
+        try:
+            started = ray.get(actor.start.remote(argv, env, unset, model, digest))
+        except Exception as error:
+            log.write(f"error: the trial could not start on its Ray node: {error}\n".encode())
+            log.close()
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+            from localdet.launcher import LaunchError
+            raise LaunchError(f"the trial could not start on Ray node "
+                              f"{self.describe_node(node)}: {_first_line(error)}") from None
+        return RayTrial(self, actor, name, started["pid"], started["node"], started["host"],
+                        log)
+
+    def _model(self, folder: Path):
+        """The model folder in Ray's object store (once per folder: a submission's snapshot
+        does not change), and its digest."""
+        if folder not in self._models:
+            data, digest = pack(folder)
+            self._models[folder] = (_ray().put(data), digest)
+        return self._models[folder]
+
+    def adopt(self, trial: Trial, log_path, max_log_bytes: int) -> RayTrial | None:
+        """The running launch of `trial` a former daemon started, or None if its actor is
+        gone (its node died, or it was killed)."""
+        ray = _ray()
+        name = actor_name(trial)
+        try:
+            actor = ray.get_actor(name)
+        except ValueError:
+            return None
+        node = next((n for i, n in self._node_of.items() if i in (trial.slots or [])), "")
+        return RayTrial(self, actor, name, trial.pid, node, self.describe_node(node),
+                        CappedLog(log_path, max_log_bytes))
+
+
+def _trial_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What the trial's environment sets beyond the daemon's own, and what it removes: the
+    node's own environment (its PATH, Ray's CUDA_VISIBLE_DEVICES) is the base there."""
+    own = {k: v for k, v in env.items()
+           if os.environ.get(k) != v or k.startswith(("LOCALDET_", "TF_", "PYTHON"))}
+    own.pop("CUDA_VISIBLE_DEVICES", None)  # what Ray assigned the actor
+    own.pop("CUDA_DEVICE_ORDER", None)
+    unset = [k for k in os.environ if k not in env and k != "CUDA_VISIBLE_DEVICES"]
+    return own, unset
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[-1] if text else type(error).__name__
