@@ -23,6 +23,7 @@ import threading
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 from watchdog.events import FileSystemEventHandler
@@ -68,6 +69,7 @@ class Daemon:
     reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
     ray: str | None = None   # a Ray cluster's address ("auto"): its slots, trials run there
+    cluster: Any = None      # or the cluster itself (RayCluster's methods): a simulated one
     report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
     report_port: int | None = None  # the report server's port; None: the remembered one
     report_url: str | None = None   # set while the report server runs
@@ -84,7 +86,8 @@ class Daemon:
         """Find the machine's slots and connect to the state (`run` does this itself;
         `localdet run` calls it)."""
         # Trials start on this machine, or in actors on a Ray cluster (localdet/ray_cluster.py).
-        self.cluster = RayCluster.connect(self.ray, self.layout) if self.ray else None
+        if self.cluster is None and self.ray:
+            self.cluster = RayCluster.connect(self.ray, self.layout)
         self.machine: list[Slot] = self.cluster.slots() if self.cluster else \
             detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
@@ -406,8 +409,9 @@ class Daemon:
             return {slot.index for slot in self.machine}, None, len(self.machine)
         self.machine = self.cluster.slots()  # nodes come and go
         usable = self.cluster.available()
-        node_of = {index: self.cluster.node_of(index) for index in usable}
-        per_node: dict[str, int] = {}
+        # Keyed (last launch there, node): trials spread, the least recently used node first.
+        node_of = {index: self.cluster.node_key(index) for index in usable}
+        per_node: dict = {}
         for node in node_of.values():
             per_node[node] = per_node.get(node, 0) + 1
         # A node that is gone for now may come back: its trials wait rather than fail.

@@ -45,6 +45,7 @@ from localdet.slots import CPU, GPU, Slot
 SLOT_RESOURCE = "localdet_slot"  # what CPU-only nodes declare: trials each node may run
 NODE_CHECK_SECONDS = 2.0         # how often the cluster's nodes are looked at again
 LOST_EXIT = -9                   # the exit status told for a launch whose actor died
+NODE_DEATH_SECONDS = 30.0        # how long an actor's death may precede its node's
 
 
 class RayError(RuntimeError):
@@ -108,9 +109,7 @@ class TrialActor:
         self._started.wait()
         if self._error:
             raise RuntimeError(self._error)
-        context = ray.get_runtime_context()
-        return {"pid": self._process.pid, "node": context.get_node_id(),
-                "host": ray.util.get_node_ip_address()}
+        return {"pid": self._process.pid, "node": ray.get_runtime_context().get_node_id()}
 
     def _run(self, argv: list[str], environment: dict[str, str], folder: Path) -> None:
         try:
@@ -218,21 +217,28 @@ class RayTrial:
         self._offset = 0
         self._waiting = actor.wait.remote()
         self._reading = None
+        self._died_at: float | None = None
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         ray = _ray()
         self._pull_output(block=False)
-        ready, _ = ray.wait([self._waiting], timeout=0)
-        if not ready:
-            return None
-        try:
-            code = ray.get(self._waiting)
-            self._pull_output(block=True)
-        except ray.exceptions.RayActorError:
-            code = LOST_EXIT
+        if self._died_at is None:
+            ready, _ = ray.wait([self._waiting], timeout=0)
+            if not ready:
+                return None
+            try:
+                code = ray.get(self._waiting)
+                self._pull_output(block=True)
+            except ray.exceptions.RayActorError:
+                self._died_at = time.monotonic()
+        if self._died_at is not None:
+            # The actor died: with its node (the cluster notices within seconds), or alone.
             self.lost = not self.cluster.node_alive(self.node)
+            if not self.lost and time.monotonic() - self._died_at < NODE_DEATH_SECONDS:
+                return None
+            code = LOST_EXIT
         self._end_actor()
         self.returncode = code
         return code
@@ -298,6 +304,7 @@ class RayCluster:
         self._nodes: dict[str, _Node] = {}
         self._checked = 0.0
         self._models: dict[Path, tuple] = {}  # model folder -> (object ref, digest)
+        self._last_launch: dict[str, float] = {}  # node id -> when a trial last started there
 
     @classmethod
     def connect(cls, address: str, layout: Layout) -> "RayCluster":
@@ -366,6 +373,11 @@ class RayCluster:
             counts[node] = counts.get(node, 0) + 1
         return [max(counts.values())] if counts else []
 
+    def node_key(self, slot: int) -> tuple[float, str]:
+        """Orders the nodes for the scheduler: the one launched on least recently first."""
+        node = self._node_of[slot]
+        return self._last_launch.get(node, 0.0), node
+
     def node_of(self, slot: int) -> str:
         return self._node_of[slot]
 
@@ -386,6 +398,7 @@ class RayCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = self._node_of[slots[0]]
+        self._last_launch[node] = time.monotonic()
         kind = self._slots[slots[0]].kind
         resources = ({"num_gpus": len(slots)} if kind == GPU
                      else {"resources": {SLOT_RESOURCE: len(slots)}})
@@ -412,8 +425,8 @@ class RayCluster:
             from localdet.launcher import LaunchError
             raise LaunchError(f"the trial could not start on Ray node "
                               f"{self.describe_node(node)}: {_first_line(error)}") from None
-        return RayTrial(self, actor, name, started["pid"], started["node"], started["host"],
-                        log)
+        return RayTrial(self, actor, name, started["pid"], started["node"],
+                        self._nodes[started["node"]].host, log)
 
     def _model(self, folder: Path):
         """The model folder in Ray's object store (once per folder: a submission's snapshot
@@ -433,7 +446,8 @@ class RayCluster:
         except ValueError:
             return None
         node = next((n for i, n in self._node_of.items() if i in (trial.slots or [])), "")
-        return RayTrial(self, actor, name, trial.pid, node, self.describe_node(node),
+        host = self._nodes[node].host if node in self._nodes else "?"
+        return RayTrial(self, actor, name, trial.pid, node, host,
                         CappedLog(log_path, max_log_bytes))
 
 

@@ -19,6 +19,7 @@ small ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PRIORITY = 42  # Determined's default for resources.priority
 
@@ -33,20 +34,20 @@ class Waiting:
 
 
 def _pick_slots(free: list[int], needed: int,
-                node_of: dict[int, str] | None = None) -> list[int] | None:
+                node_of: dict[int, Any] | None = None) -> list[int] | None:
     """The lowest run of `needed` consecutive free slots, else the lowest free slots. With
-    `node_of` (slot -> machine, on a cluster), only slots of one machine: None if no machine
-    has that many free."""
+    `node_of` (slot -> its machine's key, on a cluster), only slots of one machine, the one
+    with the lowest key that has enough: None if none has."""
     if needed <= 0:
         return []
     if node_of is not None:
-        by_node: dict[str, list[int]] = {}
+        by_node: dict[Any, list[int]] = {}
         for slot in free:
             by_node.setdefault(node_of[slot], []).append(slot)
-        fitting = [slots for slots in by_node.values() if len(slots) >= needed]
+        fitting = [node for node, slots in by_node.items() if len(slots) >= needed]
         if not fitting:
             return None
-        return _pick_slots(min(fitting), needed)
+        return _pick_slots(by_node[min(fitting)], needed)
     for start in range(len(free) - needed + 1):
         run = free[start:start + needed]
         if run[-1] - run[0] == needed - 1:
@@ -57,13 +58,14 @@ def _pick_slots(free: list[int], needed: int,
 def assign(waiting: list[Waiting], free_slots: list[int],
            busy_by_experiment: dict[int, int],
            max_slots_by_experiment: dict[int, int | None] | None = None,
-           node_of: dict[int, str] | None = None,
+           node_of: dict[int, Any] | None = None,
            ) -> list[tuple[int, list[int]]]:
     """(trial id, slots) for each trial to start now, in the order they were chosen.
 
     `busy_by_experiment`: experiment id -> slots its running trials hold.
     `max_slots_by_experiment`: experiment id -> resources.max_slots (None or absent: no cap).
-    `node_of`: slot -> the machine it is on, on a cluster: a trial's slots are on one.
+    `node_of`: slot -> a key of the machine it is on, on a cluster: a trial's slots are on
+    one machine, the one with the lowest key that has room (a key orders the machines).
     """
     free = sorted(set(free_slots))
     caps = max_slots_by_experiment or {}

@@ -1,0 +1,263 @@
+"""Trials on a real Ray cluster on this machine: a head and two worker nodes, each its own
+raylet with its own `localdet_slot`, as Ray's `cluster_utils.Cluster` starts them (every
+Ray process on 127.0.0.1).
+
+The trial is `tests/trials/counter` (a real trial process that trains in milliseconds,
+through the TrialReporter seam, here over HTTP): its "weights" move by a deterministic step
+per batch, so a lost or repeated batch shows in them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import TEST_TRIALS, Daemon, Home, wait_for
+
+# Before Ray is imported (it reads this once): every Ray process on 127.0.0.1, none on the
+# machine's other addresses. The daemons these tests start inherit it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("ray")
+
+COUNTER = TEST_TRIALS / "counter"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    from ray._private import ray_constants
+
+    assert not ray_constants.ENABLE_RAY_CLUSTER, "Ray was imported before the test set it"
+    # A node's death is noticed within ~1.5 s rather than Ray's default 15 s.
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    ray_cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "_system_config": fast})  # no slots
+    workers = [ray_cluster.add_node(num_cpus=1, resources={"localdet_slot": 1})
+               for _ in range(2)]
+    ray_cluster.workers = workers
+    yield ray_cluster
+    ray_cluster.shutdown()
+
+
+def counter_config(folder: Path, name: str, searcher: dict, batch_seconds: float,
+                   **top) -> Path:
+    config = {
+        "name": name, "entrypoint_script": "python3 train.py",
+        "hyperparameters": {"variant": searcher.pop("variant", 0),
+                            "batch_seconds": batch_seconds, "checkpoint_seconds": 0.0,
+                            "crash_at": 0},
+        "searcher": {"metric": "val_loss", "smaller_is_better": True, **searcher},
+        "scheduling_unit": 4, "min_checkpoint_period": {"batches": 4}, "max_restarts": 0,
+        "reproducibility": {"experiment_seed": 3}, **top,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def expected_weights(seed: int, variant: int, batches: int) -> list[float]:
+    """The counter trial's weights after `batches` uninterrupted batches."""
+    sys.path.insert(0, str(COUNTER))
+    try:
+        from train import step
+    finally:
+        sys.path.remove(str(COUNTER))
+    weights = np.zeros(4)
+    for batch in range(batches):
+        weights = step(weights, batch, seed, variant)
+    return weights.tolist()
+
+
+def outcomes(home: Home, experiment_id: int) -> dict:
+    """Per trial (by its hyperparameters): state, batches, metric rows and final weights."""
+    from localdet.db import StateDB
+    from localdet.paths import Layout
+    from localdet.reporting import CheckpointReader
+
+    layout = Layout(home.path)
+    db = StateDB.open(layout.db)
+    try:
+        found = {}
+        for trial in db.trials(experiment_id):
+            exported = home.path / "exported" / str(trial.id)
+            CheckpointReader(layout).materialize(trial.latest_checkpoint, exported)
+            state = json.loads((exported / "state.json").read_text())
+            found[json.dumps(trial.hparams, sort_keys=True)] = {
+                "state": trial.state, "batches": trial.batches_trained,
+                "metrics": [(m.kind, m.batches_trained, m.metrics)
+                            for m in db.metrics(trial.id)],
+                "weights": state["weights"], "restarts": trial.restarts}
+        return found
+    finally:
+        db.close()
+
+
+def launches(home: Home, experiment_id: int) -> list[dict]:
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return [json.loads(row["payload"]) | {"trial_id": row["trial_id"]}
+                for row in db.db.query("SELECT trial_id, payload FROM events WHERE kind = ? "
+                                       "AND experiment_id = ? ORDER BY id",
+                                       ["trial_launched", experiment_id])]
+    finally:
+        db.close()
+
+
+def trial_row(home: Home, trial_id: int):
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return db.trial(trial_id)
+    finally:
+        db.close()
+
+
+def events(home: Home, kind: str) -> list:
+    from localdet.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        return list(db.db.query("SELECT trial_id FROM events WHERE kind = ?", [kind]))
+    finally:
+        db.close()
+
+
+def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_path):
+    asha = {"name": "adaptive_asha", "max_length": {"batches": 16}, "max_trials": 4,
+            "max_rungs": 2, "divisor": 2, "max_concurrent_trials": 1,
+            "variant": {"type": "int", "minval": 0, "maxval": 9}}
+    results = {}
+    for where, args in (("local", ("--slots", "1")), ("ray", ("--ray", cluster.address))):
+        home = Home(tmp_path / where)
+        daemon = Daemon(home, *args)
+        try:
+            home.cli("submit", counter_config(tmp_path, f"asha-{where}", dict(asha), 0.0),
+                     COUNTER)
+            home.experiment_named(f"asha-{where}")
+            facts = home.wait_until_ended(1, timeout=240)
+            assert facts["state"] == "COMPLETED", facts
+            results[where] = (outcomes(home, 1), launches(home, 1))
+        finally:
+            daemon.stop()
+    (local, _), (on_ray, ray_launches) = results["local"], results["ray"]
+    assert on_ray == local and len(local) == 4
+    assert {len(t["metrics"]) for t in local.values()} != {0}
+    # Each launch recorded where it ran; the search used both worker nodes.
+    nodes = {launch["node"] for launch in ray_launches}
+    assert len(nodes) == 2 and all(launch["host"] == "127.0.0.1" for launch in ray_launches)
+    trial_log = (tmp_path / "ray" / "experiments" / "1" / "trials" / "1" / "trial.log")
+    assert "on Ray node 127.0.0.1" in trial_log.read_text().splitlines()[0]
+
+
+def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, tmp_path):
+    home = Home(tmp_path / "home")
+    single = {"name": "single", "max_length": {"batches": 80}, "variant": 1}
+    config = counter_config(tmp_path, "remote", single, 0.04)
+    daemon = Daemon(home, "--ray", cluster.address)
+    try:
+        home.cli("submit", config, COUNTER)
+        home.experiment_named("remote")
+        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] >= 12, 120,
+                 "the trial to train on its node")
+        home.cli("pause", "1")
+        wait_for(lambda: home.experiment(1)["trials"][0]["state"] == "PAUSED", 60,
+                 "the remote trial to pause")
+        paused_at = home.experiment(1)["trials"][0]["batches_trained"]
+        assert 12 <= paused_at < 80
+        home.cli("resume", "1")
+        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] > paused_at + 8,
+                 120, "the resumed trial to train")
+        daemon.process.send_signal(signal.SIGKILL)  # its actor is detached: it goes on
+        daemon.process.wait()
+        daemon = Daemon(home, "--ray", cluster.address)
+        facts = home.wait_until_ended(1, timeout=180)
+        assert facts["state"] == "COMPLETED", facts
+        assert "adopted trial 1 (Ray actor" in daemon.log_path.read_text()
+    finally:
+        daemon.stop()
+    # Two launches (before and after the pause), none after the kill: adopted, not rerun.
+    assert len(launches(home, 1)) == 2
+    (trial,) = outcomes(home, 1).values()
+    assert trial["weights"] == expected_weights(trial_row(home, 1).seed, 1, 80)
+    assert [b for kind, b, _ in trial["metrics"] if kind == "training"] == list(range(4, 81, 4))
+
+    # Killing a remote trial ends its actor and its process.
+    home2 = Home(tmp_path / "kill")
+    daemon = Daemon(home2, "--ray", cluster.address)
+    try:
+        home2.cli("submit", counter_config(tmp_path, "killed", dict(single), 0.05), COUNTER)
+        home2.experiment_named("killed")
+        wait_for(lambda: home2.experiment(1)["trials"][0]["batches_trained"] >= 4, 120,
+                 "the trial to train")
+        running = trial_row(home2, 1)
+        home2.cli("kill", "1")
+        assert home2.wait_until_ended(1, timeout=60)["state"] == "CANCELED"
+        import ray
+        from localdet.ray_cluster import actor_name
+
+        ray.init(address=cluster.address, namespace=_namespace(home2), log_to_driver=False)
+        try:
+            wait_for(lambda: not _actor_alive(actor_name(running)), 30,
+                     "the trial's actor to end")
+        finally:
+            ray.shutdown()
+        pid = running.pid
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the trial process to end")
+    finally:
+        daemon.stop()
+
+
+def _namespace(home: Home) -> str:
+    from localdet.paths import Layout
+    from localdet.ray_cluster import namespace_of
+
+    return namespace_of(Layout(home.path))
+
+
+def _actor_alive(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name)  # a dead actor's name is free again
+        return True
+    except ValueError:
+        return False
+
+
+def test_a_trial_whose_node_dies_restarts_elsewhere_and_ends_bit_identical(cluster, tmp_path):
+    home = Home(tmp_path / "home")
+    single = {"name": "single", "max_length": {"batches": 80}, "variant": 2}
+    daemon = Daemon(home, "--ray", cluster.address)
+    try:
+        home.cli("submit", counter_config(tmp_path, "node-lost", single, 0.05), COUNTER)
+        home.experiment_named("node-lost")
+        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] >= 16, 120,
+                 "the trial to checkpoint on its node")
+        (first,) = launches(home, 1)
+        node = next(n for n in cluster.workers if n.node_id == first["node"])
+        cluster.remove_node(node, allow_graceful=False)  # the machine goes away
+        facts = home.wait_until_ended(1, timeout=180)
+        assert facts["state"] == "COMPLETED", facts
+    finally:
+        daemon.stop()
+    first, second = launches(home, 1)
+    assert second["node"] != first["node"]
+    assert len(events(home, "trial_node_lost")) == 1
+    trial = trial_row(home, 1)
+    assert trial.restarts == 0  # a lost node is not the trial's failure
+    (outcome,) = outcomes(home, 1).values()
+    assert outcome["weights"] == expected_weights(trial.seed, 2, 80)
+    assert "was lost; the trial starts again" in daemon.log_path.read_text()
