@@ -356,3 +356,16 @@ def test_s3_without_credentials_is_one_sentence(s3_endpoint, tmp_path, monkeypat
         store.put_directory(checkpoint_folder(tmp_path / "a", b"weights"))
     assert "set checkpoint_storage.access_key and secret_key" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_checkpoints_config_hides_the_storage_credentials():
+    from determined.keras._trial_controller import without_secrets
+
+    config = {"name": "x", "checkpoint_storage": {"type": "s3", "bucket": "b",
+                                                  "access_key": "AKIA", "secret_key": "s3cr3t"}}
+    kept = without_secrets(config)
+    assert kept["checkpoint_storage"] == {"type": "s3", "bucket": "b",
+                                          "access_key": "<hidden>", "secret_key": "<hidden>"}
+    assert config["checkpoint_storage"]["secret_key"] == "s3cr3t"  # the record is untouched
+    plain = {"checkpoint_storage": {"type": "shared_fs", "host_path": "/mnt"}}
+    assert without_secrets(plain) is plain

@@ -484,7 +484,8 @@ class TrialController:
                 self.model.save(directory / MODEL_FILENAME)
             shutil.copytree(self.info.model_dir, directory / "code",
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            (directory / "config.yaml").write_text(yaml.safe_dump(self.info.config))
+            (directory / "config.yaml").write_text(
+                yaml.safe_dump(without_secrets(self.info.config)))
             (directory / "hparams.json").write_text(json.dumps(self.info.hparams, indent=2))
             self._save_trial_state(directory)
             # Callbacks may add files, and metadata for this very checkpoint.
@@ -551,3 +552,16 @@ class TrialController:
         print(f"[trial {self.info.trial_id}] restored checkpoint {uuid} at "
               f"{self.batches_trained} batches", flush=True)
         return state
+
+
+SECRET_KEYS = ("access_key", "secret_key")  # checkpoint_storage credentials (type s3)
+
+
+def without_secrets(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The config as a checkpoint keeps it: storage credentials blanked, since a checkpoint
+    is exported, downloaded and shared."""
+    storage = config.get("checkpoint_storage")
+    if not isinstance(storage, dict) or not any(storage.get(k) for k in SECRET_KEYS):
+        return config
+    hidden = {k: ("<hidden>" if k in SECRET_KEYS and v else v) for k, v in storage.items()}
+    return {**config, "checkpoint_storage": hidden}
