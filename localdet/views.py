@@ -66,9 +66,12 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         # Seconds from its latest launch to the end of that launch's first training batch
         # (None until it ends): a slow model folder (imports, data loading) shows here.
         "launch_seconds": launch.get("first_batch_seconds"),
+        # Where its latest launch runs, on a Ray cluster: the node's address and id.
+        "node": (f"{launch['host']} ({launch['node'][:8]})" if launch.get("node") else None),
         "launches": [{"launched_at": one["launched_at"],
                       "first_batch_seconds": one["first_batch_seconds"],
-                      "warm": bool(one.get("warm"))}  # forked from a warm process
+                      "warm": bool(one.get("warm")),  # forked from a warm process
+                      "node": one.get("node"), "host": one.get("host")}
                      for one in launches or []],
         "latest_validation": validations[-1] if validations else None,
         "best_validation": _best(validations, experiment.metric, experiment.smaller_is_better),
@@ -318,7 +321,9 @@ def trials_table(experiment: dict) -> Table:
                         f"{experiment['state']}, searcher {experiment['searcher']}")
     # The engine matters only where a trial has several slots.
     engines = any(t.get("engine") not in (None, "single") for t in experiment["trials"])
+    nodes = any(t.get("node") for t in experiment["trials"])  # on a Ray cluster
     for column in ("Trial", "State", "Batches", "Restarts", *(("Engine",) if engines else ()),
+                   *(("Node",) if nodes else ()),
                    "Start", "Hyperparameters", f"Latest {metric}", f"Best {metric}",
                    "Checkpoint"):
         table.add_column(escape(column))
@@ -332,7 +337,8 @@ def trials_table(experiment: dict) -> Table:
         start = "" if t["launch_seconds"] is None else f"{t['launch_seconds']:.1f} s"
         table.add_row(str(t["id"]), _state(t["phase"]),
                       f"{t['batches_trained']}/{t['target_batches']}", str(t["restarts"]),
-                      *engine, start, escape(hparams), _number(latest), _number(best),
+                      *engine, *((t.get("node") or "",) if nodes else ()), start,
+                      escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
     return table
 

@@ -158,6 +158,8 @@ def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_
     # Each launch recorded where it ran; the search used both worker nodes.
     nodes = {launch["node"] for launch in ray_launches}
     assert len(nodes) == 2 and all(launch["host"] == "127.0.0.1" for launch in ray_launches)
+    status = Home(tmp_path / "ray").cli("status", "1").stdout
+    assert "Node" in status and "127.0.0.1" in status
     trial_log = (tmp_path / "ray" / "experiments" / "1" / "trials" / "1" / "trial.log")
     assert "on Ray node 127.0.0.1" in trial_log.read_text().splitlines()[0]
 
