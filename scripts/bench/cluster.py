@@ -1,0 +1,559 @@
+"""How many slots can one daemon keep busy? The real daemon against a simulated cluster.
+
+The daemon (`Daemon(layout, cluster=SimulatedCluster(...))`, in this process's main thread,
+with its report server) takes a real submission through its queue into a real SQLite file in
+a temporary LOCALDET_HOME, runs a real random search and schedules its trials onto the
+simulated cluster's slots (`--nodes` x `--slots`/`--nodes`). Nothing else is simulated: the
+trials report through the real transport a Ray trial uses, `HTTPReporter` to the daemon's
+`ReportServer` (which writes with `SQLiteReporter`), because a daemon with a cluster always
+serves reports over HTTP; measuring SQLiteReporter here would leave out the server, which
+is where every remote trial's reports land.
+
+A "trial" is a thread in a worker process (`--workers`, default 1; the machine has 2 cores,
+so 256 trial processes cannot run at once): it says hello (waiting for its launch to be
+recorded), reads its trial info, then for each scheduling unit (100 batches of 300) sleeps
+its share of `--trial-seconds` (default 3 s, jittered +-20 %), reports the first batch once,
+a training-metrics row, asks `should_pause` and heartbeats, as `TrialController` does; at the
+end a validation row and a checkpoint (`--checkpoint-kb` of random bytes, uploaded, stored,
+fsynced and committed), then it waits for its reports and exits 0. No TensorFlow.
+
+Printed, over the whole run (first launch to last exit) and over the steady state (from the
+launch that filled the last slot to the last launch, before the queue runs dry):
+
+  decisions/s      launches + exits the daemon handled, per second
+  commits/s        SQLite commits of every connection in this process (the daemon's and
+                   the report server's), counted by a trace callback on each connection
+                   that StateDB.open makes: each COMMIT statement, plus each write run
+                   outside a transaction (SQLite commits it by itself)
+  utilisation      busy slot-seconds / (slots x wall); a slot is busy from the cluster's
+                   start() to the trial thread's end
+  launch latency   the k-th exit to the (slots+k)-th launch (the trial that takes the
+                   freed slot), median and p95, in the steady state
+  stretch          a trial's launch-to-exit time over the sleep it was given: time spent
+                   waiting on reports (hello, should_pause, checkpoint, the final flush)
+
+and where the daemon's main loop spent its time (perf_counter around each part of `step`).
+`--profile` adds a cProfile of the daemon's thread. With no `--slots`, the run is made for
+32, 64 and 256 slots, and ratios to the 32-slot figures are printed.
+
+    python scripts/bench/cluster.py                    # 32, 64, 256 slots (about 6 minutes)
+    python scripts/bench/cluster.py --slots 256 --nodes 32 --profile
+    python scripts/bench/cluster.py --slots 64 --seconds 30 --trial-seconds 2
+
+Measured on the shared 2-vCPU test machine (Python 3.11), localdet at <filled below>:
+
+  see the table at the end of this docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import cProfile
+import io
+import json
+import multiprocessing
+import os
+import pstats
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+BATCHES, UNIT = 300, 100  # a trial's length and scheduling unit: three training rows
+
+
+# -- the trials' side: a worker process hosting trial threads ------------------------------
+
+def _trial(send, lock, trial_id: int, env: dict, seconds: float, checkpoint_kb: int,
+           killed: threading.Event) -> None:
+    from localdet.remote_reporter import HTTPReporter
+
+    code, started = 0, time.time()
+    reporter = None
+    try:
+        reporter = HTTPReporter(env["LOCALDET_REPORT_URL"], trial_id,
+                                int(env["LOCALDET_LAUNCH"]), env["LOCALDET_REPORT_TOKEN"],
+                                model_dir=Path(env["LOCALDET_MODEL_DIR"]),
+                                trial_dir=Path(tempfile.gettempdir()), retry_seconds=60)
+        atexit.unregister(reporter._at_exit)  # closed below: thousands would pile up
+        reporter.start()
+        info = reporter.trial_info()
+        rng = random.Random(trial_id)
+        units = max(1, info.target_batches // UNIT)
+        for unit in range(1, units + 1):
+            if killed.wait(seconds / units):
+                code = -9
+                return
+            batches = unit * UNIT
+            if unit == 1:
+                reporter.report_first_batch()
+            reporter.report_training_metrics(batches, {"loss": rng.random()})
+            if unit == units:
+                reporter.report_validation_metrics(batches, {"val_accuracy": rng.random()})
+                folder = Path(tempfile.mkdtemp(prefix=".bench-checkpoint-"))
+                (folder / "determined-keras-model.h5").write_bytes(
+                    rng.randbytes(checkpoint_kb * 1024))
+                (folder / "metadata.json").write_text(json.dumps({"trial_id": trial_id}))
+                reporter.save_checkpoint(folder, batches, {"trial_id": trial_id})
+            else:
+                reporter.should_pause()
+            reporter.heartbeat()
+        reporter.wait_for_checkpoints()
+    except BaseException as error:  # told to the driver, counted as a failed trial
+        code = 1
+        print(f"trial {trial_id}: {type(error).__name__}: {error}", file=sys.stderr)
+    finally:
+        if reporter is not None:
+            reporter._at_exit()
+        with lock:
+            send.send(("exit", trial_id, code, started, time.time()))
+
+
+def _worker(conn, checkpoint_kb: int) -> None:
+    """Runs trial threads as the daemon's cluster asks, and tells it when each ends."""
+    lock = threading.Lock()
+    killed: dict[int, threading.Event] = {}
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            for event in killed.values():
+                event.set()
+            return
+        if message[0] == "start":
+            _, trial_id, env, seconds = message
+            killed[trial_id] = threading.Event()
+            threading.Thread(target=_trial, args=(conn, lock, trial_id, env, seconds,
+                                                  checkpoint_kb, killed[trial_id]),
+                             daemon=True).start()
+        elif message[0] == "end":
+            event = killed.get(message[1])
+            if event is not None:
+                event.set()
+
+
+# -- the daemon's side: the cluster ----------------------------------------------------------
+
+class SimulatedTrial:
+    """What the daemon needs of a launch (RayTrial's surface)."""
+
+    warm = False
+    log_writer = None
+    orphaned = False
+    lost = False
+
+    def __init__(self, cluster: "SimulatedCluster", trial_id: int, node: str, worker):
+        self.cluster, self.trial_id, self.node, self.host = cluster, trial_id, node, node
+        self.name = f"sim-trial-{trial_id}"
+        self.pid = worker.pid
+        self.returncode: int | None = None
+        self.ended = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.ended.wait(timeout)
+        return self.returncode
+
+    def end(self) -> None:
+        self.cluster._send(self.trial_id, ("end", self.trial_id))
+        self.ended.wait(30)
+        if self.returncode is None:
+            self.returncode = -9
+
+
+class SimulatedCluster:
+    """RayCluster's methods over `nodes` nodes of `slots // nodes` CPU slots each; trials
+    are threads in `workers` processes."""
+
+    def __init__(self, slots: int, nodes: int, trial_seconds: float, workers: int,
+                 checkpoint_kb: int):
+        from localdet.slots import CPU, Slot
+
+        per_node = slots // nodes
+        self._slots = [Slot(i, CPU, f"CPU on node{i // per_node}") for i in range(slots)]
+        self._node_of = {i: f"node{i // per_node}" for i in range(slots)}
+        self._per_node = per_node
+        self.trial_seconds = trial_seconds
+        self._last_launch: dict[str, float] = {}
+        self._handles: dict[int, SimulatedTrial] = {}
+        self._slots_of: dict[int, list[int]] = {}
+        self.launches: list[tuple[float, int]] = []          # (time, trial)
+        self.exits: list[tuple[float, float, int, int]] = []  # (end, started, trial, code)
+        self.busy: list[tuple[float, float, int]] = []      # (start, end, slots)
+        self._starts: dict[int, float] = {}
+        self._planned: dict[int, float] = {}
+        self.stretch: list[float] = []
+        context = multiprocessing.get_context("spawn")  # no copy of the daemon's threads
+        self._workers = []
+        for _ in range(workers):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_worker, args=(theirs, checkpoint_kb),
+                                      daemon=True)
+            process.start()
+            self._workers.append((process, ours, threading.Lock()))
+            threading.Thread(target=self._listen, args=(ours,), daemon=True).start()
+
+    def _worker_of(self, trial_id: int):
+        return self._workers[trial_id % len(self._workers)]
+
+    def _send(self, trial_id: int, message) -> None:
+        _, conn, lock = self._worker_of(trial_id)
+        with lock:
+            conn.send(message)
+
+    def _listen(self, conn) -> None:
+        while True:
+            try:
+                _, trial_id, code, _started, ended = conn.recv()
+            except (EOFError, OSError):
+                return
+            handle = self._handles.pop(trial_id, None)
+            start = self._starts.pop(trial_id, ended)
+            self.exits.append((ended, start, trial_id, code))
+            self.busy.append((start, ended, len(self._slots_of.pop(trial_id, [0]))))
+            planned = self._planned.pop(trial_id, None)
+            if planned and code == 0:
+                self.stretch.append((ended - start) / planned)
+            if handle is not None:
+                handle.returncode = code
+                handle.ended.set()
+
+    # -- RayCluster's surface --
+    def slots(self):
+        return list(self._slots)
+
+    def available(self) -> set[int]:
+        return set(self._node_of)
+
+    def largest_node_seen(self) -> list[int]:
+        return [self._per_node]
+
+    def node_key(self, slot: int):
+        node = self._node_of[slot]
+        return self._last_launch.get(node, 0.0), node
+
+    def node_of(self, slot: int) -> str:
+        return self._node_of[slot]
+
+    def node_alive(self, node: str) -> bool:
+        return True
+
+    def describe_node(self, node: str) -> str:
+        return node
+
+    def report_host(self) -> str:
+        return "127.0.0.1"
+
+    def start(self, spec, trial, slots: list[int]) -> SimulatedTrial:
+        node = self._node_of[slots[0]]
+        now = time.time()
+        self._last_launch[node] = time.monotonic()
+        from localdet.capped_log import CappedLog
+
+        log = CappedLog(spec.log_path, spec.max_log_bytes)  # as RayCluster.start does
+        log.write(f"{spec.header}; on simulated {node}\n".encode())
+        log.close()
+        seconds = self.trial_seconds * random.Random(trial.id).uniform(0.8, 1.2)
+        _, worker_conn, _ = self._worker_of(trial.id)
+        handle = SimulatedTrial(self, trial.id, node, self._worker_of(trial.id)[0])
+        self._handles[trial.id] = handle
+        self._starts[trial.id] = now
+        self._planned[trial.id] = seconds
+        self._slots_of[trial.id] = slots
+        self.launches.append((now, trial.id))
+        self._send(trial.id, ("start", trial.id, spec.env, seconds))
+        return handle
+
+    def adopt(self, trial, log_path, max_log_bytes):
+        return None
+
+    def close(self) -> None:
+        for process, conn, lock in self._workers:
+            with lock:
+                try:
+                    conn.send(("stop",))
+                except OSError:
+                    pass
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+
+
+# -- counting commits ----------------------------------------------------------------------
+
+class Commits:
+    """Counts SQLite commits on every connection StateDB.open makes in this process."""
+
+    WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+    def __init__(self):
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        from localdet import db as db_module
+
+        opened = db_module.StateDB.open.__func__
+
+        def open_counted(cls, path):
+            state = opened(cls, path)
+            conn = state.db.conn
+
+            def trace(sql: str) -> None:
+                head = sql.lstrip()[:7].upper()
+                if head.startswith("COMMIT") or (head.startswith(self.WRITES)
+                                                 and not conn.in_transaction):
+                    with self._lock:
+                        self.count += 1
+
+            conn.set_trace_callback(trace)
+            return state
+
+        db_module.StateDB.open = classmethod(open_counted)
+
+
+# -- one run -----------------------------------------------------------------------------------
+
+MODEL_DEF = '''"""Never imported: the benchmark's trials are simulated."""
+
+
+class BenchTrial:
+    pass
+'''
+
+
+def config(trials: int, slots: int) -> dict:
+    return {
+        "name": "cluster-bench",
+        "entrypoint": "model_def:BenchTrial",
+        "hyperparameters": {"global_batch_size": 32,
+                            "hidden_units": {"type": "int", "minval": 16, "maxval": 256},
+                            "learning_rate": {"type": "log", "minval": -4, "maxval": -1}},
+        "scheduling_unit": UNIT,
+        "searcher": {"name": "random", "metric": "val_accuracy", "smaller_is_better": False,
+                     "max_length": {"batches": BATCHES}, "max_trials": trials,
+                     "max_concurrent_trials": slots},
+        "max_restarts": 0,
+        "reproducibility": {"experiment_seed": 1},
+    }
+
+
+class Sections:
+    """perf_counter totals around each part of Daemon.step."""
+
+    PARTS = ("intake", "_watch_scripts", "_handle_requests", "_watch_space", "_search",
+             "_reap", "_schedule", "_launch", "_finish", "_collect")
+
+    def __init__(self, daemon):
+        self.totals = {name: 0.0 for name in self.PARTS}
+        self.calls = {name: 0 for name in self.PARTS}
+        self.passes = 0
+        for name in self.PARTS[1:]:
+            setattr(daemon, name, self._timed(name, getattr(daemon, name)))
+        step = daemon.step
+
+        def counted_step():
+            self.passes += 1
+            step()
+
+        daemon.step = counted_step
+
+    def wrap_intake(self, intake) -> None:
+        intake.poll = self._timed("intake", intake.poll)
+
+    def _timed(self, name, function):
+        def timed(*args, **kwargs):
+            begun = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.totals[name] += time.perf_counter() - begun
+                self.calls[name] += 1
+        return timed
+
+
+def run(slots: int, nodes: int, trials: int, args) -> dict:
+    from localdet.daemon import Daemon
+    from localdet.paths import Layout
+    from localdet.submissions import submit
+
+    home = Path(tempfile.mkdtemp(prefix="localdet-cluster-bench-"))
+    layout = Layout(home)
+    model = home.parent / f"{home.name}-model"
+    model.mkdir()
+    (model / "model_def.py").write_text(MODEL_DEF)
+    config_path = home.parent / f"{home.name}.yaml"
+    config_path.write_text(yaml.safe_dump(config(trials, slots)))
+    cluster = SimulatedCluster(slots, nodes, args.trial_seconds, args.workers, args.checkpoint_kb)
+    daemon = Daemon(layout, cluster=cluster, log=lambda message: None)
+    sections = Sections(daemon)
+    opened = daemon.open
+
+    def open_and_wrap(db=None):
+        result = opened(db)
+        sections.wrap_intake(daemon.intake)
+        return result
+
+    daemon.open = open_and_wrap
+    outcome: dict = {}
+
+    def drive() -> None:
+        while not (layout.slot_file.exists() and daemon.report_url):
+            time.sleep(0.05)
+        submit(layout, config_path, model)
+        deadline = time.monotonic() + args.max_seconds
+        db = sqlite3.connect(layout.db, timeout=30)
+        while True:
+            time.sleep(0.5)
+            row = db.execute("SELECT state FROM experiments").fetchone()
+            if row and row[0] not in ("ACTIVE", "PAUSED"):
+                outcome["state"] = row[0]
+                break
+            if time.monotonic() > deadline:
+                outcome["state"] = "cut off"
+                break
+        outcome["trials"] = db.execute(
+            "SELECT state, COUNT(*) FROM trials GROUP BY state").fetchall()
+        db.close()
+        daemon.stop()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    profile = cProfile.Profile() if args.profile else None
+    begun_commits = commits.count
+    if profile:
+        profile.enable()
+    try:
+        daemon.run()
+    finally:
+        if profile:
+            profile.disable()
+    driver.join()
+    result = measure(cluster, slots, commits.count - begun_commits)
+    result.update(outcome=outcome, sections=sections, profile=profile)
+    if not args.keep:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(model, ignore_errors=True)
+        config_path.unlink(missing_ok=True)
+    else:
+        print(f"kept {home}")
+    return result
+
+
+def measure(cluster: SimulatedCluster, slots: int, commit_count: int) -> dict:
+    launches = sorted(t for t, _ in cluster.launches)
+    exits = sorted(e[0] for e in cluster.exits)
+    first, last = launches[0], max(exits)
+    wall = last - first
+
+    def busy_between(a: float, b: float) -> float:
+        return sum(max(0.0, min(end, b) - max(start, a)) * n for start, end, n in cluster.busy)
+
+    # Steady: from the launch that filled the last slot to the last launch (after it the
+    # queue is empty and slots free up for good).
+    steady_from = launches[min(slots, len(launches)) - 1]
+    steady_to = launches[-1]
+    steady = max(steady_to - steady_from, 1e-9)
+    latency = [launches[slots + k] - exits[k] for k in range(len(exits))
+               if slots + k < len(launches) and exits[k] >= steady_from]
+    events_in = sum(steady_from <= t <= steady_to for t in launches) + \
+        sum(steady_from <= t <= steady_to for t in exits)
+    failed = sum(1 for e in cluster.exits if e[3] != 0)
+    return {
+        "launches": len(launches), "exits": len(exits), "failed": failed, "wall": wall,
+        "decisions_per_s": (len(launches) + len(exits)) / wall,
+        "steady_decisions_per_s": events_in / steady,
+        "commits_per_s": commit_count / wall, "commits": commit_count,
+        "utilisation": busy_between(first, last) / (slots * wall),
+        "steady_utilisation": busy_between(steady_from, steady_to) / (slots * steady),
+        "steady_seconds": steady,
+        "latency_median": statistics.median(latency) if latency else float("nan"),
+        "latency_p95": (statistics.quantiles(latency, n=20)[-1] if len(latency) >= 20
+                        else max(latency, default=float("nan"))),
+        "stretch": statistics.median(cluster.stretch) if cluster.stretch else float("nan"),
+    }
+
+
+def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
+    r = result
+    print(f"\n{slots} slots ({nodes} nodes), {trials} trials of ~{args.trial_seconds:g} s: "
+          f"experiment {r['outcome'].get('state')}, trials {dict(r['outcome'].get('trials', []))}")
+    print(f"  launches {r['launches']}, exits {r['exits']} ({r['failed']} failed) in "
+          f"{r['wall']:.1f} s (first launch to last exit)")
+    print(f"  decisions/s        {r['decisions_per_s']:7.1f}   steady {r['steady_decisions_per_s']:.1f}"
+          f"   (ideal steady {2 * slots / args.trial_seconds:.1f})")
+    print(f"  commits/s          {r['commits_per_s']:7.1f}   ({r['commits']} commits)")
+    print(f"  utilisation        {r['utilisation']:7.3f}   steady {r['steady_utilisation']:.3f}"
+          f" over {r['steady_seconds']:.1f} s (target >= 0.95)")
+    print(f"  launch latency     median {r['latency_median'] * 1000:.0f} ms, "
+          f"p95 {r['latency_p95'] * 1000:.0f} ms (slot freed -> next trial started)")
+    print(f"  trial stretch      {r['stretch']:.2f}x  (launch-to-exit over the sleep given)")
+    sections = r["sections"]
+    loop = sum(sections.totals[p] for p in ("intake", "_watch_scripts", "_handle_requests",
+                                            "_watch_space", "_search", "_reap", "_schedule"))
+    print(f"  daemon loop        {sections.passes} passes, {loop:.1f} s in step "
+          f"({loop / max(r['wall'], 1e-9):.0%} of the wall): " + ", ".join(
+              f"{name.strip('_')} {sections.totals[name]:.1f} s"
+              for name in sections.PARTS if sections.totals[name] >= 0.05))
+    if r["profile"] is not None:
+        text = io.StringIO()
+        pstats.Stats(r["profile"], stream=text).sort_stats("cumulative").print_stats(35)
+        print(text.getvalue())
+
+
+commits = Commits()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slots", type=int, action="append",
+                        help="slots in the cluster (repeatable; default 32, 64 and 256)")
+    parser.add_argument("--nodes", type=int, help="nodes (default slots / 8)")
+    parser.add_argument("--trials", type=int,
+                        help="max_trials (default: enough for --seconds of full slots)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="how long the trials keep the slots busy, ideally (default 60)")
+    parser.add_argument("--trial-seconds", type=float, default=3.0)
+    parser.add_argument("--max-seconds", type=float, default=170.0,
+                        help="cut a run off after this long (default 170)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes hosting the trial threads (default 1)")
+    parser.add_argument("--checkpoint-kb", type=int, default=64)
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the daemon's thread (slows it down)")
+    parser.add_argument("--keep", action="store_true", help="keep the LOCALDET_HOME")
+    args = parser.parse_args()
+    commits.install()
+    results = {}
+    for slots in args.slots or [32, 64, 256]:
+        nodes = args.nodes or max(1, slots // 8)
+        trials = args.trials or int(slots * args.seconds / args.trial_seconds)
+        results[slots] = run(slots, nodes, trials, args)
+        report(slots, nodes, trials, results[slots], args)
+    if len(results) > 1:
+        base_slots = min(results)
+        base = results[base_slots]
+        print(f"\nratios to {base_slots} slots:")
+        for slots, r in sorted(results.items()):
+            print(f"  {slots:4d} slots: decisions/s x{r['decisions_per_s'] / base['decisions_per_s']:.2f}"
+                  f" (ideal x{slots / base_slots:.0f}), commits/s "
+                  f"x{r['commits_per_s'] / base['commits_per_s']:.2f}, utilisation "
+                  f"{r['utilisation'] / base['utilisation']:.2f}, steady utilisation "
+                  f"{r['steady_utilisation'] / base['steady_utilisation']:.2f}, median latency "
+                  f"x{r['latency_median'] / base['latency_median']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
