@@ -374,8 +374,10 @@ class Daemon:
         if not free:
             return
         waiting, busy, max_slots = [], {}, {}
+        # One query for the running trials' experiments, not one read per trial a pass.
+        experiment_of = self._experiments_of(list(self._slots_of))
         for trial_id, slots in self._slots_of.items():
-            experiment_id = self.db.trial(trial_id).experiment_id
+            experiment_id = experiment_of[trial_id]
             busy[experiment_id] = busy.get(experiment_id, 0) + len(slots)
         for experiment in self.db.experiments(states=("ACTIVE",)):
             if not self._mine(experiment):
@@ -383,7 +385,7 @@ class Daemon:
             resources = experiment.config["resources"]
             per_trial = resources["slots_per_trial"]
             max_slots[experiment.id] = resources.get("max_slots")
-            for trial in self.db.trials(experiment.id, states=("QUEUED",)):
+            for trial in self._queued(experiment.id):
                 if per_trial > most:  # would wait forever and block the queue
                     key = "slots" if experiment.kind == "job" else "slots_per_trial"
                     where = (f"`localdet run --slots {per_trial}`" if self.only is not None
@@ -401,6 +403,19 @@ class Daemon:
                                                  resources.get("priority"), trial.id))
         for trial_id, slots in scheduler.assign(waiting, free, busy, max_slots, node_of):
             self._launch(self.db.trial(trial_id), slots)
+
+    def _experiments_of(self, trial_ids: list[int]) -> dict[int, int]:
+        if not trial_ids:
+            return {}
+        marks = ", ".join("?" for _ in trial_ids)
+        return dict(self.db.db.execute(
+            f"SELECT id, experiment_id FROM trials WHERE id IN ({marks})", trial_ids))
+
+    def _queued(self, experiment_id: int) -> list[Trial]:
+        """Its QUEUED trials, filtered in SQL: every pass reads them, and an experiment may
+        have thousands of trials that are not."""
+        return [Trial.from_row(row) for row in self.db.db["trials"].rows_where(
+            "experiment_id = ? AND state = 'QUEUED'", [experiment_id], order_by="id")]
 
     def _usable_slots(self) -> tuple[set[int], dict[int, str] | None, int]:
         """The slots trials may start on now, which machine each is on (None: all on this
@@ -444,18 +459,20 @@ class Daemon:
             self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
-        self.db.update_trial(trial.id, state="RUNNING", pid=process.pid, started_at=launched_at,
-                             process_start=process_start(process.pid),
-                             slots=json.dumps(slots))
+        with self.db.atomic():  # one commit a launch: the write lock is shared with trials
+            self.db.update_trial(trial.id, state="RUNNING", pid=process.pid,
+                                 started_at=launched_at, process_start=process_start(process.pid),
+                                 slots=json.dumps(slots))
+            self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
+                              trial_id=trial.id, pid=process.pid, slots=slots,
+                              keras_line=spec.keras_line,
+                              keras_line_reason=spec.keras_line_reason, engine=spec.engine,
+                              log_offset=log_offset, warm=process.warm,
+                              **({"node": process.node, "host": process.host}
+                                 if self.cluster is not None else {}))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
         threading.Thread(target=lambda: (process.wait(), self._wake.set()), daemon=True,
                          name=f"wait-trial-{trial.id}").start()
-        self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
-                          trial_id=trial.id, pid=process.pid, slots=slots,
-                          keras_line=spec.keras_line, keras_line_reason=spec.keras_line_reason,
-                          engine=spec.engine, log_offset=log_offset, warm=process.warm,
-                          **({"node": process.node, "host": process.host}
-                             if self.cluster is not None else {}))
         where = f"on Ray node {process.host} " if self.cluster is not None else ""
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
                  f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
@@ -702,6 +719,13 @@ class Daemon:
     def _settle_experiment(self, experiment_id: int) -> None:
         experiment = self.db.experiment(experiment_id)
         if experiment.state in TERMINAL_STATES:
+            return
+        # An ACTIVE experiment with a trial queued or running has nothing to settle (none
+        # is held, and it is not all paused): skip reading all its trials, often under the
+        # write lock, after every exit.
+        if experiment.state == "ACTIVE" and self.db.db.execute(
+                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ('QUEUED', "
+                "'RUNNING') LIMIT 1", [experiment_id]).fetchone():
             return
         trials = self.db.trials(experiment_id)
         if trials and all(t.state in TERMINAL_STATES for t in trials):
