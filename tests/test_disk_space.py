@@ -15,6 +15,7 @@ ballast file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -53,11 +54,19 @@ def fill(disk: Path, leave: int) -> Path:
     ballast = disk / "ballast"
     ballast.unlink(missing_ok=True)
     size = shutil.disk_usage(disk).free - leave
-    with open(ballast, "wb") as out:
+    with open(ballast, "wb", buffering=0) as out:  # unbuffered: tell() is what was written
         out.truncate(0)
-        for _ in range(size // MB):
-            out.write(b"\0" * MB)
-        out.write(b"\0" * (size % MB))
+        try:
+            for _ in range(size // MB):
+                out.write(b"\0" * MB)
+            out.write(b"\0" * (size % MB))
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            # A running trial wrote meanwhile (its log, a checkpoint): give back what it took.
+        short = leave - shutil.disk_usage(disk).free
+        if short > 0:
+            out.truncate(max(0, out.tell() - short))
     return ballast
 
 
