@@ -67,8 +67,8 @@ def namespace_of(layout: Layout) -> str:
 
 
 def actor_name(trial: Trial) -> str:
-    # A launch is a trial's restarts, lost nodes included, so that a launch's actor lingering
-    # after its end is never taken for the next.
+    # Named by the launch's start (the trial's started_at, set by the daemon as it launches),
+    # so an actor lingering after its launch ended is never taken for the next launch's.
     return f"trial-{trial.id}-{trial.started_at or 'new'}"
 
 
