@@ -25,12 +25,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from localdet.paths import state_formats_dir
-
-EXPERIMENT_STATES = ("ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR")
-# WAITING: trained to its searcher length and validated; the searcher may still promote it
-# (ASHA), or close it.
-TRIAL_STATES = ("QUEUED", "RUNNING", "PAUSED", "WAITING", "COMPLETED", "CANCELED", "ERROR")
-TERMINAL_STATES = ("COMPLETED", "CANCELED", "ERROR")
+from localdet.states import EXPERIMENT_STATES, TERMINAL_STATES, TRIAL_STATES  # noqa: F401
 
 
 def now() -> str:
@@ -378,7 +373,7 @@ class StateDB:
         return Checkpoint.from_row(rows[0])
 
     def _deleted_message(self, checkpoint: Checkpoint) -> str:
-        from localdet.retention import describe  # retention imports this module
+        from localdet.retention import describe  # needed by this message only
 
         config = self.experiment(checkpoint.experiment_id).config
         return (f"checkpoint {checkpoint.uuid} was deleted by retention ({describe(config)}), "

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
-from localdet.db import TERMINAL_STATES
+from localdet.states import TERMINAL_STATES
 
 DEFAULTS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
 
