@@ -368,8 +368,11 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             searcher["stop_once"] = False
     if name == "grid":
         # Imported here: the searcher package imports this module.
-        from localdet.searcher.hparams import MAX_GRID_POINTS, grid_size
-        size = grid_size(config["hyperparameters"])  # ConfigError for a range without count
+        from localdet.searcher.hparams import MAX_GRID_POINTS, MissingCount, grid_size
+        try:
+            size = grid_size(config["hyperparameters"])
+        except MissingCount as missing:
+            raise ConfigError(str(missing), missing.path) from None
         if size > MAX_GRID_POINTS:
             raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
                               f"{MAX_GRID_POINTS:,} are allowed: lower some counts", "hyperparameters")

@@ -7,7 +7,7 @@ random for `single`, `random` and `adaptive_asha`, enumerated for `grid`.
                  "opt": {"name": {"type": "categorical", "vals": ["adam", "sgd"]}}})
     # [{"n": 1, "opt": {"name": "adam"}}, {"n": 1, "opt": {"name": "sgd"}},
     #  {"n": 3, "opt": {"name": "adam"}}, {"n": 3, "opt": {"name": "sgd"}}]
-    grid_size(space)   # the number of points, without making them (ConfigError without counts)
+    grid_size(space)   # the number of points, without making them (MissingCount without counts)
 
 Names are visited in sorted order at every level, so neither draws nor grid order depend
 on the YAML's key order.
@@ -23,9 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from localdet.config import ConfigError
-
 MAX_GRID_POINTS = 10_000
+
+
+class MissingCount(ValueError):
+    """A grid over a range that has no `count`; `path` names the missing key. The config
+    check turns it into a ConfigError (this module stays below the config layer)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path}: a grid search needs a count for every int, double and log "
+                         "hyperparameter")
+        self.path = path
 
 
 def sample(space: dict, rng: np.random.Generator) -> dict[str, Any]:
@@ -87,8 +95,7 @@ def _axis_size(spec: dict, path: str) -> int:
     if kind not in ("int", "double", "log"):
         raise ValueError(f"unknown hyperparameter type {kind!r} for {path!r}")
     if spec.get("count") is None:
-        raise ConfigError(f"{path}.count: a grid search needs a count for every int, double "
-                          f"and log hyperparameter", f"{path}.count")
+        raise MissingCount(f"{path}.count")
     if kind == "int":  # no more values than there are integers in the range
         return min(spec["count"], spec["maxval"] - spec["minval"] + 1)
     return spec["count"]
