@@ -14,10 +14,8 @@ import time
 import traceback
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from determined.keras._sequence import SequenceAdapter
 from determined.keras._sequence_batches import (
     THREAD_NAME,
     DataLoaderError,
@@ -273,7 +271,17 @@ def pickled(sequence: Any) -> bytes:
             "with use_multiprocessing=False") from error
 
 
-def make_loader(adapter: SequenceAdapter) -> _Loader:
+class _ReadSettings(Protocol):
+    """How to read a Sequence: what `_sequence.SequenceAdapter` holds (named here by shape,
+    as that module imports this one)."""
+
+    sequence: Any
+    use_multiprocessing: bool
+    workers: int
+    max_queue_size: int
+
+
+def make_loader(adapter: _ReadSettings) -> _Loader:
     if adapter.workers == 0:
         return _Loader(adapter.sequence)
     if adapter.use_multiprocessing:
