@@ -23,13 +23,14 @@ import threading
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet import capped_log, disk_space, failures, gc, keras_line, launcher, \
+from localdet import capped_log, disk_space, engines, failures, gc, keras_line, launcher, \
     lifecycle, memory_limit, scheduler
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
@@ -77,6 +78,7 @@ class Daemon:
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
+    _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -92,6 +94,8 @@ class Daemon:
             detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
         self.intake = Intake(self.layout, self.db, slots=self.machine)
+        if self.cluster is not None:
+            self._usable_slots()  # the intake learns the largest node before any submission
         self.search = Search(self.db, self.log)
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
         size, self.warm_reason = self._warm_size()
@@ -385,14 +389,19 @@ class Daemon:
             resources = experiment.config["resources"]
             per_trial = resources["slots_per_trial"]
             max_slots[experiment.id] = resources.get("max_slots")
+            spans = per_trial > 1 and self._spans_nodes(experiment)
             for trial in self._queued(experiment.id):
-                if per_trial > most:  # would wait forever and block the queue
+                if per_trial > (len(self.machine) if spans else most):
+                    # would wait forever and block the queue
                     key = "slots" if experiment.kind == "job" else "slots_per_trial"
                     where = (f"`localdet run --slots {per_trial}`" if self.only is not None
                              else f"`localdet daemon --slots {per_trial}`")
                     error = (f"resources.{key} is {per_trial} but only {most} slot(s) are "
                              f"available; lower it or start {where}")
-                    if self.cluster is not None:
+                    if self.cluster is not None and spans:
+                        error = (f"resources.{key} is {per_trial} but the Ray cluster has "
+                                 f"{len(self.machine)} slot(s); lower it or add nodes")
+                    elif self.cluster is not None:
                         error = (f"resources.{key} is {per_trial} but no node of the Ray "
                                  f"cluster has more than {most} slot(s), and a trial runs "
                                  "within one node; lower it or add a bigger node")
@@ -400,9 +409,22 @@ class Daemon:
                     self._settle_experiment(experiment.id)
                     continue
                 waiting.append(scheduler.Waiting(trial.id, experiment.id, per_trial,
-                                                 resources.get("priority"), trial.id))
+                                                 resources.get("priority"), trial.id, spans))
         for trial_id, slots in scheduler.assign(waiting, free, busy, max_slots, node_of):
             self._launch(self.db.trial(trial_id), slots)
+
+    def _spans_nodes(self, experiment: Experiment) -> bool:
+        """Whether the experiment's trials may have their ranks on several nodes of the
+        cluster (decided once per experiment: it reads the model folder)."""
+        if self.cluster is None or experiment.kind == "job":
+            return False
+        if experiment.id not in self._spanning:
+            try:
+                engine = engines.choose(experiment.config, Path(experiment.model_dir))[0]
+            except engines.EngineError:
+                engine = engines.SINGLE  # the launch says why
+            self._spanning[experiment.id] = engines.spans_nodes(engine)
+        return self._spanning[experiment.id]
 
     def _experiments_of(self, trial_ids: list[int]) -> dict[int, int]:
         if not trial_ids:
@@ -431,6 +453,7 @@ class Daemon:
             per_node[node] = per_node.get(node, 0) + 1
         # A node that is gone for now may come back: its trials wait rather than fail.
         most = max([*per_node.values(), *self.cluster.largest_node_seen()])
+        self.intake.node_slots = most  # submissions are checked against it
         return usable, node_of, most
 
     def _launch(self, trial: Trial, slots: list[int]) -> None:
@@ -468,7 +491,8 @@ class Daemon:
                               keras_line=spec.keras_line,
                               keras_line_reason=spec.keras_line_reason, engine=spec.engine,
                               log_offset=log_offset, warm=process.warm,
-                              **({"node": process.node, "host": process.host}
+                              **({"node": process.node, "host": process.host,
+                                  "nodes": getattr(process, "nodes", [process.node])}
                                  if self.cluster is not None else {}))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
         threading.Thread(target=lambda: (process.wait(), self._wake.set()), daemon=True,

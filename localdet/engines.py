@@ -7,7 +7,8 @@
 - "mirrored" (Keras 3): one process, a `MirroredStrategy` over the slots' GPUs (or as many
   logical CPU devices).
 - "multi_worker_mirrored" (Keras 2): one process per slot, `MultiWorkerMirroredStrategy`
-  over free localhost ports (TF_CONFIG), started by the rank supervisor (localdet/ranks.py).
+  over free localhost ports (TF_CONFIG), started by the rank supervisor (localdet/ranks.py);
+  on a Ray cluster its ranks may run on several nodes, one actor each.
 - "horovod" (Keras 2, where `horovod.tensorflow` imports): one process per slot joined by
   Horovod over Gloo, started by the rank supervisor.
 
@@ -31,6 +32,13 @@ MULTI_PROCESS = (MULTI_WORKER_MIRRORED, HOROVOD)
 
 class EngineError(ValueError):
     """No engine here can train this config on its slots; the message says what to change."""
+
+
+def spans_nodes(engine: str) -> bool:
+    """Whether the engine's ranks may run on several machines of a cluster (each rank its
+    own process, joined over the network by TF_CONFIG). Keras 3's mirrored engine is one
+    process; Horovod's ranks here meet on one machine's Gloo rendezvous."""
+    return engine == MULTI_WORKER_MIRRORED
 
 
 def horovod_installed() -> bool:

@@ -125,6 +125,14 @@ def supervised_argv(argv: list[str], engine: str, slots: int) -> list[str]:
             "--", *argv]
 
 
+def unsupervised_argv(argv: list[str]) -> list[str]:
+    """The ranks' own command inside a `supervised_argv` (for launchers that start each rank
+    themselves, on several machines); any other argv as it is."""
+    if argv[1:4] == ["-P", "-m", "localdet.ranks"] and "--" in argv:
+        return argv[argv.index("--") + 1:]
+    return argv
+
+
 def _engine(experiment: Experiment) -> str:
     if experiment.kind == "job":
         return engines.SINGLE  # a job's slots are only reserved for it

@@ -67,6 +67,27 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
     return envs
 
 
+def cluster_rank_environments(base: dict[str, str], addresses: list[dict]
+                              ) -> list[dict[str, str]]:
+    """The environment of each rank of a trial whose ranks run on several machines (one
+    process each, started by a cluster launcher rather than a supervisor): `addresses[r]` is
+    rank r's machine, {"host": ..., "ports": [...]} with ports free there, two for rank 0
+    (the chief's coordination port, then its TF_CONFIG port) and one for the others. Each rank
+    gets the r-th of `base`'s LOCALDET_SLOTS and a TF_CONFIG for MultiWorkerMirroredStrategy
+    over the machines' addresses."""
+    size = len(addresses)
+    envs = rank_environments(size, base)
+    chief = addresses[0]["host"]
+    chief = f"[{chief}]:{addresses[0]['ports'][0]}" if ":" in chief else \
+        f"{chief}:{addresses[0]['ports'][0]}"
+    workers = [f"{a['host']}:{a['ports'][-1]}" for a in addresses]
+    for index, env in enumerate(envs):
+        env["LOCALDET_CHIEF_ADDR"] = chief
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                       "task": {"type": "worker", "index": index}})
+    return envs
+
+
 def horovod_rendezvous(size: int):
     """Horovod's HTTP rendezvous for `size` Gloo ranks on this machine, bound to 127.0.0.1
     but not yet serving (`serve_forever` in a thread once the ranks are started: a thread

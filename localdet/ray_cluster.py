@@ -28,6 +28,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ SLOT_RESOURCE = "localdet_slot"  # what CPU-only nodes declare: trials each node
 NODE_CHECK_SECONDS = 2.0         # how often the cluster's nodes are looked at again
 LOST_EXIT = -9                   # the exit status told for a launch whose actor died
 NODE_DEATH_SECONDS = 30.0        # how long an actor's death may precede its node's
+GROUP_READY_SECONDS = 60.0       # how long a multi-node trial waits for its slots to be held
 
 
 class RayError(RuntimeError):
@@ -144,6 +146,21 @@ class TrialActor:
             return 127
         self._ended.wait()
         return self._process.returncode
+
+    def free_ports(self, count: int) -> dict:
+        """This node's address and `count` ports free on it now (a rank's listening ports:
+        the chief's and each worker's TF_CONFIG entry)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        probes = [socket.socket() for _ in range(count)]
+        try:  # all open at once, so that they differ
+            for probe in probes:
+                probe.bind((host, 0))
+            return {"host": host, "ports": [probe.getsockname()[1] for probe in probes]}
+        finally:
+            for probe in probes:
+                probe.close()
 
     def signal(self, signum: int) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -294,6 +311,83 @@ class RayTrial:
                 return
 
 
+class _RankLog:
+    """One rank's view of the trial's log: its lines prefixed `[rank r] `, as the rank
+    supervisor writes them on one machine."""
+
+    def __init__(self, log: CappedLog, rank: int):
+        self.log, self.rank, self.pending = log, rank, b""
+
+    def write(self, data: bytes) -> None:
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        if lines:
+            self.log.write(b"".join(b"[rank %d] %s\n" % (self.rank, line) for line in lines))
+
+    def close(self) -> None:  # the trial's log is the ranks' together: closed by RayRanks
+        if self.pending:
+            self.write(b"\n")
+
+
+class RayRanks:
+    """A launch whose ranks run on several nodes, one actor each, in a placement group
+    that holds their slots: what the daemon needs of a Popen, as RayTrial. The first rank
+    to fail ends the others (as the rank supervisor does on one machine); the launch is
+    `lost` when a rank's node died."""
+
+    warm = False
+    log_writer = None
+    orphaned = False
+
+    def __init__(self, cluster: "RayCluster", name: str, ranks: list[RayTrial], group,
+                 log: CappedLog):
+        self.cluster, self.name, self.ranks, self.group = cluster, name, ranks, group
+        chief = ranks[0]
+        self.pid, self.node, self.host = chief.pid, chief.node, chief.host
+        self.nodes = [rank.node for rank in ranks]
+        self.returncode: int | None = None
+        self.lost = False
+        self._log = log
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        codes = [rank.poll() for rank in self.ranks]
+        failed = next((rank for rank in self.ranks if rank.returncode not in (None, 0)), None)
+        if failed is None and None in codes:
+            return None
+        if failed is not None:
+            # A rank's failure brings its peers' collective ops down with it: the cause is
+            # a lost node if any rank's node died, whichever rank noticed first.
+            self.lost = any(rank.lost or not self.cluster.node_alive(rank.node)
+                            for rank in self.ranks)
+            self._log.write(f"[localdet] rank {self.ranks.index(failed)} ended with status "
+                            f"{failed.returncode}; stopping the other ranks\n".encode())
+        self._close(ended=failed is not None)
+        self.returncode = LOST_EXIT if self.lost else (failed.returncode if failed else 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return RayTrial.wait(self, timeout)
+
+    def end(self) -> None:
+        self._close(ended=True)
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
+
+    def _close(self, ended: bool) -> None:
+        if ended:
+            for rank in self.ranks:
+                if rank.returncode is None:
+                    rank.end()
+        for rank in self.ranks:
+            rank._end_actor()
+        try:
+            _ray().util.remove_placement_group(self.group)
+        except Exception:  # already gone (its creator's namespace was cleaned up)
+            pass
+        self._log.close()
+
+
 class RayCluster:
     """The daemon's connection to a Ray cluster."""
 
@@ -391,42 +485,122 @@ class RayCluster:
         return f"{node.host} ({node_id[:8]})" if node else node_id[:8]
 
     # -- launches -----------------------------------------------------------------------
-    def start(self, spec, trial: Trial, slots: list[int]) -> RayTrial:
-        """Launch the trial in an actor on its slots' node (they are all on one: the
-        scheduler places a trial within a node)."""
+    def start(self, spec, trial: Trial, slots: list[int]) -> RayTrial | RayRanks:
+        """Launch the trial in an actor on its slots' node, or, when its slots are on
+        several nodes (a multi-process engine's ranks), one actor per rank."""
+        if len({self._node_of[slot] for slot in slots}) > 1:
+            return self._start_ranks(spec, trial, slots)
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = self._node_of[slots[0]]
         self._last_launch[node] = time.monotonic()
-        kind = self._slots[slots[0]].kind
-        resources = ({"num_gpus": len(slots)} if kind == GPU
-                     else {"resources": {SLOT_RESOURCE: len(slots)}})
         name = actor_name(trial)
         actor = ray.remote(TrialActor).options(
             name=name, lifetime="detached", num_cpus=0, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            **resources).remote()
-        model, digest = self._model(spec.cwd)
-        env, unset = _trial_environment(spec.env)
-        argv = ["python", *spec.argv[1:]] if spec.argv[0] == sys.executable else spec.argv
+            **self._holding(slots)).remote()
         log = CappedLog(spec.log_path, spec.max_log_bytes)
         if spec.header:
             log.write(f"{spec.header}; on Ray node {self.describe_node(node)}\n".encode())
-        try:
-            started = ray.get(actor.start.remote(argv, env, unset, model, digest))
-        except Exception as error:
-            log.write(f"error: the trial could not start on its Ray node: {error}\n".encode())
+        argv = ["python", *spec.argv[1:]] if spec.argv[0] == sys.executable else spec.argv
+        started = self._started([actor], [(argv, spec.env)], spec.cwd, log, None,
+                                f"Ray node {self.describe_node(node)}")[0]
+        return RayTrial(self, actor, name, started["pid"], started["node"],
+                        self._nodes[started["node"]].host, log)
+
+    def _start_ranks(self, spec, trial: Trial, slots: list[int]) -> RayRanks:
+        """One actor per rank, each in its bundle of a placement group pinned to the node of
+        its slot (the daemon chose the nodes; the group reserves them all or none), with
+        TF_CONFIG and the chief's address built from the nodes' addresses."""
+        ray = _ray()
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from localdet.launcher import LaunchError, unsupervised_argv
+        from localdet.ranks import cluster_rank_environments
+
+        nodes = [self._node_of[slot] for slot in slots]
+        for node in nodes:
+            self._last_launch[node] = time.monotonic()
+        name = actor_name(trial)
+        holding = self._holding(slots[:1])
+        bundle = {"GPU": 1} if "num_gpus" in holding else {SLOT_RESOURCE: 1}
+        group = placement_group([dict(bundle) for _ in slots], strategy="PACK", name=name,
+                                lifetime="detached",
+                                bundle_label_selector=[{NODE_ID_LABEL_KEY: n} for n in nodes])
+        where = ", ".join(dict.fromkeys(self.describe_node(n) for n in nodes))
+        log = CappedLog(spec.log_path, spec.max_log_bytes)
+        if spec.header:
+            log.write(f"{spec.header}; ranks on Ray nodes {where}\n".encode())
+        ready, _ = ray.wait([group.ready()], timeout=GROUP_READY_SECONDS)
+        if not ready:
+            log.write(b"error: the trial's slots could not be reserved on its Ray nodes\n")
             log.close()
+            ray.util.remove_placement_group(group)
+            raise LaunchError(f"the slots of the trial's {len(slots)} ranks could not be "
+                              f"reserved on Ray nodes {where} within {GROUP_READY_SECONDS:.0f} s")
+        actors = [ray.remote(TrialActor).options(
+            name=f"{name}-rank-{rank}", lifetime="detached", num_cpus=0, max_concurrency=4,
+            max_restarts=0, **holding,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=rank)).remote()
+            for rank in range(len(slots))]
+        envs, failed = [], None
+        try:
+            addresses = ray.get([actor.free_ports.remote(2 if rank == 0 else 1)
+                                 for rank, actor in enumerate(actors)], timeout=120)
+            envs = cluster_rank_environments(spec.env, addresses)
+        except Exception as error:  # a node went away meanwhile: nothing started yet
+            failed = error
+        argv = unsupervised_argv(spec.argv)
+        argv = ["python", *argv[1:]] if argv[0] == sys.executable else argv
+        started = self._started(actors, [(argv, env) for env in envs], spec.cwd, log, group,
+                                f"Ray nodes {where}", failed=failed)
+        ranks = [RayTrial(self, actor, f"{name}-rank-{rank}", info["pid"], info["node"],
+                          self._nodes[info["node"]].host, _RankLog(log, rank))
+                 for rank, (actor, info) in enumerate(zip(actors, started, strict=True))]
+        return RayRanks(self, name, ranks, group, log)
+
+    def _holding(self, slots: list[int]) -> dict:
+        """The actor options that hold these slots on their node."""
+        if self._slots[slots[0]].kind == GPU:
+            return {"num_gpus": len(slots)}
+        return {"resources": {SLOT_RESOURCE: len(slots)}}
+
+    def _started(self, actors: list, programs: list[tuple[list[str], dict]], folder: Path,
+                 log: CappedLog, group, where: str, failed: Exception | None = None
+                 ) -> list[dict]:
+        """Start each actor's program (argv, environment); their pids and nodes. On any
+        failure the actors (and the group) are ended and LaunchError says why."""
+        ray = _ray()
+        from localdet.launcher import LaunchError
+
+        if failed is None:
+            model, digest = self._model(folder)
+            calls = []
+            for actor, (argv, env) in zip(actors, programs, strict=True):
+                own, unset = _trial_environment(env)
+                calls.append(actor.start.remote(argv, own, unset, model, digest))
+            try:
+                return ray.get(calls)
+            except Exception as error:
+                failed = error
+        log.write(f"error: the trial could not start on {where}: {failed}\n".encode())
+        log.close()
+        for actor in actors:
+            try:
+                ray.get(actor.signal.remote(signal.SIGKILL), timeout=10)
+            except Exception:
+                pass
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
                 pass
-            from localdet.launcher import LaunchError
-            raise LaunchError(f"the trial could not start on Ray node "
-                              f"{self.describe_node(node)}: {_first_line(error)}") from None
-        return RayTrial(self, actor, name, started["pid"], started["node"],
-                        self._nodes[started["node"]].host, log)
+        if group is not None:
+            ray.util.remove_placement_group(group)
+        raise LaunchError(f"the trial could not start on {where}: {_first_line(failed)}") \
+            from None
 
     def _model(self, folder: Path):
         """The model folder in Ray's object store (once per folder: a submission's snapshot
@@ -436,19 +610,54 @@ class RayCluster:
             self._models[folder] = (_ray().put(data), digest)
         return self._models[folder]
 
-    def adopt(self, trial: Trial, log_path, max_log_bytes: int) -> RayTrial | None:
+    def adopt(self, trial: Trial, log_path, max_log_bytes: int) -> RayTrial | RayRanks | None:
         """The running launch of `trial` a former daemon started, or None if its actor is
-        gone (its node died, or it was killed)."""
+        gone (its node died, or it was killed). A launch of ranks on several nodes is
+        adopted whole or not at all: a missing rank ends the others."""
         ray = _ray()
         name = actor_name(trial)
         try:
             actor = ray.get_actor(name)
         except ValueError:
-            return None
+            return self._adopt_ranks(trial, name, log_path, max_log_bytes)
         node = next((n for i, n in self._node_of.items() if i in (trial.slots or [])), "")
         host = self._nodes[node].host if node in self._nodes else "?"
         return RayTrial(self, actor, name, trial.pid, node, host,
                         CappedLog(log_path, max_log_bytes))
+
+    def _adopt_ranks(self, trial: Trial, name: str, log_path, max_log_bytes: int
+                     ) -> RayRanks | None:
+        ray = _ray()
+        slots = trial.slots or []
+        actors = []
+        for rank in range(len(slots)):
+            try:
+                actors.append(ray.get_actor(f"{name}-rank-{rank}"))
+            except ValueError:
+                break
+        try:
+            group = ray.util.get_placement_group(name)
+        except ValueError:
+            group = None
+        if len(slots) < 2 or len(actors) < len(slots) or group is None:
+            for actor in actors:  # a rank alone cannot go on: its peers are gone
+                try:
+                    ray.get(actor.signal.remote(signal.SIGKILL), timeout=10)
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
+            if group is not None:
+                ray.util.remove_placement_group(group)
+            return None
+        log = CappedLog(log_path, max_log_bytes)
+        ranks = []
+        for rank, (actor, slot) in enumerate(zip(actors, slots, strict=True)):
+            node = self._node_of.get(slot, "")
+            host = self._nodes[node].host if node in self._nodes else "?"
+            ranks.append(RayTrial(self, actor, f"{name}-rank-{rank}",
+                                  trial.pid if rank == 0 else None, node, host,
+                                  _RankLog(log, rank)))
+        return RayRanks(self, name, ranks, group, log)
 
 
 def _trial_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:

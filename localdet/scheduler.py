@@ -31,13 +31,15 @@ class Waiting:
     slots_needed: int
     priority: int | None = None  # the experiment's resources.priority; lower goes first
     order: int = 0               # place in the queue (e.g. the trial id): lower goes first
+    spans_nodes: bool = False    # its ranks may run on several machines (on a cluster)
 
 
-def _pick_slots(free: list[int], needed: int,
-                node_of: dict[int, Any] | None = None) -> list[int] | None:
+def _pick_slots(free: list[int], needed: int, node_of: dict[int, Any] | None = None,
+                spans_nodes: bool = False) -> list[int] | None:
     """The lowest run of `needed` consecutive free slots, else the lowest free slots. With
     `node_of` (slot -> its machine's key, on a cluster), only slots of one machine, the one
-    with the lowest key that has enough: None if none has."""
+    with the lowest key that has enough; when none has, None, or with `spans_nodes` the
+    fewest machines that together have enough (the fullest first)."""
     if needed <= 0:
         return []
     if node_of is not None:
@@ -45,9 +47,16 @@ def _pick_slots(free: list[int], needed: int,
         for slot in free:
             by_node.setdefault(node_of[slot], []).append(slot)
         fitting = [node for node, slots in by_node.items() if len(slots) >= needed]
-        if not fitting:
+        if fitting:
+            return _pick_slots(by_node[min(fitting)], needed)
+        if not spans_nodes or len(free) < needed:
             return None
-        return _pick_slots(by_node[min(fitting)], needed)
+        taken: list[int] = []
+        for node in sorted(by_node, key=lambda node: (-len(by_node[node]), node)):
+            taken += by_node[node][:needed - len(taken)]
+            if len(taken) == needed:
+                return taken
+        return None
     for start in range(len(free) - needed + 1):
         run = free[start:start + needed]
         if run[-1] - run[0] == needed - 1:
@@ -65,7 +74,8 @@ def assign(waiting: list[Waiting], free_slots: list[int],
     `busy_by_experiment`: experiment id -> slots its running trials hold.
     `max_slots_by_experiment`: experiment id -> resources.max_slots (None or absent: no cap).
     `node_of`: slot -> a key of the machine it is on, on a cluster: a trial's slots are on
-    one machine, the one with the lowest key that has room (a key orders the machines).
+    one machine, the one with the lowest key that has room (a key orders the machines),
+    unless it `spans_nodes` and no one machine has room.
     """
     free = sorted(set(free_slots))
     caps = max_slots_by_experiment or {}
@@ -94,7 +104,7 @@ def assign(waiting: list[Waiting], free_slots: list[int],
             break
         chosen = min(candidates, key=rank)
         trial = queues[chosen][-1][2]
-        taken = _pick_slots(free, trial.slots_needed, node_of) \
+        taken = _pick_slots(free, trial.slots_needed, node_of, trial.spans_nodes) \
             if trial.slots_needed <= len(free) else None
         if taken is None:
             break  # no backfilling past it

@@ -216,15 +216,24 @@ def check_slots(config: dict, kind: str, slots: list[Slot] | None) -> None:
     raise SubmissionError(f"{key} is {asked} but this machine has {describe(slots)}; {remedy}")
 
 
-def check_engine(config: dict, kind: str, model_dir: Path) -> None:
+def check_engine(config: dict, kind: str, model_dir: Path, node_slots: int | None = None
+                 ) -> None:
     """Raise SubmissionError when no engine here can train a trial on its slots (a job's
-    slots are only reserved for it: any number goes)."""
+    slots are only reserved for it: any number goes). `node_slots`: on a cluster, the most
+    slots one node has, which bounds a trial whose engine keeps it within one node."""
     if kind == JOB:
         return
     try:
-        engines.choose(config, model_dir)
+        engine, _ = engines.choose(config, model_dir)
     except engines.EngineError as error:
         raise SubmissionError(str(error)) from None
+    asked = config["resources"]["slots_per_trial"]
+    if node_slots is not None and asked > node_slots and not engines.spans_nodes(engine):
+        raise SubmissionError(
+            f"resources.slots_per_trial is {asked} but no node of the Ray cluster has more "
+            f"than {node_slots} slot(s), and engine {engine} keeps a trial within one node; "
+            "lower it, add a bigger node, or train under Keras 2 (TF_USE_LEGACY_KERAS=1) with "
+            "engine multi_worker_mirrored, whose ranks may run on several nodes")
 
 
 @dataclass
@@ -234,6 +243,7 @@ class Intake:
     settle_seconds: float = SETTLE_SECONDS
     # The daemon's slots (a count means CPU slots); None: accept any slots_per_trial.
     slots: int | list[Slot] | None = None
+    node_slots: int | None = None  # on a cluster: the most slots of one node
     _seen: dict = field(default_factory=dict)  # path -> (signature, when it last changed)
 
     @property
@@ -339,7 +349,7 @@ class Intake:
         text = read_config_text(config_file, config_file.name)
         parsed = _load(kind, text)
         check_slots(parsed.config, kind, self.slot_list)
-        check_engine(parsed.config, kind, staged)
+        check_engine(parsed.config, kind, staged, self.node_slots)
         return text, parsed
 
     def record(self, staged: Path, source: str, *, kind: str = EXPERIMENT,

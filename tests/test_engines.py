@@ -92,3 +92,20 @@ def test_submit_refuses_a_config_no_engine_can_run(tmp_path):
     job.write_text("entrypoint: python3 infer.py\nresources: {slots: 2}\n"
                    "environment: {environment_variables: [TF_USE_LEGACY_KERAS=1]}\n")
     read_submission(job, model_dir(tmp_path), kind="job")
+
+
+def test_on_a_cluster_only_multi_worker_mirrored_trials_may_be_bigger_than_a_node(tmp_path):
+    from localdet.submissions import check_engine
+
+    folder = model_dir(tmp_path)
+    with pytest.raises(SubmissionError) as error:  # Keras 3: one process, one node
+        check_engine(config(2), "experiment", folder, node_slots=1)
+    assert str(error.value).startswith(
+        "resources.slots_per_trial is 2 but no node of the Ray cluster has more than 1 "
+        "slot(s), and engine mirrored keeps a trial within one node")
+    check_engine(config(2), "experiment", folder, node_slots=2)
+    check_engine(config_with(2, "multi_worker_mirrored", TF_USE_LEGACY_KERAS="1"),
+                 "experiment", folder, node_slots=1)
+    assert engines.spans_nodes(engines.MULTI_WORKER_MIRRORED)
+    assert not any(engines.spans_nodes(e) for e in (engines.SINGLE, engines.MIRRORED,
+                                                     engines.HOROVOD))

@@ -189,3 +189,26 @@ def test_a_missing_program_is_named(tmp_path):
             check=False, capture_output=True, text=True, timeout=15)
         assert result.returncode == 127
         assert "cannot start 'no-such-program': No such file or directory" in result.stdout
+
+
+def test_ranks_on_several_machines_meet_at_the_chief_machine_and_each_listens_on_its_own():
+    import json as json_module
+
+    from localdet.launcher import supervised_argv, unsupervised_argv
+    from localdet.ranks import cluster_rank_environments
+
+    base = {"LOCALDET_SLOTS": "3,0", "LOCALDET_TRIAL_ID": "7", "PATH": "/bin"}
+    envs = cluster_rank_environments(base, [{"host": "10.0.0.2", "ports": [4000, 4001]},
+                                            {"host": "10.0.0.3", "ports": [5000]}])
+    assert [env["LOCALDET_RANK"] for env in envs] == ["0", "1"]
+    assert [env["LOCALDET_SLOTS"] for env in envs] == ["3", "0"]
+    assert {env["LOCALDET_CHIEF_ADDR"] for env in envs} == {"10.0.0.2:4000"}
+    assert len({env["LOCALDET_DIST_AUTHKEY"] for env in envs}) == 1
+    configs = [json_module.loads(env["TF_CONFIG"]) for env in envs]
+    assert [c["cluster"]["worker"] for c in configs] == [["10.0.0.2:4001", "10.0.0.3:5000"]] * 2
+    assert [c["task"]["index"] for c in configs] == [0, 1]
+    assert all(env["PATH"] == "/bin" and env["LOCALDET_TRIAL_ID"] == "7" for env in envs)
+    # A cluster launcher starts each rank's own command, not the supervisor.
+    argv = [sys.executable, "train.py"]
+    assert unsupervised_argv(supervised_argv(argv, "multi_worker_mirrored", 2)) == argv
+    assert unsupervised_argv(argv) == argv

@@ -158,3 +158,25 @@ def test_multi_slot_trials_get_the_lowest_contiguous_slots():
     # No run long enough: the lowest free slots.
     assert assign(one_experiment(2), free_slots=[1, 3, 5], busy_by_experiment={}) == [
         (1, [1, 3])]
+
+
+# -- on a cluster: a trial's slots on one machine, unless its ranks may span machines ---------
+NODES = {0: "a", 1: "a", 2: "b", 3: "c", 4: "c"}  # slot -> machine key ("a" orders first)
+
+
+def test_on_a_cluster_a_trial_stays_on_the_first_machine_with_room():
+    assert assign(one_experiment(2), [0, 2, 3, 4], {}, node_of=NODES) == [(1, [3, 4])]
+    assert assign(one_experiment(2), [0, 1, 3, 4], {}, node_of=NODES) == [(1, [0, 1])]
+
+
+def test_a_trial_that_fits_no_machine_waits_unless_its_ranks_may_span_machines():
+    waiting = one_experiment(3)
+    assert assign(waiting, [0, 2, 3, 4], {}, node_of=NODES) == []
+    spanning = [Waiting(1, 1, 3, None, 1, spans_nodes=True)]
+    # the fewest machines: the fullest first (c has two free), then the lowest key
+    assert assign(spanning, [0, 2, 3, 4], {}, node_of=NODES) == [(1, [3, 4, 0])]
+    # one machine with room is still preferred
+    assert assign([Waiting(1, 1, 2, None, 1, spans_nodes=True)], [0, 2, 3, 4], {},
+                  node_of=NODES) == [(1, [3, 4])]
+    # not enough free slots in the whole cluster: it waits, and nothing passes it
+    assert assign(spanning + one_experiment(1, first_id=2), [0, 2], {}, node_of=NODES) == []
