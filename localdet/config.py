@@ -38,8 +38,8 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
-from localdet import memory_limit
 from localdet.paths import state_formats_dir
+from localdet.sizes import parse_memory_limit
 
 LENGTH_UNITS = ("batches", "records", "epochs")
 MAX_CONFIG_BYTES = 1_000_000  # a config is a page of settings; data belongs in files
@@ -342,7 +342,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     resources = config["resources"]
     if resources["max_memory"] is not None:  # bytes from here on
         try:
-            resources["max_memory"] = memory_limit.parse_size(resources["max_memory"])
+            resources["max_memory"] = parse_memory_limit(resources["max_memory"])
         except ValueError as e:
             raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
     return ParsedConfig(config=config, warnings=warnings)

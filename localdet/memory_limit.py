@@ -1,7 +1,7 @@
 """A trial's memory limit: `resources.max_memory`, or else the daemon's
 `--trial-memory-fraction` of the machine's memory, over the trial's whole process tree.
 
-    memory_limit.parse_size("4GB")                    # 4_000_000_000; ValueError: one sentence
+    sizes.parse_memory_limit("4GB")                   # 4_000_000_000; ValueError: one sentence
     guard = Guard(layout, fraction=0.8, log=print)    # the daemon's, one for all its trials
     guard.watch(trial, pid, experiment.config)        # after a launch, and after an adoption
     guard.settle(trial, experiment.config)            # when it exited, before its log is read
@@ -43,37 +43,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localdet import sizes
-from localdet.sizes import gigabytes
+from localdet.sizes import gigabytes, physical_memory
 
 SIGNATURE = "MemoryLimitExceeded"
 POLL_SECONDS = 0.5
-_SMALLEST = 10**6  # less than Python itself needs: a missing unit, most likely
 _CGROUP_PREFIX = "localdet-trial-"
 _SWEEP_SECONDS = 5.0  # how long after joining a cgroup strays of the trial are moved in
 
 
-# -- sizes ------------------------------------------------------------------------------
-def physical_memory() -> int:
-    """The machine's memory in bytes."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def parse_size(value: object) -> int:
-    """Bytes from `resources.max_memory`: "4GB" (powers of 1000), "2GiB" (of 1024), or a
-    number of bytes. ValueError, one sentence without the key, when it is not a size
-    above 1 MB that fits in this machine's memory."""
-    size = sizes.parse_size(value)
-    if size < _SMALLEST:
-        hint = "" if sizes.has_unit(value) else f"; did you mean '{value}MB'?"
-        raise ValueError(f"{value!r} is less than 1 MB, too little for any trial{hint}")
-    total = physical_memory()
-    if size > total:
-        raise ValueError(f"{value!r} is more than this machine's {gigabytes(total)} of "
-                         "memory; lower it, or leave it out for no limit")
-    return int(size)
-
-
+# -- limits -----------------------------------------------------------------------------
 def limit_for(config: dict, fraction: float | None) -> tuple[int, str] | None:
     """The launch's limit in bytes and where it came from (for the error), or None: the
     config's `resources.max_memory` (bytes, as config.py leaves it), else `fraction` of the
