@@ -1,5 +1,5 @@
 """EnvContext: `context.env`, what Determined told a trial about its surroundings, filled
-from localdet's `TrialInfo`."""
+from the reporter's `TrialInfo`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from determined import errors
 from determined.core import DistributedContext, TrialInfo
+from determined.core._reporting import SLOTS_VAR, reporter_factory
 
 
 class ExperimentConfig(dict):
@@ -59,7 +60,7 @@ class EnvContext:
             return 0
         if self._steps_completed is None:
             # Read once, while the process's LOCALDET_HOME still names the trial's state.
-            batches = _checkpoint_batches(self.latest_checkpoint)
+            batches = reporter_factory().checkpoint_batches(self.latest_checkpoint)
             self._steps_completed = lambda: batches
         return self._steps_completed()
 
@@ -86,7 +87,7 @@ class EnvContext:
 
     @property
     def slot_ids(self) -> List[int]:
-        slots = os.environ.get("LOCALDET_SLOTS", "")
+        slots = os.environ.get(SLOTS_VAR, "")
         return [int(s) for s in slots.split(",") if s.strip().isdigit()]
 
     @property
@@ -120,15 +121,3 @@ def _global_batch_size(hparams: Dict[str, Any]) -> int:
         raise ValueError("the batch size needs a 'global_batch_size' hyperparameter in the "
                          "experiment config")
     return int(hparams["global_batch_size"])
-
-
-def _checkpoint_batches(uuid: str) -> int:
-    """The batches recorded with a checkpoint, read from localdet's database."""
-    from localdet.db import StateDB  # a trial process reads the state only here and in jobs
-    from localdet.paths import Layout
-
-    db = StateDB.open(Layout.from_environment().db)
-    try:
-        return int(db.checkpoint(uuid).batches_trained)
-    finally:
-        db.close()

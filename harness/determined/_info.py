@@ -72,18 +72,21 @@ class ResourcesInfo:
 
 def get_cluster_info() -> Optional[ClusterInfo]:
     """The ClusterInfo of a process localdet started (LOCALDET_TRIAL_ID set), else None."""
-    trial_id = os.environ.get("LOCALDET_TRIAL_ID")
-    if not trial_id:
-        return None
-    from determined.core import reporter_from_environment
+    from determined.core._distributed_env import RANK_VAR
+    from determined.core._reporting import (
+        SLOTS_VAR,
+        TRIAL_ID_VAR,
+        reporter_factory,
+        reporter_from_environment,
+    )
 
+    if not os.environ.get(TRIAL_ID_VAR):
+        return None
     info = reporter_from_environment().trial_info()
-    slots = [int(s) for s in os.environ.get("LOCALDET_SLOTS", "").split(",") if s.isdigit()]
+    slots = [int(s) for s in os.environ.get(SLOTS_VAR, "").split(",") if s.isdigit()]
     steps = 0
     if info.latest_checkpoint:
-        from determined._env_context import _checkpoint_batches
-
-        steps = _checkpoint_batches(info.latest_checkpoint)
+        steps = reporter_factory().checkpoint_batches(info.latest_checkpoint)
     trial = None
     if info.kind != "job":
         trial = TrialInfo(trial_id=info.trial_id, experiment_id=info.experiment_id,
@@ -93,4 +96,4 @@ def get_cluster_info() -> Optional[ClusterInfo]:
                        task_id=f"trial-{info.trial_id}", allocation_id=f"trial-{info.trial_id}",
                        task_type="TRIAL" if trial else "COMMAND",
                        latest_checkpoint=info.latest_checkpoint, trial=trial,
-                       container_rank=int(os.environ.get("LOCALDET_RANK", "0")))
+                       container_rank=int(os.environ.get(RANK_VAR, "0")))

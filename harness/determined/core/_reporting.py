@@ -1,17 +1,38 @@
-"""The one narrow interface between a training process and localdet's state.
+"""The contract between a training process and the daemon side that records it.
 
 A training process asks who it is (`trial_info`), reports metrics, registers checkpoints and
 heartbeats through a `TrialReporter`, and never touches the database or the store itself.
-The local implementation (`localdet.reporting.SQLiteReporter`) writes SQLite and the
-content-addressed store; a networked one can replace it without touching the Keras code.
+`determined` imports nothing of the daemon side: the daemon side plugs in a
+`ReporterFactory` under the entry point group `determined.reporters` (localdet registers one,
+`localdet.reporter_factory`, that writes SQLite and the content-addressed store, or reports
+over HTTP for a trial on another machine), and `reporter_factory()` finds it:
+
+    reporter = reporter_from_environment()    # a process the launcher started
+    reporter.report_training_metrics(100, {"loss": 0.3})
+
+The environment names below are how the launcher tells a process what it runs; the ranks of a
+multi-process trial have theirs in `_distributed_env`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Protocol
+
+from determined.core._distributed_env import RANK_VAR
+
+TRIAL_ID_VAR = "LOCALDET_TRIAL_ID"      # the trial (or job) this process runs; set by the launcher
+REPORT_URL_VAR = "LOCALDET_REPORT_URL"  # report over HTTP to the daemon, not into its files
+HOME_VAR = "LOCALDET_HOME"              # the state folder: the database and the store
+SLOTS_VAR = "LOCALDET_SLOTS"            # the slots this process may use, e.g. "0,1"
+CONFIG_VAR = "LOCALDET_CONFIG"          # a script run on its own: its experiment config file
+RECORD_VAR = "LOCALDET_RECORD"          # a script run on its own: "0" records nothing
+
+REPORTER_GROUP = "determined.reporters"
 
 
 @dataclass
@@ -73,24 +94,55 @@ class TrialReporter(Protocol):
     def heartbeat(self) -> None: ...
 
 
+class ReporterFactory(Protocol):
+    """What the daemon side plugs in: the entry point in group `determined.reporters` names
+    a class, made once per process with no arguments."""
+
+    def from_environment(self) -> TrialReporter:
+        """The reporter for the process the launcher started (`LOCALDET_TRIAL_ID` set)."""
+        ...
+
+    def for_script(self, script: Path, hparams: Optional[Dict[str, Any]],
+                   config_path: Optional[str], record: bool) -> TrialReporter:
+        """The reporter for a training script run on its own (laptop mode)."""
+        ...
+
+    def checkpoint_batches(self, uuid: str) -> int:
+        """The batches trained when the checkpoint was saved."""
+        ...
+
+    def load_checkpoint(self, destination: Path, trial_id: Optional[int] = None,
+                        uuid: Optional[str] = None) -> Path:
+        """Write a checkpoint (a uuid or unique prefix, or a trial's latest) into
+        `destination` as a plain, verified folder; for `context.load_checkpoint_model`."""
+        ...
+
+
+@functools.lru_cache(maxsize=1)
+def reporter_factory() -> ReporterFactory:
+    """The installed daemon side's factory, looked up once per process."""
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=REPORTER_GROUP)}
+    if not found:
+        raise RuntimeError(f"no daemon side is installed to record this run (nothing in the "
+                           f"entry point group '{REPORTER_GROUP}'): install localdet with "
+                           "`pip install localdet`")
+    if len(found) > 1:
+        raise RuntimeError(f"several daemon sides are installed ({', '.join(sorted(found))} "
+                           f"in the entry point group '{REPORTER_GROUP}'); uninstall all "
+                           "but one")
+    (entry_point,) = found.values()
+    return entry_point.load()()
+
+
 def reporter_from_environment() -> TrialReporter:
     """The reporter for a process the localdet launcher started (`LOCALDET_TRIAL_ID` set):
     over HTTP to the daemon when `LOCALDET_REPORT_URL` is set (a trial on another machine),
     else straight into the daemon's SQLite file and store."""
-    trial_id = os.environ.get("LOCALDET_TRIAL_ID")
-    if not trial_id:
-        raise RuntimeError("LOCALDET_TRIAL_ID is not set: this process was not started by "
+    if not os.environ.get(TRIAL_ID_VAR):
+        raise RuntimeError(f"{TRIAL_ID_VAR} is not set: this process was not started by "
                            "localdet; submit the experiment with `localdet submit`")
-    # The only imports of localdet by a trial.
-    if os.environ.get("LOCALDET_REPORT_URL"):
-        from localdet.remote_reporter import HTTPReporter
-
-        reporter: TrialReporter = HTTPReporter.from_environment()
-    else:
-        from localdet.reporting import SQLiteReporter
-
-        reporter = SQLiteReporter.from_environment(int(trial_id))
-    if int(os.environ.get("LOCALDET_RANK", "0")) > 0:
+    reporter = reporter_factory().from_environment()
+    if int(os.environ.get(RANK_VAR, "0")) > 0:
         return WorkerReporter(reporter)
     return reporter
 
@@ -100,9 +152,7 @@ def reporter_for_script(script: Path, hparams: Optional[Dict[str, Any]],
     """The reporter for a training script run on its own (laptop mode): it records itself
     in localdet's database as an unmanaged experiment with one trial, unless `record` is
     False."""
-    from localdet.unmanaged import script_run_reporter
-
-    return script_run_reporter(script, hparams, config_path, record)
+    return reporter_factory().for_script(script, hparams, config_path, record)
 
 
 class DiscardingReporter:

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import DistributedContext
+from determined.core._reporting import SLOTS_VAR
 
 _current: Optional["Single"] = None
 
@@ -41,7 +42,7 @@ class EngineError(RuntimeError):
 
 def slots_in_this_process() -> int:
     """How many slots the launcher gave this process (`LOCALDET_SLOTS`, e.g. "0,1")."""
-    slots = os.environ.get("LOCALDET_SLOTS", "")
+    slots = os.environ.get(SLOTS_VAR, "")
     return len([s for s in slots.split(",") if s.strip()]) or 1
 
 

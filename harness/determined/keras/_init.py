@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from determined.core import reporter_for_script, reporter_from_environment
+from determined.core._reporting import CONFIG_VAR, RECORD_VAR, TRIAL_ID_VAR
 from determined.keras._keras_context import KerasContext
 
 
@@ -33,14 +34,14 @@ def _script_path() -> Path:
 def _recording(record: Optional[bool]) -> bool:
     if record is not None:
         return bool(record)
-    return os.environ.get("LOCALDET_RECORD", "1").strip().lower() not in ("0", "false", "no")
+    return os.environ.get(RECORD_VAR, "1").strip().lower() not in ("0", "false", "no")
 
 
 def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None) -> KerasContext:
     """The context of this training script or batch job; see the module docstring."""
     from determined.keras._trial_controller import prepare_process
 
-    managed = bool(os.environ.get("LOCALDET_TRIAL_ID"))
+    managed = bool(os.environ.get(TRIAL_ID_VAR))
     if managed:
         if hparams is not None:
             warnings.warn("det.keras.init(hparams=...) is ignored under localdet: the "
@@ -48,7 +49,7 @@ def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None
         reporter = reporter_from_environment()
     else:
         reporter = reporter_for_script(_script_path(), hparams,
-                                       os.environ.get("LOCALDET_CONFIG") or None,
+                                       os.environ.get(CONFIG_VAR) or None,
                                        record=_recording(record))
     info = reporter.trial_info()
     prepare_process(info)

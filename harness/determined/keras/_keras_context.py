@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import DistributedContext, TrialInfo, TrialReporter
+from determined.core._reporting import reporter_factory
 from determined.keras import _data, _engine, _sharding
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._load import load_model_from_checkpoint_path
@@ -240,14 +241,10 @@ class KerasContext:
                               checkpoint_uuid: Optional[str] = None) -> Any:
         """Load a Keras model (architecture and weights) from the latest checkpoint of a
         trial, or from one checkpoint (a unique uuid prefix works)."""
-        from localdet.paths import Layout
-        from localdet.reporting import CheckpointReader
-
-        reader = CheckpointReader(Layout.from_environment())
-        uuid = reader.resolve(trial_id=trial_id, uuid=checkpoint_uuid)
         scratch = Path(tempfile.mkdtemp(prefix="localdet-load-"))
         try:
-            folder = reader.materialize(uuid, scratch / "checkpoint")
+            folder = reporter_factory().load_checkpoint(scratch / "checkpoint",
+                                                        trial_id=trial_id, uuid=checkpoint_uuid)
             return load_model_from_checkpoint_path(str(folder))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
