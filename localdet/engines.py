@@ -7,10 +7,12 @@
 - "mirrored" (Keras 3): one process, a `MirroredStrategy` over the slots' GPUs (or as many
   logical CPU devices).
 - "multi_worker_mirrored" (Keras 2): one process per slot, `MultiWorkerMirroredStrategy`
-  over free localhost ports (TF_CONFIG), started by the rank supervisor (localdet/ranks.py);
-  on a Ray cluster its ranks may run on several nodes, one actor each.
+  over free localhost ports (TF_CONFIG), started by the rank supervisor (localdet/ranks.py).
 - "horovod" (Keras 2, where `horovod.tensorflow` imports): one process per slot joined by
   Horovod over Gloo, started by the rank supervisor.
+
+On a Ray cluster the ranks of a multi-process engine may run on several nodes, one actor
+each (localdet/ray_cluster.py); "mirrored" stays within one node.
 
 `resources.engine: auto` picks Horovod for Keras 2 where it is installed, else
 multi_worker_mirrored; mirrored for Keras 3 (Horovod has no Keras 3 support, and Keras 3
@@ -35,10 +37,10 @@ class EngineError(ValueError):
 
 
 def spans_nodes(engine: str) -> bool:
-    """Whether the engine's ranks may run on several machines of a cluster (each rank its
-    own process, joined over the network by TF_CONFIG). Keras 3's mirrored engine is one
-    process; Horovod's ranks here meet on one machine's Gloo rendezvous."""
-    return engine == MULTI_WORKER_MIRRORED
+    """Whether the engine's ranks may run on several machines of a cluster: each rank is its
+    own process, joined over the network (TF_CONFIG, or Horovod's Gloo rendezvous). Keras
+    3's mirrored engine is one process, so it stays on one machine."""
+    return engine in MULTI_PROCESS
 
 
 def horovod_installed() -> bool:

@@ -67,14 +67,14 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
     return envs
 
 
-def cluster_rank_environments(base: dict[str, str], addresses: list[dict]
-                              ) -> list[dict[str, str]]:
+def cluster_rank_environments(base: dict[str, str], addresses: list[dict],
+                              tf_config: bool = True) -> list[dict[str, str]]:
     """The environment of each rank of a trial whose ranks run on several machines (one
     process each, started by a cluster launcher rather than a supervisor): `addresses[r]` is
     rank r's machine, {"host": ..., "ports": [...]} with ports free there, two for rank 0
     (the chief's coordination port, then its TF_CONFIG port) and one for the others. Each rank
-    gets the r-th of `base`'s LOCALDET_SLOTS and a TF_CONFIG for MultiWorkerMirroredStrategy
-    over the machines' addresses."""
+    gets the r-th of `base`'s LOCALDET_SLOTS and, with `tf_config`, a TF_CONFIG for
+    MultiWorkerMirroredStrategy over the machines' addresses."""
     size = len(addresses)
     envs = rank_environments(size, base)
     chief = addresses[0]["host"]
@@ -83,22 +83,68 @@ def cluster_rank_environments(base: dict[str, str], addresses: list[dict]
     workers = [f"{a['host']}:{a['ports'][-1]}" for a in addresses]
     for index, env in enumerate(envs):
         env["LOCALDET_CHIEF_ADDR"] = chief
-        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
-                                       "task": {"type": "worker", "index": index}})
+        if tf_config:
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                           "task": {"type": "worker", "index": index}})
     return envs
 
 
-def horovod_rendezvous(size: int):
-    """Horovod's HTTP rendezvous for `size` Gloo ranks on this machine, bound to 127.0.0.1
-    but not yet serving (`serve_forever` in a thread once the ranks are started: a thread
-    must not run while the supervisor forks them). Horovod's own runner parts, as
-    `horovodrun --gloo` uses them; its last release (0.28.1) is what localdet supports."""
+def horovod_rendezvous(size: int, hosts: str | None = None, address: str = "127.0.0.1"):
+    """Horovod's HTTP rendezvous for `size` Gloo ranks on `hosts` (Horovod's "name:ranks,..."
+    form; default all on this machine), bound to `address` but not yet serving
+    (`serve_forever` in a thread once the ranks are started: a thread must not run while the
+    supervisor forks them). Horovod's own runner parts, as `horovodrun --gloo` uses them;
+    its last release (0.28.1) is what localdet supports."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-    server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
-    server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
+    server = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+    server.init(get_host_assignments(parse_hosts(hosts or f"localhost:{size}"), size))
     return server
+
+
+def horovod_hosts(addresses: list[dict]) -> list[str]:
+    """Each rank's machine as Horovod names it ("node0", "node1", ... in rank order: two
+    machines may share an address, as test nodes on one machine do). A machine's ranks must
+    be consecutive, as Horovod assigns ranks host by host."""
+    names: dict[str, str] = {}
+    hosts = [names.setdefault(a["node"], f"node{len(names)}") for a in addresses]
+    for first, second in zip(hosts, hosts[1:]):
+        if first != second and second in hosts[:hosts.index(first) + 1]:
+            raise ValueError(f"the ranks of a machine must be consecutive, got {hosts}")
+    return hosts
+
+
+def horovod_host_spec(hosts: list[str]) -> str:
+    """Horovod's "name:ranks,..." for each rank's machine name (`horovod_hosts`)."""
+    return ",".join(f"{host}:{hosts.count(host)}" for host in dict.fromkeys(hosts))
+
+
+def cluster_horovod_environments(envs: list[dict[str, str]], addresses: list[dict],
+                                 port: int) -> None:
+    """Add Horovod's Gloo variables for ranks on several machines (`addresses` as for
+    `cluster_rank_environments`, each with its "node" and network "iface"), meeting at the
+    rendezvous on rank 0's machine at `port`: Horovod's own host assignment, as the
+    rendezvous has it."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    hosts = horovod_hosts(addresses)
+    slots = get_host_assignments(parse_hosts(horovod_host_spec(hosts)), len(envs))
+    for rank, (env, address, slot) in enumerate(zip(envs, addresses, slots, strict=True)):
+        if (slot.rank, slot.hostname) != (rank, hosts[rank]):
+            raise ValueError(f"Horovod put rank {slot.rank} on {slot.hostname}, not rank "
+                             f"{rank} on {hosts[rank]}")
+        env.update({
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": addresses[0]["host"],
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": address["iface"], "HOROVOD_HOSTNAME": slot.hostname,
+            "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
+            "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+            "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        })
 
 
 def horovod_environments(envs: list[dict[str, str]], port: int) -> None:

@@ -157,10 +157,23 @@ class TrialActor:
         try:  # all open at once, so that they differ
             for probe in probes:
                 probe.bind((host, 0))
-            return {"host": host, "ports": [probe.getsockname()[1] for probe in probes]}
+            return {"host": host, "ports": [probe.getsockname()[1] for probe in probes],
+                    "node": ray.get_runtime_context().get_node_id(),
+                    "iface": _interface_of(host)}
         finally:
             for probe in probes:
                 probe.close()
+
+    def rendezvous(self, hosts: str, size: int) -> int:
+        """Serve Horovod's Gloo rendezvous for the trial's ranks on this node (rank 0's)
+        for as long as the actor lives; its port."""
+        import ray
+
+        from localdet.ranks import horovod_rendezvous
+
+        self._rendezvous = horovod_rendezvous(size, hosts, ray.util.get_node_ip_address())
+        threading.Thread(target=self._rendezvous.serve_forever, daemon=True).start()
+        return self._rendezvous.server_address[1]
 
     def signal(self, signum: int) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -168,6 +181,16 @@ class TrialActor:
                 os.killpg(self._process.pid, signum)
             except ProcessLookupError:
                 pass
+
+
+def _interface_of(address: str) -> str:
+    """The network interface that has `address` on this node (Horovod's Gloo binds to it)."""
+    import psutil  # Ray's own dependency
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return "lo" if address.startswith("127.") else ""
 
 
 def _unpacked(model: bytes, digest: str) -> Path:
@@ -512,13 +535,16 @@ class RayCluster:
     def _start_ranks(self, spec, trial: Trial, slots: list[int]) -> RayRanks:
         """One actor per rank, each in its bundle of a placement group pinned to the node of
         its slot (the daemon chose the nodes; the group reserves them all or none), with
-        TF_CONFIG and the chief's address built from the nodes' addresses."""
+        the chief's address and TF_CONFIG (or Horovod's Gloo variables and rendezvous, on
+        rank 0's node) built from the nodes' addresses."""
         ray = _ray()
         from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from localdet import engines
         from localdet.launcher import LaunchError, unsupervised_argv
-        from localdet.ranks import cluster_rank_environments
+        from localdet.ranks import (cluster_horovod_environments, cluster_rank_environments,
+                                    horovod_host_spec, horovod_hosts)
 
         nodes = [self._node_of[slot] for slot in slots]
         for node in nodes:
@@ -550,7 +576,12 @@ class RayCluster:
         try:
             addresses = ray.get([actor.free_ports.remote(2 if rank == 0 else 1)
                                  for rank, actor in enumerate(actors)], timeout=120)
-            envs = cluster_rank_environments(spec.env, addresses)
+            horovod = spec.engine == engines.HOROVOD
+            envs = cluster_rank_environments(spec.env, addresses, tf_config=not horovod)
+            if horovod:  # the rendezvous runs beside rank 0, as long as its actor
+                port = ray.get(actors[0].rendezvous.remote(
+                    horovod_host_spec(horovod_hosts(addresses)), len(slots)), timeout=60)
+                cluster_horovod_environments(envs, addresses, port)
         except Exception as error:  # a node went away meanwhile: nothing started yet
             failed = error
         argv = unsupervised_argv(spec.argv)

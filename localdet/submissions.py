@@ -232,8 +232,8 @@ def check_engine(config: dict, kind: str, model_dir: Path, node_slots: int | Non
         raise SubmissionError(
             f"resources.slots_per_trial is {asked} but no node of the Ray cluster has more "
             f"than {node_slots} slot(s), and engine {engine} keeps a trial within one node; "
-            "lower it, add a bigger node, or train under Keras 2 (TF_USE_LEGACY_KERAS=1) with "
-            "engine multi_worker_mirrored, whose ranks may run on several nodes")
+            "lower it, add a bigger node, or train under Keras 2 (TF_USE_LEGACY_KERAS=1), "
+            "whose ranks (one process per slot) may run on several nodes")
 
 
 @dataclass

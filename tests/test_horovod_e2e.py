@@ -39,3 +39,59 @@ def test_two_horovod_ranks_end_like_one_slot(tmp_path, horovod_python):
     one_trial = home.experiment(one)["trials"][0]
     assert one_trial["latest_validation"]["val_accuracy"] == pytest.approx(
         trial["latest_validation"]["val_accuracy"], abs=1e-5)
+
+
+# A head without slots and two worker nodes with one `localdet_slot` each, every Ray process
+# on 127.0.0.1, all in the Horovod environment (Ray's workers run its python).
+RAY_CLUSTER = """
+import sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                        "include_dashboard": False})
+for _ in range(2):
+    cluster.add_node(num_cpus=1, resources={"localdet_slot": 1})
+print(cluster.address, flush=True)
+sys.stdin.read()  # until the test closes it
+cluster.shutdown()
+"""
+
+
+def test_two_horovod_ranks_on_two_ray_nodes_end_like_one_slot(tmp_path, horovod_python,
+                                                               monkeypatch):
+    """Each worker node has one slot, so the 2-slot trial's ranks run one on each, in a
+    placement group, joined by Horovod's Gloo rendezvous on rank 0's node."""
+    from conftest import EXAMPLE, Daemon, write_config
+    from localdet.db import StateDB
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    cluster = subprocess.Popen([horovod_python, "-c", RAY_CLUSTER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    home = Home(tmp_path / "home", python=horovod_python)
+    daemon = None
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address, "the Ray cluster did not start"
+        daemon = Daemon(home, "--ray", address)
+        for name, slots in (("one", 1), ("two", 2)):
+            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                            **SHORT), EXAMPLE)
+        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+        for experiment in (one, two):
+            facts = home.wait_until_ended(experiment, timeout=300)
+            assert facts["state"] == "COMPLETED", facts
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        cluster.stdin.close()
+        cluster.wait(timeout=120)
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        (launch,) = [e["payload"] for e in db.events(two) if e["kind"] == "trial_launched"]
+    finally:
+        db.close()
+    assert launch["engine"] == "horovod" and len(set(launch["nodes"])) == 2
+    trial = home.experiment(two)["trials"][0]
+    log = (home.path / "experiments" / str(two) / "trials" / str(trial["id"])
+           / "trial.log").read_text()
+    assert "ranks on Ray nodes" in log.splitlines()[0] and "rank 1 of 2: Horovod" in log
+    assert_same_weights(home, one, two, tmp_path)

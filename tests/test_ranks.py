@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from conftest import wait_for
 
 from localdet.processes import alive
@@ -212,3 +213,13 @@ def test_ranks_on_several_machines_meet_at_the_chief_machine_and_each_listens_on
     argv = [sys.executable, "train.py"]
     assert unsupervised_argv(supervised_argv(argv, "multi_worker_mirrored", 2)) == argv
     assert unsupervised_argv(argv) == argv
+
+
+def test_horovod_ranks_on_several_machines_are_named_by_machine_in_rank_order():
+    from localdet.ranks import horovod_host_spec, horovod_hosts
+
+    nodes = [{"node": n} for n in ("b1", "b1", "a7", "c3")]
+    assert horovod_hosts(nodes) == ["node0", "node0", "node1", "node2"]
+    assert horovod_host_spec(horovod_hosts(nodes)) == "node0:2,node1:1,node2:1"
+    with pytest.raises(ValueError, match="consecutive"):
+        horovod_hosts([{"node": n} for n in ("a", "b", "a")])
