@@ -239,47 +239,46 @@ def _actor_alive(name: str) -> bool:
         return False
 
 
-def test_a_keras_2_trial_on_two_nodes_ends_like_one_slot(cluster, tmp_path):
+def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(cluster, tmp_path):
     """Each worker node has one slot: a 2-slot Keras 2 trial runs one rank on each, in a
-    placement group, MultiWorkerMirroredStrategy over the nodes' addresses, and ends within
-    1e-5 of the same script on one slot. A Keras 3 trial (one process) cannot span nodes:
-    refused at submission."""
-    from test_multi_slot_e2e import SCRIPT, assert_same_weights
+    placement group, MultiWorkerMirroredStrategy over the nodes' addresses; paused and
+    resumed (both ranks stop, and start again on both nodes), it ends within 1e-5 of the
+    same trial on one slot. A Keras 3 trial (one process) cannot span nodes: refused at
+    submission."""
+    from test_multi_slot_e2e import KERAS2, assert_same_weights, pause_soon_after
 
-    from conftest import write_config
+    from conftest import EXAMPLE, write_config
 
-    model = tmp_path / "script"
-    model.mkdir()
-    (model / "train.py").write_text(SCRIPT)
+    config = dict(KERAS2, scheduling_unit=10,
+                  searcher=dict(KERAS2["searcher"], max_length={"batches": 100}))
     home = Home(tmp_path / "home")
     daemon = Daemon(home, "--ray", cluster.address)
     try:
-        for slots in (1, 2):
-            config = write_config(tmp_path, f"nodes{slots}", entrypoint="python3 train.py",
-                                  resources={"slots_per_trial": slots},
-                                  environment={"environment_variables": [
-                                      "TF_DETERMINISTIC_OPS=1", "TF_USE_LEGACY_KERAS=1"]})
-            home.cli("submit", config, model)
-        one, two = (home.experiment_named(f"nodes{n}")["id"] for n in (1, 2))
+        for name, slots in (("two", 2), ("one", 1)):  # two first: it takes both nodes
+            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                            **config), EXAMPLE)
+        two, one = (home.experiment_named(name)["id"] for name in ("two", "one"))
+        pause_soon_after(home, two, 20)
+        wait_for(lambda: home.experiment(two)["trials"][0]["state"] == "PAUSED", 120,
+                 "the 2-node trial to pause")
+        assert home.experiment(two)["trials"][0]["batches_trained"] < 100
+        home.cli("resume", str(two))
         for experiment in (one, two):
             facts = home.wait_until_ended(experiment, timeout=300)
             assert facts["state"] == "COMPLETED", facts
         keras3 = tmp_path / "keras3"
-        keras3.mkdir()
-        (keras3 / "train.py").write_text(SCRIPT)
-        write_config(keras3, "keras3", entrypoint="python3 train.py",
-                     resources={"slots_per_trial": 2})
-        (home.path / "queue" / "keras3").mkdir(parents=True, exist_ok=True)
-        for path in keras3.iterdir():
-            (home.path / "queue" / "keras3" / path.name).write_bytes(path.read_bytes())
+        write_config(keras3, "keras3", resources={"slots_per_trial": 2})
+        (keras3 / "model_def.py").write_text((EXAMPLE / "model_def.py").read_text())
+        keras3.rename(home.path / "queue" / "keras3")  # whole, at once
         error = home.path / "queue" / "rejected" / "keras3" / "error.txt"
         wait_for(error.exists, 60, "the Keras 3 submission to be refused")
         assert ("no node of the Ray cluster has more than 1 slot(s), and engine mirrored keeps "
                 "a trial within one node") in error.read_text()
     finally:
         daemon.stop()
-    (launch,) = launches(home, two)
-    assert launch["engine"] == "multi_worker_mirrored" and len(set(launch["nodes"])) == 2
+    first, second = launches(home, two)
+    for launch in (first, second):
+        assert launch["engine"] == "multi_worker_mirrored" and len(set(launch["nodes"])) == 2
     assert_same_weights(home, one, two, tmp_path)
     trial = home.experiment(two)["trials"][0]["id"]
     log = (home.path / "experiments" / str(two) / "trials" / str(trial) / "trial.log").read_text()
