@@ -141,6 +141,9 @@ class Daemon:
                 host = self.cluster.report_host() if self.cluster is not None else "127.0.0.1"
                 reporting = ReportServer(self.layout, host, self.report_port,
                                          self.reserve, self.log).start()
+                # Our write transactions and the report writer's alternate, instead of each
+                # sleeping in SQLite's busy handler while the other holds the lock.
+                self.db.turns = reporting.writer.turns
                 self.report_url = reporting.url
                 self.log(f"trials report over HTTP to {reporting.url}")
             write_slot_file(self.layout.slot_file, self.machine)  # `localdet submit` checks it

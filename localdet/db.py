@@ -151,6 +151,10 @@ class MetricRow:
 class StateDB:
     def __init__(self, db: sqlite_utils.Database):
         self.db = db
+        # A context manager shared with this process's other writers of the file (the
+        # daemon's and its report server's, `report_server.WriteTurns`): atomic() waits its
+        # turn there before SQLite's lock. None: SQLite's lock alone.
+        self.turns = None
 
     @classmethod
     def open(cls, path: str | Path) -> "StateDB":
@@ -177,13 +181,14 @@ class StateDB:
             with self.db.atomic():  # nested: a savepoint
                 yield self.db
             return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
+        with self.turns or contextlib.nullcontext():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
 
     # -- events -------------------------------------------------------------------------
     def log_event(self, kind: str, *, experiment_id: int | None = None,

@@ -11,6 +11,14 @@ acknowledgement, the disk reserve, store-then-commit of checkpoints, the first-b
 so a trial records the same things over either transport; the trial side is
 `localdet.remote_reporter.HTTPReporter`.
 
+Writes go through one thread (`GroupWriter`): the request threads queue their work, the
+writer runs everything queued in one transaction (each request in a savepoint of its own)
+and commits, and only then are the requests answered. One connection writes instead of one
+per trial connection, so hundreds of trials do not take turns at SQLite's write lock (and
+sleep in its busy handler while it sits free); a report is still acknowledged only once it
+is committed. Reads (the launch check, trial info, manifests) stay on each request
+thread's own connection.
+
 Authentication: each launch of a trial gets its own token, HMAC-SHA256 of (trial id, launch
 number) under a daemon secret kept in `$LOCALDET_HOME/report_secret` (mode 0600): a daemon
 restarted later derives the same tokens, so nothing is stored per launch. A wrong token is
@@ -22,6 +30,8 @@ by a restarted daemon reach it again.
 
 from __future__ import annotations
 
+import collections
+import copy
 import datetime
 import hashlib
 import hmac
@@ -52,6 +62,7 @@ from localdet.store import FileEntry, Lease, Store, StoreError
 SECRET_FILE = "report_secret"
 PORT_FILE = "report_port"
 BEGUN_SECONDS = 3600.0  # a begun checkpoint's hold on the store, if its commit never comes
+REPORTERS = 4096  # trials whose SQLiteReporter is kept between requests (the most recent)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _UUID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
 
@@ -102,6 +113,210 @@ def trial_environment(layout: Layout, trial_id: int, launch: int, url: str, *,
     return env
 
 
+class WriteTurns:
+    """Lets the write transactions of one process's connections to one database take turns,
+    in the order they asked (re-entrant for the thread holding it); `StateDB.turns`.
+
+    SQLite's lock alone serves threads badly: one that finds it taken sleeps in the busy
+    handler (1, 2, 5 ... 100 ms a try) while the lock may sit free, and the thread that
+    just committed can take it again at once. The daemon's loop lost most of its time that
+    way to the report server's writer. Waiting here, the next writer is woken the moment the
+    holder lets go. Other processes still meet at SQLite's lock. After `seconds` (SQLite's
+    busy timeout) a waiter gives up as SQLite would: "database is locked"."""
+
+    def __init__(self, seconds: float = 30.0):
+        self.seconds = seconds
+        self._changed = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._asked: collections.deque = collections.deque()
+
+    def __enter__(self) -> "WriteTurns":
+        me = threading.get_ident()
+        with self._changed:
+            if self._owner == me:
+                self._depth += 1
+                return self
+            self._asked.append(me)
+            try:
+                if not self._changed.wait_for(
+                        lambda: self._owner is None and self._asked[0] == me, self.seconds):
+                    raise sqlite3.OperationalError(
+                        f"database is locked (another writer of this process held it for "
+                        f"{self.seconds:g} s)")
+            finally:
+                self._asked.remove(me)
+                self._changed.notify_all()  # the next in line may be free to go now
+            self._owner, self._depth = me, 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with self._changed:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._changed.notify_all()
+
+
+class GroupWriter:
+    """The report server's only SQLite writer: a thread that commits queued work in groups.
+
+        writer = GroupWriter(layout.db).start()
+        writer.run(lambda db: db.record_metrics(7, "training", 100, {"loss": 0.3}))
+
+    `run(work)` queues `work(db)` (db: the writer's own StateDB) and returns its result once
+    the transaction it ran in has committed, or raises its error. Everything queued while
+    the writer was busy runs in the next transaction, each piece in a savepoint of its own:
+    an error rolls back that piece only and is raised to its caller only; the others commit.
+    A failed BEGIN or COMMIT (a database busy past its timeout, a full disk) is raised to
+    every caller of the group, none of which was acknowledged, and each retries."""
+
+    MAX_GROUP = 512  # a bound on one transaction's length, not a target
+
+    def __init__(self, path, log: Callable[[str], None] = print,
+                 turns: WriteTurns | None = None):
+        self.path, self.log = path, log
+        # Shared with the daemon's connection (Daemon.run): its transactions and ours alternate.
+        self.turns = turns or WriteTurns()
+        self._queue: collections.deque = collections.deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._opened = threading.Event()
+        self._open_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="report-writer", daemon=True)
+        self.groups = self.pieces = 0  # for benchmarks: transactions and work committed
+
+    def start(self) -> "GroupWriter":
+        self._thread.start()
+        self._opened.wait()
+        if self._open_error is not None:
+            raise self._open_error
+        return self
+
+    def close(self) -> None:
+        """Commit what is queued, then stop; work queued after this is refused (503: the
+        trial retries, and finds the next daemon)."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join()
+
+    def run(self, work: Callable[[StateDB], Any], write: bool = True) -> Any:
+        piece = _Piece(work, write)
+        with self._ready:
+            if self._closed:
+                raise sqlite3.OperationalError("the daemon's report server is stopping")
+            self._queue.append(piece)
+            self._ready.notify()
+        piece.done.wait()
+        if piece.error is not None:
+            raise piece.error
+        return piece.result
+
+    def _serve(self) -> None:
+        try:
+            db = StateDB.open(self.path)  # SQLite connections stay in their thread
+        except BaseException as error:
+            self._open_error = error
+            self._opened.set()
+            return
+        self._opened.set()
+        try:
+            while True:
+                with self._ready:
+                    while not self._queue and not self._closed:
+                        self._ready.wait()
+                    if not self._queue:
+                        return  # closed, and nothing left
+                    group = [self._queue.popleft()
+                             for _ in range(min(len(self._queue), self.MAX_GROUP))]
+                try:
+                    self._commit(db, group)
+                except BaseException as error:  # a bug here must not leave callers waiting
+                    self.log("report server: the writer failed:\n" + traceback.format_exc())
+                    for piece in group:
+                        piece.fail(error)
+        finally:
+            db.close()
+
+    def _commit(self, db: StateDB, group: list["_Piece"]) -> None:
+        pending = group
+        while pending:
+            if any(piece.write for piece in pending):
+                with self.turns:
+                    pending = self._transaction(db, pending, "BEGIN IMMEDIATE")
+            else:  # reads alone: no write lock, nobody's turn taken
+                pending = self._transaction(db, pending, "BEGIN")
+
+    def _transaction(self, db: StateDB, pending: list["_Piece"], begin: str) -> list["_Piece"]:
+        """Run and commit what it can of `pending` in one transaction; returns the pieces
+        left to run again."""
+        conn = db.db.conn
+        try:
+            conn.execute(begin)
+        except sqlite3.Error as error:
+            for piece in pending:
+                piece.fail(error)
+            return []
+        ran: list[_Piece] = []
+        rest: list[_Piece] = []
+        for index, piece in enumerate(pending):
+            conn.execute("SAVEPOINT report_piece")
+            try:
+                piece.result = piece.work(db)
+            except BaseException as error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK TO report_piece")
+                    conn.execute("RELEASE report_piece")
+                    piece.fail(error)
+                    continue
+                # The error ended the whole transaction (SQLite does so for some, a full
+                # disk among them): the pieces before it were undone too, and run again.
+                piece.fail(error)
+                rest = ran + pending[index + 1:]
+                ran = []
+                break
+            if not conn.in_transaction:  # the work committed by itself: so be it
+                ran.append(piece)
+                for done in ran:
+                    done.finish()
+                ran, rest = [], pending[index + 1:]
+                break
+            conn.execute("RELEASE report_piece")
+            ran.append(piece)
+        if conn.in_transaction:
+            try:
+                conn.commit()
+            except sqlite3.Error as error:
+                conn.rollback()
+                for piece in ran:
+                    piece.fail(error)
+                ran = []
+        for piece in ran:
+            piece.finish()
+        if ran:
+            self.groups += 1
+            self.pieces += len(ran)
+        return rest
+
+
+class _Piece:
+    """One request's work for the writer, and how it went."""
+
+    __slots__ = ("work", "write", "result", "error", "done")
+
+    def __init__(self, work: Callable[[StateDB], Any], write: bool = True):
+        self.work, self.write, self.result, self.error = work, write, None, None
+        self.done = threading.Event()
+
+    def finish(self) -> None:
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.result, self.error = None, error
+        self.done.set()
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str, **extra: Any):
         super().__init__(message)
@@ -139,6 +354,12 @@ class ReportServer:
         self._begun: dict[str, tuple[Lease, float]] = {}  # checkpoint uuid -> store hold
         self._begun_lock = threading.Lock()
         self._server: _HTTPServer | None = None
+        self.writer: GroupWriter | None = None
+        # trial id -> its SQLiteReporter, made once a trial (not once a connection: making
+        # one opens the database), whose connection is the writer's (see _Handler._db).
+        self._reporters: collections.OrderedDict[int, SQLiteReporter] = \
+            collections.OrderedDict()
+        self._reporters_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -146,6 +367,7 @@ class ReportServer:
 
     def start(self) -> "ReportServer":
         port_file = self.layout.home / PORT_FILE
+        self.writer = GroupWriter(self.layout.db, self.log).start()
         if self.port is not None:
             try:
                 self._server = _HTTPServer((self.host, self.port), _Handler)
@@ -179,10 +401,34 @@ class ReportServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.writer is not None:
+            self.writer.close()  # what was queued is committed (and answered) first
         with self._begun_lock:
             for lease, _ in self._begun.values():
                 lease.release()
             self._begun.clear()
+
+    def reporter(self, trial_id: int) -> SQLiteReporter:
+        """The trial's SQLiteReporter (its store, its experiment); its own connection is
+        closed: requests read and write through the writer's."""
+        with self._reporters_lock:
+            reporter = self._reporters.get(trial_id)
+            if reporter is not None:
+                self._reporters.move_to_end(trial_id)
+                return reporter
+        try:
+            reporter = SQLiteReporter(self.layout, trial_id)
+        except NotFound:
+            raise _Refused(wire.STALE, f"trial {trial_id} does not exist in this daemon's "
+                                       "state; this process exits") from None
+        reporter.db.close()
+        reporter._reserve = self.reserve  # the daemon's, not the environment's
+        with self._reporters_lock:
+            reporter = self._reporters.setdefault(trial_id, reporter)
+            self._reporters.move_to_end(trial_id)
+            while len(self._reporters) > REPORTERS:
+                self._reporters.popitem(last=False)
+        return reporter
 
     # -- checkpoint holds -------------------------------------------------------------------
     def begin(self, store, uuid: str) -> None:
@@ -203,6 +449,25 @@ class ReportServer:
         old = [u for u, (_, at) in self._begun.items() if time.monotonic() - at > BEGUN_SECONDS]
         for uuid in old:
             self._begun.pop(uuid)[0].release()
+
+
+def _first_batch_recorded(reporter: SQLiteReporter) -> bool:
+    """Whether this launch's first batch is already recorded (a retried report): a
+    `trial_first_batch` event of the trial at or after its `started_at`. Only the events
+    since the launch's `trial_launched` are read (the first-batch event comes after it, and
+    the launch is recent, so SQLite finds it scanning back from the newest event), not
+    every event of the experiment."""
+    db, trial = reporter.db, reporter.db.trial(reporter.trial_id)
+    if trial.started_at is None:
+        return False
+    since = datetime.datetime.fromisoformat(trial.started_at)
+    launched = db.db.execute(
+        "SELECT id FROM events WHERE trial_id = ? AND kind = 'trial_launched' "
+        "ORDER BY id DESC LIMIT 1", [trial.id]).fetchone()
+    rows = db.db.execute(
+        "SELECT at FROM events WHERE id > ? AND trial_id = ? AND kind = 'trial_first_batch'",
+        [launched[0] if launched else 0, trial.id]).fetchall()
+    return any(datetime.datetime.fromisoformat(at) >= since for (at,) in rows)
 
 
 def _read_port(path: Path) -> int | None:
@@ -238,17 +503,6 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a trial keeps one connection per thread
     server: _HTTPServer
 
-    def setup(self) -> None:
-        super().setup()
-        self._reporters: dict[int, SQLiteReporter] = {}  # SQLite connections stay in a thread
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            for reporter in self._reporters.values():
-                reporter.db.close()
-
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line a request would drown the daemon's log
 
@@ -272,19 +526,19 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Refused(404, f"no such report endpoint: {method} {self.path}")
             try:
                 trial_id = int(parts[2])
-                launch = int(self.headers.get(wire.LAUNCH_HEADER, ""))
+                self._launch = int(self.headers.get(wire.LAUNCH_HEADER, ""))
             except ValueError:
                 raise _Refused(400, "the request names no trial id or launch number") from None
             token = self.headers.get(wire.TOKEN_HEADER, "").removeprefix("Bearer ")
-            expected = launch_token(app.secret, trial_id, launch)
+            expected = launch_token(app.secret, trial_id, self._launch)
             if not hmac.compare_digest(token.encode(), expected.encode()):
                 raise _Refused(403, f"the report token is not trial {trial_id}'s for launch "
-                                    f"{launch}; start trials with the environment from "
+                                    f"{self._launch}; start trials with the environment from "
                                     "`trial_environment`")
-            reporter = self._reporter(trial_id)
-            self._check_launch(reporter, trial_id, launch)
+            reporter = app.reporter(trial_id)
             op, args = parts[3], parts[4:]
             if method == "PUT" and op == "blobs" and len(args) == 1:
+                self._db(reporter, write=False)  # the launch check, before the upload
                 body_read = True
                 return self._answer(self._put_blob(reporter, args[0],
                                                    _Body(self.rfile, length)))
@@ -312,15 +566,38 @@ class _Handler(BaseHTTPRequestHandler):
                          500, body_read, length)
 
     def _routes(self) -> dict:
+        db = self._db
         return {
-            ("POST", "hello", 0): lambda r, p: {"ok": True},
-            ("GET", "info", 0): self._info,
+            ("POST", "hello", 0): lambda r, p: db(r, write=False) or {"ok": True},
+            ("GET", "info", 0): lambda r, p: db(r, _info, write=False),
             ("POST", "report", 0): self._report,
-            ("POST", "target", 0): lambda r, p: r.set_target_batches(int(p["batches"])),
-            ("POST", "should_pause", 0): lambda r, p: {"pause": r.should_pause()},
+            ("POST", "target", 0): lambda r, p: db(
+                r, lambda w: w.set_target_batches(int(p["batches"]))),
+            # Answered once the acknowledgement (PAUSE -> PAUSING) it may write is committed.
+            ("POST", "should_pause", 0): lambda r, p: {"pause": db(
+                r, lambda w: w.should_pause())},
             ("POST", "checkpoints", 2): self._checkpoint_step,
-            ("GET", "checkpoints", 1): self._manifest,
+            ("GET", "checkpoints", 1): lambda r, p, uuid: db(
+                r, lambda w: _manifest(w, uuid), write=False),
         }
+
+    def _db(self, reporter: SQLiteReporter,
+            work: Callable[[SQLiteReporter], Any] | None = None, write: bool = True) -> Any:
+        """Check that this request's launch is the trial's running one, then run `work` on
+        the reporter, both in the server's writer thread on its connection (GroupWriter);
+        returns work's result once its transaction has committed. `write=False`: the work
+        only reads (a group of such takes no write lock)."""
+        launch, pgrp = self._launch, self.headers.get(wire.PGRP_HEADER)
+
+        def piece(db: StateDB) -> Any:
+            _check_launch(db, reporter.trial_id, launch, pgrp)
+            if work is None:
+                return None
+            bound = copy.copy(reporter)  # the same trial and store, the writer's connection
+            bound.db = db
+            return work(bound)
+
+        return self.server.app.writer.run(piece, write=write)
 
     def _answer(self, answer: Any, status: int = 200, body_read: bool = True,
                 length: int = 0) -> None:
@@ -335,68 +612,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _reporter(self, trial_id: int) -> SQLiteReporter:
-        reporter = self._reporters.get(trial_id)
-        if reporter is None:
-            try:
-                reporter = SQLiteReporter(self.server.app.layout, trial_id)
-            except NotFound:
-                raise _Refused(wire.STALE, f"trial {trial_id} does not exist in this "
-                                           "daemon's state; this process exits") from None
-            reporter._reserve = self.server.app.reserve  # the daemon's, not the environment's
-            self._reporters[trial_id] = reporter
-        return reporter
-
-    def _check_launch(self, reporter: SQLiteReporter, trial_id: int, launch: int) -> None:
-        """Only the trial's current launch, running, may report (the HTTP form of
-        SQLiteReporter._await_launch_record)."""
-        trial = reporter.db.trial(trial_id)
-        current = trial.restarts + 1
-        if launch < current or trial.state in TERMINAL_STATES:
-            now = f"on launch {current}" if launch < current else trial.state
-            raise _Refused(wire.STALE, f"launch {launch} of trial {trial_id} is over (the "
-                                       f"trial is {now}); this process exits so that only "
-                                       "one process trains the trial")
-        if launch > current or trial.state != "RUNNING":
-            raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is not running launch "
-                                             f"{launch} (it is {trial.state}, launch "
-                                             f"{current}); this process exits")
-        pgrp = self.headers.get(wire.PGRP_HEADER)
-        if pgrp is not None and trial.pid != int(pgrp):
-            raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is recorded as running in "
-                                             f"process {trial.pid}, not in this one ({pgrp}); "
-                                             "this process exits")
-
     # -- operations -----------------------------------------------------------------------
-    def _info(self, reporter: SQLiteReporter, payload: Any) -> dict:
-        info = reporter.trial_info()
-        facts = dict(vars(info))
-        facts.pop("model_dir"), facts.pop("trial_dir")  # the node's own, not the daemon's
-        return facts
-
     def _report(self, reporter: SQLiteReporter, payload: dict) -> dict:
-        for kind, batches, metrics in payload.get("metrics", []):
+        metrics = payload.get("metrics", [])
+        for kind, _, _ in metrics:  # before anything is written: a report is all or nothing
             if kind not in ("training", "validation"):
                 raise _Refused(400, f"metric kind {kind!r} is neither training nor validation")
-            # A retried batch merges into the rows it already wrote: nothing twice.
-            report = (reporter.report_training_metrics if kind == "training"
-                      else reporter.report_validation_metrics)
-            report(int(batches), metrics)
-        if payload.get("first_batch") and not self._first_batch_recorded(reporter):
-            reporter.report_first_batch()
-        if payload.get("heartbeat"):
-            reporter.heartbeat()
-        return {}
 
-    def _first_batch_recorded(self, reporter: SQLiteReporter) -> bool:
-        """Whether this launch's first batch is already recorded (a retried report)."""
-        trial = reporter.db.trial(reporter.trial_id)
-        if trial.started_at is None:
-            return False
-        since = datetime.datetime.fromisoformat(trial.started_at)
-        return any(event["kind"] == "trial_first_batch" and event["trial_id"] == trial.id
-                   and datetime.datetime.fromisoformat(event["at"]) >= since
-                   for event in reporter.db.events(trial.experiment_id))
+        def write(writing: SQLiteReporter) -> None:
+            for kind, batches, values in metrics:
+                # A retried batch merges into the rows it already wrote: nothing twice.
+                report = (writing.report_training_metrics if kind == "training"
+                          else writing.report_validation_metrics)
+                report(int(batches), values)
+            if payload.get("first_batch") and not _first_batch_recorded(writing):
+                writing.report_first_batch()
+            if payload.get("heartbeat"):
+                writing.heartbeat()
+
+        self._db(reporter, write)
+        return {}
 
     def _checkpoint_step(self, reporter: SQLiteReporter, payload: dict, uuid: str,
                          step: str) -> dict:
@@ -404,10 +639,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not _UUID.fullmatch(uuid):
             raise _Refused(400, f"{uuid!r} is not a checkpoint uuid")
         if step == "begin":
+            self._db(reporter, write=False)
             reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
             app.begin(reporter.store, uuid)
             return {}
         if step == "missing":
+            self._db(reporter, write=False)
             hashes = payload.get("hashes", [])
             return {"missing": [sha for sha in hashes if not self._has(reporter, sha)]}
         if step == "commit":
@@ -422,7 +659,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _commit(self, reporter: SQLiteReporter, payload: dict, uuid: str) -> dict:
         app = self.server.app
-        if self._committed(reporter, uuid):  # a retried commit whose answer was lost
+        # A retried commit whose answer was lost.
+        if self._db(reporter, lambda w: _committed(w, uuid), write=False):
             app.end(uuid)
             return {}
         with reporter.store.writing():  # a begun hold may have died with a former daemon
@@ -439,20 +677,19 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Refused(wire.MISSING_BLOBS, f"{len(missing)} checkpoint file(s) are "
                                                    "not in the store; upload them first",
                                missing=sorted(set(missing)))
+
+            def commit(writing: SQLiteReporter) -> None:
+                if _committed(writing, uuid):  # a retry that raced its first attempt
+                    return
+                writing.commit_checkpoint(writing.db, uuid, int(payload["batches_trained"]),
+                                          files, payload.get("metadata") or {})
+
             try:
-                reporter.commit_checkpoint(reporter.db, uuid, int(payload["batches_trained"]),
-                                           files, payload.get("metadata") or {})
+                self._db(reporter, commit)
             except ValueError as error:  # the manifest refused a field
                 raise _Refused(400, str(error)) from None
         app.end(uuid)
         return {}
-
-    @staticmethod
-    def _committed(reporter: SQLiteReporter, uuid: str) -> bool:
-        try:
-            return reporter.db.checkpoint(uuid).uuid == uuid
-        except NotFound:
-            return False
 
     def _put_blob(self, reporter: SQLiteReporter, sha256: str, body: _Body) -> dict:
         store = reporter.store
@@ -473,20 +710,11 @@ class _Handler(BaseHTTPRequestHandler):
                            missing=[sha256])
         return {}
 
-    def _manifest(self, reporter: SQLiteReporter, payload: Any, uuid: str) -> dict:
-        try:
-            checkpoint = reporter.db.checkpoint(uuid)
-        except NotFound as error:
-            raise _Refused(404, str(error)) from None
-        return {"uuid": checkpoint.uuid,
-                "files": {name: [e.sha256, e.size]
-                          for name, e in files_of(checkpoint.manifest).items()}}
-
     def _send_blob(self, reporter: SQLiteReporter, uuid: str, sha256: str) -> None:
         store = reporter.store
         with store.reading(uuid):  # the collector leaves a checkpoint being read alone
-            try:
-                checkpoint = reporter.db.checkpoint(uuid)
+            try:  # looked up under the lease
+                checkpoint = self._db(reporter, lambda w: w.db.checkpoint(uuid), write=False)
             except NotFound as error:
                 raise _Refused(404, str(error)) from None
             if sha256 not in {e.sha256 for e in files_of(checkpoint.manifest).values()}:
@@ -505,3 +733,51 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", str(size))
                 self.end_headers()
                 shutil.copyfileobj(blob, self.wfile, wire.CHUNK)
+
+
+def _check_launch(db: StateDB, trial_id: int, launch: int, pgrp: str | None) -> None:
+    """Only the trial's current launch, running, may report (the HTTP form of
+    SQLiteReporter._await_launch_record). Checked in the transaction of the request's work."""
+    row = db.db.execute("SELECT state, restarts, pid FROM trials WHERE id = ?",
+                        [trial_id]).fetchone()
+    if row is None:
+        raise _Refused(wire.STALE, f"trial {trial_id} does not exist in this daemon's state; "
+                                   "this process exits")
+    state, restarts, pid = row
+    current = restarts + 1
+    if launch < current or state in TERMINAL_STATES:
+        now = f"on launch {current}" if launch < current else state
+        raise _Refused(wire.STALE, f"launch {launch} of trial {trial_id} is over (the "
+                                   f"trial is {now}); this process exits so that only "
+                                   "one process trains the trial")
+    if launch > current or state != "RUNNING":
+        raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is not running launch "
+                                         f"{launch} (it is {state}, launch "
+                                         f"{current}); this process exits")
+    if pgrp is not None and pid != int(pgrp):
+        raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is recorded as running in "
+                                         f"process {pid}, not in this one ({pgrp}); "
+                                         "this process exits")
+
+
+def _info(reporter: SQLiteReporter) -> dict:
+    facts = dict(vars(reporter.trial_info()))
+    facts.pop("model_dir"), facts.pop("trial_dir")  # the node's own, not the daemon's
+    return facts
+
+
+def _committed(reporter: SQLiteReporter, uuid: str) -> bool:
+    try:
+        return reporter.db.checkpoint(uuid).uuid == uuid
+    except NotFound:
+        return False
+
+
+def _manifest(reporter: SQLiteReporter, uuid: str) -> dict:
+    try:
+        checkpoint = reporter.db.checkpoint(uuid)
+    except NotFound as error:
+        raise _Refused(404, str(error)) from None
+    return {"uuid": checkpoint.uuid,
+            "files": {name: [e.sha256, e.size]
+                      for name, e in files_of(checkpoint.manifest).items()}}
