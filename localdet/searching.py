@@ -50,15 +50,21 @@ def _feed(method: SearchMethod, event: dict) -> list:
 
 class Search:
     """Feeds one daemon's experiments' events to their methods, kept in memory between
-    events and replayed from the database whenever the count of events disagrees."""
+    events and replayed from the database whenever the newest recorded event is not the
+    one the method was last fed (another writer added one, or a rollback took ours away).
+
+    Nothing here reads every trial or every event of an experiment per event: the daemon
+    tells the search after every exit, and an experiment may have thousands of trials."""
 
     def __init__(self, db: StateDB, log=print):
         self.db = db
         self.log = log
-        self._methods: dict[int, tuple[SearchMethod, int]] = {}  # experiment -> (method, events)
+        # experiment -> (method, id of the last event it was fed, or 0 before any)
+        self._methods: dict[int, tuple[SearchMethod, int]] = {}
 
     def started(self, experiment: Experiment) -> bool:
-        return bool(self.db.searcher_events(experiment.id))
+        return self.db.db.execute("SELECT 1 FROM searcher_events WHERE experiment_id = ? "
+                                  "LIMIT 1", [experiment.id]).fetchone() is not None
 
     def start(self, experiment: Experiment) -> None:
         self._event(experiment, {"kind": "initialized"})
@@ -78,21 +84,28 @@ class Search:
         self._event(experiment, {"kind": "trial_exited_early", "request_id": trial.request_id})
 
     def method(self, experiment: Experiment) -> SearchMethod:
-        return self._method(experiment)[0]
+        return self._method(experiment)
 
-    def _method(self, experiment: Experiment) -> tuple[SearchMethod, int]:
-        events = self.db.searcher_events(experiment.id)
+    def _method(self, experiment: Experiment) -> SearchMethod:
         cached = self._methods.get(experiment.id)
-        if cached is None or cached[1] != len(events):
-            cached = (replay(experiment, events), len(events))
+        if cached is None or cached[1] != self._last_event_id(experiment.id):
+            events = self.db.searcher_events(experiment.id)
+            cached = (replay(experiment, events), events[-1]["id"] if events else 0)
             self._methods[experiment.id] = cached
-        return cached
+        return cached[0]
+
+    def _last_event_id(self, experiment_id: int) -> int:
+        """The newest searcher event's id (an index lookup: searcher_events_by_experiment).
+        Ids only grow, and a rolled-back insert leaves an older newest id, so this tells
+        whether the cached method has seen exactly the recorded events."""
+        return self.db.db.execute("SELECT MAX(id) FROM searcher_events WHERE experiment_id = ?",
+                                  [experiment_id]).fetchone()[0] or 0
 
     def _event(self, experiment: Experiment, event: dict) -> None:
         """Record the event and carry out what the method answers, in one transaction;
         closing a trial is itself an event, fed back until the method has nothing to add."""
         with self.db.atomic():
-            method, count = self._method(experiment)
+            method = self._method(experiment)
             pending = [event]
             while pending:
                 event = pending.pop(0)
@@ -104,8 +117,8 @@ class Search:
                 self.db.add_searcher_event(experiment.id, event["kind"],
                                            event.get("request_id"), event.get("metric"),
                                            event.get("length"))
-                count += 1
-                self._methods[experiment.id] = (method, count)  # a rollback shows as a mismatch
+                # A rollback shows as a mismatch: the newest id is then an older one.
+                self._methods[experiment.id] = (method, self._last_event_id(experiment.id))
                 pending += self._carry_out(experiment, operations)
             self._close_stranded(experiment)
 
@@ -146,10 +159,15 @@ class Search:
         return caused
 
     def _close_stranded(self, experiment: Experiment) -> None:
-        """Trials WAITING with nothing left to run can never be promoted: the search is over."""
-        trials = self.db.trials(experiment.id)
-        if any(t.state in ("QUEUED", "RUNNING", "PAUSED") for t in trials):
+        """Trials WAITING with nothing left to run can never be promoted: the search is over.
+        Filtered in SQL, the newest trials first (the ones most likely still to run): this
+        runs after every searcher event."""
+        if self.db.db.execute(
+                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ('QUEUED', "
+                "'RUNNING', 'PAUSED') ORDER BY id DESC LIMIT 1",
+                [experiment.id]).fetchone() is not None:
             return
-        for trial in trials:
-            if trial.state == "WAITING":
-                self.db.update_trial(trial.id, state="COMPLETED")
+        for (trial_id,) in self.db.db.execute(
+                "SELECT id FROM trials WHERE experiment_id = ? AND state = 'WAITING' "
+                "ORDER BY id", [experiment.id]).fetchall():
+            self.db.update_trial(trial_id, state="COMPLETED")
