@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -58,6 +59,38 @@ class _Wake(FileSystemEventHandler):
         self.event.set()
 
 
+class _Waiters:
+    """Threads that each wait for a launched trial's process to end and then wake the
+    loop. A thread whose trial ended takes the next launch's: starting a thread for each
+    launch made the loop wait for the new thread to run (a GIL hand-over) every time."""
+
+    def __init__(self, wake: threading.Event):
+        self.wake = wake
+        self._launches: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def watch(self, process) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        self._launches.put(process)
+        if start:
+            threading.Thread(target=self._wait, daemon=True, name="wait-trials").start()
+
+    def _wait(self) -> None:
+        while True:
+            process = self._launches.get()
+            try:
+                process.wait()
+            except Exception:  # its end is found by the loop's poll all the same
+                pass
+            self.wake.set()
+            with self._lock:
+                self._idle += 1
+
+
 @dataclass
 class Daemon:
     layout: Layout
@@ -78,11 +111,17 @@ class Daemon:
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
+    _to_collect: set = field(default_factory=set)      # experiments with exits to retain after
     _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
+    _waiters: "_Waiters" = None  # made with the daemon: they wake its loop (_wake)
+
+    def __post_init__(self) -> None:
+        if self._waiters is None:
+            self._waiters = _Waiters(self._wake)
 
     def open(self, db: StateDB | None = None) -> "Daemon":
         """Find the machine's slots and connect to the state (`run` does this itself;
@@ -498,8 +537,7 @@ class Daemon:
                                   "nodes": getattr(process, "nodes", [process.node])}
                                  if self.cluster is not None else {}))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
-        threading.Thread(target=lambda: (process.wait(), self._wake.set()), daemon=True,
-                         name=f"wait-trial-{trial.id}").start()
+        self._waiters.watch(process)
         where = f"on Ray node {process.host} " if self.cluster is not None else ""
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
                  f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
@@ -537,6 +575,19 @@ class Daemon:
 
     # -- exits --------------------------------------------------------------------------
     def _reap(self) -> None:
+        try:
+            self._reap_exits()
+        finally:
+            self._collect_exited()
+
+    def _collect_exited(self) -> None:
+        """Retention for the experiments whose trials stopped: once a pass, not once an
+        exit (it reads all of an experiment's checkpoints and trials), and before the pass
+        launches anything."""
+        while self._to_collect:
+            self._collect(self._to_collect.pop())
+
+    def _reap_exits(self) -> None:
         for trial_id, process in list(self._processes.items()):
             code = process.poll()
             if getattr(process, "orphaned", False):  # its warm process ended before it
@@ -621,7 +672,7 @@ class Daemon:
                 else:
                     self._failed(trial, experiment, returncode, outcome.restart_to)
             self._settle_experiment(experiment.id)
-        self._collect(experiment.id)
+        self._to_collect.add(experiment.id)  # retention: at the end of this pass's exits
 
     def _node_lost(self, trial: Trial, experiment: Experiment, process,
                    restart_to: str) -> None:
