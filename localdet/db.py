@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 from dataclasses import dataclass, fields
@@ -34,8 +35,15 @@ def now() -> str:
 
 def migrations() -> Migrations:
     """The `localdet` migration set: one module per file in `state/migrations/`, in name order."""
+    return _migrations(state_formats_dir() / "migrations")
+
+
+@functools.lru_cache(maxsize=None)
+def _migrations(folder: Path) -> Migrations:
+    """Loaded once a process: StateDB.open runs for every connection (the report server
+    opens one per trial), and compiling the files was most of its cost."""
     migration_set = Migrations("localdet")
-    files = sorted((state_formats_dir() / "migrations").glob("[0-9]*.py"))
+    files = sorted(folder.glob("[0-9]*.py"))
     if not files:
         raise RuntimeError(f"no migrations found under {state_formats_dir()}; reinstall localdet")
     for path in files:
@@ -148,6 +156,33 @@ class MetricRow:
         return _from_row(cls, row, ["metrics"])
 
 
+class _Database(sqlite_utils.Database):
+    """sqlite_utils reads the table and view names from sqlite_master before nearly every
+    row it reads or writes (17 such queries for a metric row, a heartbeat, a trial read and
+    an event). localdet's schema is its migrations': once they have run on a connection
+    (`fix_schema`), the names are read once."""
+
+    _names: dict | None = None
+
+    def fix_schema(self) -> None:
+        self._names = {}
+
+    def table_names(self, fts4: bool = False, fts5: bool = False) -> list[str]:
+        if self._names is None:
+            return super().table_names(fts4, fts5)
+        key = ("table", fts4, fts5)
+        if key not in self._names:
+            self._names[key] = super().table_names(fts4, fts5)
+        return list(self._names[key])
+
+    def view_names(self) -> list[str]:
+        if self._names is None:
+            return super().view_names()
+        if "view" not in self._names:
+            self._names["view"] = super().view_names()
+        return list(self._names["view"])
+
+
 class StateDB:
     def __init__(self, db: sqlite_utils.Database):
         self.db = db
@@ -159,13 +194,14 @@ class StateDB:
     @classmethod
     def open(cls, path: str | Path) -> "StateDB":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite_utils.Database(path)
+        db = _Database(path)
         db.execute("PRAGMA busy_timeout = 30000")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA foreign_keys = ON")
         # Durable enough in WAL mode: a power cut may lose the last commits, never consistency.
         db.execute("PRAGMA synchronous = NORMAL")
         migrations().apply(db)
+        db.fix_schema()
         return cls(db)
 
     def close(self) -> None:
