@@ -534,7 +534,8 @@ class Daemon:
                               keras_line_reason=spec.keras_line_reason, engine=spec.engine,
                               log_offset=log_offset, warm=process.warm,
                               **({"node": process.node, "host": process.host,
-                                  "nodes": getattr(process, "nodes", [process.node])}
+                                  "nodes": getattr(process, "nodes", [process.node]),
+                                  "hosts": getattr(process, "hosts", [process.host])}
                                  if self.cluster is not None else {}))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
         self._waiters.watch(process)
@@ -588,6 +589,7 @@ class Daemon:
             self._collect(self._to_collect.pop())
 
     def _reap_exits(self) -> None:
+        trained = self._trained_to_length(list(self._processes))
         for trial_id, process in list(self._processes.items()):
             code = process.poll()
             if getattr(process, "orphaned", False):  # its warm process ended before it
@@ -596,7 +598,7 @@ class Daemon:
             elif code is not None:
                 del self._processes[trial_id]
                 self._finish(trial_id, code, process)
-            elif self._work_done(trial_id):
+            elif trial_id in trained and self._work_done(trial_id):
                 # Its final checkpoint and metrics are committed: the slot is free now, and
                 # the process's teardown (seconds of TensorFlow's) goes on beside the next.
                 del self._processes[trial_id]
@@ -613,6 +615,18 @@ class Daemon:
                 if code != 0:
                     self.log(f"trial {trial_id}'s process ended with {exit_description(code)} "
                              "after its work was recorded; nothing was lost")
+
+    def _trained_to_length(self, trial_ids: list[int]) -> set[int]:
+        """Those of the trials RUNNING, checkpointed and trained to their length, from one
+        query a pass (the cheap part of _work_done, which read every running trial a pass)."""
+        found: set[int] = set()
+        for start in range(0, len(trial_ids), 500):
+            chunk = trial_ids[start:start + 500]
+            found.update(trial_id for (trial_id,) in self.db.db.execute(
+                f"SELECT id FROM trials WHERE id IN ({', '.join('?' for _ in chunk)}) "
+                "AND state = 'RUNNING' AND latest_checkpoint IS NOT NULL "
+                "AND batches_trained >= target_batches", chunk))
+        return found
 
     def _work_done(self, trial_id: int) -> bool:
         """Whether a trial class's process has committed all it will: trained to its length,

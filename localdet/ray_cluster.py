@@ -366,7 +366,8 @@ class RayRanks:
         self.cluster, self.name, self.ranks, self.group = cluster, name, ranks, group
         chief = ranks[0]
         self.pid, self.node, self.host = chief.pid, chief.node, chief.host
-        self.nodes = [rank.node for rank in ranks]
+        self.nodes = [rank.node for rank in ranks]  # each rank's, rank 0's first
+        self.hosts = [rank.host for rank in ranks]
         self.returncode: int | None = None
         self.lost = False
         self._log = log

@@ -32,6 +32,11 @@ def daemon_notice(db: StateDB) -> str | None:
             "boundary and continue on their own when space returns")
 
 
+def _nodes(launch: dict) -> str:
+    nodes = zip(launch.get("nodes") or [launch["node"]], launch.get("hosts") or [launch["host"]])
+    return ", ".join(f"{host} ({node[:8]})" for node, host in dict.fromkeys(nodes))
+
+
 def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None:
     # A diverged trial reports NaN; it is never the best.
     scored = [r for r in rows if isinstance(r.get(metric), (int, float))
@@ -66,8 +71,9 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         # Seconds from its latest launch to the end of that launch's first training batch
         # (None until it ends): a slow model folder (imports, data loading) shows here.
         "launch_seconds": launch.get("first_batch_seconds"),
-        # Where its latest launch runs, on a Ray cluster: the node's address and id.
-        "node": (f"{launch['host']} ({launch['node'][:8]})" if launch.get("node") else None),
+        # Where its latest launch runs, on a Ray cluster: each node's address and id (a
+        # trial whose ranks span nodes has several).
+        "node": _nodes(launch) if launch.get("node") else None,
         "launches": [{"launched_at": one["launched_at"],
                       "first_batch_seconds": one["first_batch_seconds"],
                       "warm": bool(one.get("warm")),  # forked from a warm process

@@ -280,6 +280,8 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     for launch in (first, second):
         assert launch["engine"] == "multi_worker_mirrored" and len(set(launch["nodes"])) == 2
     assert_same_weights(home, one, two, tmp_path)
+    # status names both nodes of the trial's latest launch
+    assert home.experiment(two)["trials"][0]["node"].count("127.0.0.1 (") == 2
     trial = home.experiment(two)["trials"][0]["id"]
     log = (home.path / "experiments" / str(two) / "trials" / str(trial) / "trial.log").read_text()
     assert "ranks on Ray nodes" in log.splitlines()[0]
