@@ -21,6 +21,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -112,6 +113,7 @@ class Daemon:
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
     _to_collect: set = field(default_factory=set)      # experiments with exits to retain after
+    _collect_due: dict = field(default_factory=dict)   # experiment id -> next retention from
     _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
@@ -582,11 +584,22 @@ class Daemon:
             self._collect_exited()
 
     def _collect_exited(self) -> None:
-        """Retention for the experiments whose trials stopped: once a pass, not once an
-        exit (it reads all of an experiment's checkpoints and trials), and before the pass
-        launches anything."""
-        while self._to_collect:
-            self._collect(self._to_collect.pop())
+        """Retention for the experiments whose trials stopped, before the pass launches
+        anything: once a pass, not once an exit, since it reads all of an experiment's
+        checkpoints, trials and validations. While an experiment has trials queued or
+        running (exits to come, each asking again), it waits after each collection nine
+        times as long as that took, so that retention takes at most a tenth of the loop
+        however large the experiment; with none left it runs at once."""
+        for experiment_id in list(self._to_collect):
+            if time.monotonic() < self._collect_due.get(experiment_id, 0.0) and \
+                    self.db.db.execute(
+                        "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ("
+                        "'QUEUED', 'RUNNING') LIMIT 1", [experiment_id]).fetchone():
+                continue
+            self._to_collect.discard(experiment_id)
+            begun = time.monotonic()
+            self._collect(experiment_id)
+            self._collect_due[experiment_id] = time.monotonic() + 9 * (time.monotonic() - begun)
 
     def _reap_exits(self) -> None:
         trained = self._trained_to_length(list(self._processes))
