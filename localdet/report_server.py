@@ -169,7 +169,9 @@ class GroupWriter:
     the writer was busy runs in the next transaction, each piece in a savepoint of its own:
     an error rolls back that piece only and is raised to its caller only; the others commit.
     A failed BEGIN or COMMIT (a database busy past its timeout, a full disk) is raised to
-    every caller of the group, none of which was acknowledged, and each retries."""
+    every caller of the group, none of which was acknowledged, and each retries.
+    `run(work, write=False)`: work that only reads (or writes in a transaction of its own,
+    StateDB.atomic) runs before the group's transaction, outside it."""
 
     MAX_GROUP = 512  # a bound on one transaction's length, not a target
 
@@ -184,7 +186,8 @@ class GroupWriter:
         self._opened = threading.Event()
         self._open_error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="report-writer", daemon=True)
-        self.groups = self.pieces = 0  # for benchmarks: transactions and work committed
+        # For benchmarks: transactions committed, the writes in them, the reads done.
+        self.groups = self.pieces = self.reads = 0
 
     def start(self) -> "GroupWriter":
         self._thread.start()
@@ -216,6 +219,7 @@ class GroupWriter:
     def _serve(self) -> None:
         try:
             db = StateDB.open(self.path)  # SQLite connections stay in their thread
+            db.turns = self.turns  # for a transaction of a piece's own (write=False)
         except BaseException as error:
             self._open_error = error
             self._opened.set()
@@ -240,20 +244,37 @@ class GroupWriter:
             db.close()
 
     def _commit(self, db: StateDB, group: list["_Piece"]) -> None:
-        pending = group
+        # Reads first, answered at once: they were sent beside the writes, unanswered, so
+        # either order is one the trials could have seen.
+        for piece in group:
+            if not piece.write:
+                self._read(db, piece)
+        pending = [piece for piece in group if piece.write]
         while pending:
-            if any(piece.write for piece in pending):
-                with self.turns:
-                    pending = self._transaction(db, pending, "BEGIN IMMEDIATE")
-            else:  # reads alone: no write lock, nobody's turn taken
-                pending = self._transaction(db, pending, "BEGIN")
+            with self.turns:
+                pending = self._transaction(db, pending)
 
-    def _transaction(self, db: StateDB, pending: list["_Piece"], begin: str) -> list["_Piece"]:
+    def _read(self, db: StateDB, piece: "_Piece") -> None:
+        """Work that only reads: outside any transaction (no write lock, no turn)."""
+        conn = db.db.conn
+        try:
+            piece.result = piece.work(db)
+            if conn.in_transaction:  # it wrote after all: answered once that is committed
+                conn.commit()
+        except BaseException as error:
+            if conn.in_transaction:
+                conn.rollback()
+            piece.fail(error)
+            return
+        self.reads += 1
+        piece.finish()
+
+    def _transaction(self, db: StateDB, pending: list["_Piece"]) -> list["_Piece"]:
         """Run and commit what it can of `pending` in one transaction; returns the pieces
         left to run again."""
         conn = db.db.conn
         try:
-            conn.execute(begin)
+            conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
             for piece in pending:
                 piece.fail(error)
@@ -573,9 +594,11 @@ class _Handler(BaseHTTPRequestHandler):
             ("POST", "report", 0): self._report,
             ("POST", "target", 0): lambda r, p: db(
                 r, lambda w: w.set_target_batches(int(p["batches"]))),
-            # Answered once the acknowledgement (PAUSE -> PAUSING) it may write is committed.
+            # A read, unless a pause is to be acknowledged (PAUSE -> PAUSING): then
+            # SQLiteReporter writes that in a transaction of its own, committed before the
+            # answer.
             ("POST", "should_pause", 0): lambda r, p: {"pause": db(
-                r, lambda w: w.should_pause())},
+                r, lambda w: w.should_pause(), write=False)},
             ("POST", "checkpoints", 2): self._checkpoint_step,
             ("GET", "checkpoints", 1): lambda r, p, uuid: db(
                 r, lambda w: _manifest(w, uuid), write=False),
@@ -586,7 +609,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Check that this request's launch is the trial's running one, then run `work` on
         the reporter, both in the server's writer thread on its connection (GroupWriter);
         returns work's result once its transaction has committed. `write=False`: the work
-        only reads (a group of such takes no write lock)."""
+        reads only, or writes in a transaction of its own (run outside the group's)."""
         launch, pgrp = self._launch, self.headers.get(wire.PGRP_HEADER)
 
         def piece(db: StateDB) -> Any:

@@ -342,3 +342,33 @@ def test_a_first_batch_retried_after_its_answer_was_lost_is_recorded_once(runnin
     assert kinds.count("trial_first_batch") == 2  # the previous launch's, and this one's
     assert kinds[-1] == "trial_first_batch"
     assert len(db.metrics(trial_id)) == 1
+
+
+def test_a_read_that_writes_in_a_transaction_of_its_own_is_committed_before_its_answer(
+        running, writer):
+    db, trial_id, layout = running
+    release, blocker = held_writer(writer)
+    results: dict = {}
+
+    def acknowledge(w):  # as should_pause does when a pause is asked: read, then write
+        if w.trial(trial_id).stop_requested is None:
+            with w.atomic():
+                w.update_trial(trial_id, stop_requested="checked")
+        return w.trial(trial_id).stop_requested
+
+    def read_then_look():
+        results["answer"] = writer.run(acknowledge, write=False)
+        other = StateDB.open(layout.db)
+        results["seen"] = other.trial(trial_id).stop_requested  # from another connection
+        other.close()
+
+    threads = [queue(writer, lambda w: w.record_metrics(trial_id, "training", 1,
+                                                        {"loss": 1.0}), results, "write"),
+               threading.Thread(target=read_then_look)]
+    threads[1].start()
+    wait_queued(writer, 2)
+    release.set()
+    for thread in [blocker, *threads]:
+        thread.join(30)
+    assert results["answer"] == results["seen"] == "checked"
+    assert results["write"] == ("ok", None) and writer.reads == 1
