@@ -78,6 +78,7 @@ import multiprocessing
 import os
 import pstats
 import random
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -430,6 +431,18 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
 
     daemon.open = open_and_wrap
     outcome: dict = {}
+    from localdet import report_server
+
+    servers = []
+    started = report_server.ReportServer.start
+
+    def start_and_keep(server):  # to read its writer's counts after the run
+        servers.append(server)
+        return started(server)
+
+    report_server.ReportServer.start = start_and_keep
+    server_profiles = _profile_server(report_server) if args.profile_server else None
+    thread_cpu = _count_thread_cpu(report_server)
 
     def drive() -> None:
         while not (layout.slot_file.exists() and daemon.report_url):
@@ -455,16 +468,25 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     driver.start()
     profile = cProfile.Profile() if args.profile else None
     begun_commits = commits.count
+    cpu = _cpu()
     if profile:
         profile.enable()
     try:
-        daemon.run()
+        daemon.run()  # (closes the cluster: its worker processes have ended when it returns)
     finally:
         if profile:
             profile.disable()
+        report_server.ReportServer.start = started
+    cpu = {key: after - cpu[key] for key, after in _cpu().items()}
+    cpu.update(thread_cpu())
     driver.join()
     result = measure(cluster, slots, commits.count - begun_commits)
-    result.update(outcome=outcome, sections=sections, profile=profile)
+    writer = servers[0].writer if servers else None
+    if server_profiles is not None:
+        server_profiles = server_profiles()
+    result.update(outcome=outcome, sections=sections, profile=profile, cpu=cpu,
+                  server_profiles=server_profiles,
+                  writer=(writer.groups, writer.pieces, writer.reads) if writer else None)
     if not args.keep:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(model, ignore_errors=True)
@@ -472,6 +494,72 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     else:
         print(f"kept {home}")
     return result
+
+
+def _count_thread_cpu(report_server):
+    """CPU seconds of the report server's writer thread and of its request threads (each
+    thread's time.thread_time when it ends); returns a function that undoes the counting
+    and returns {"writer": s, "requests": s}."""
+    totals, lock = {"writer": 0.0, "requests": 0.0}, threading.Lock()
+    handler, writer = report_server._Handler, report_server.GroupWriter
+    originals = handler.handle, writer._serve
+
+    def counted(original, key):
+        def run(self):
+            try:
+                return original(self)
+            finally:
+                spent = time.thread_time()
+                with lock:
+                    totals[key] += spent
+        return run
+
+    handler.handle = counted(originals[0], "requests")
+    writer._serve = counted(originals[1], "writer")
+
+    def undo():
+        handler.handle, writer._serve = originals
+        return dict(totals)
+
+    return undo
+
+
+def _profile_server(report_server):
+    """Profile every report-server thread (request handlers and the writer) by CPU time
+    (time.thread_time), one cProfile a thread; returns a function that undoes it and
+    returns the profiles."""
+    profiles, lock = [], threading.Lock()
+    handler, writer = report_server._Handler, report_server.GroupWriter
+    originals = handler.handle, writer._serve
+
+    def profiled(original):
+        def run(self):
+            profile = cProfile.Profile(time.thread_time)
+            with lock:
+                profiles.append(profile)
+            profile.enable()
+            try:
+                return original(self)
+            finally:
+                profile.disable()
+        return run
+
+    handler.handle, writer._serve = profiled(originals[0]), profiled(originals[1])
+
+    def undo():
+        handler.handle, writer._serve = originals
+        return profiles
+
+    return undo
+
+
+def _cpu() -> dict:
+    """CPU seconds so far: this process (daemon, report server), its main thread (the
+    daemon's loop), and the ended children (the trials' worker processes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), \
+        resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"daemon": own.ru_utime + own.ru_stime, "loop": time.thread_time(),
+            "trials": children.ru_utime + children.ru_stime, "wall": time.monotonic()}
 
 
 def measure(cluster: SimulatedCluster, slots: int, commit_count: int) -> dict:
@@ -517,11 +605,22 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
     print(f"  decisions/s        {r['decisions_per_s']:7.1f}   steady {r['steady_decisions_per_s']:.1f}"
           f"   (ideal steady {2 * slots / args.trial_seconds:.1f})")
     print(f"  commits/s          {r['commits_per_s']:7.1f}   ({r['commits']} commits)")
+    if r.get("writer"):
+        groups, pieces, reads = r["writer"]
+        print(f"  report writer      {pieces} writes in {groups} transactions "
+              f"({pieces / max(groups, 1):.1f} a commit), {reads} reads")
     print(f"  utilisation        {r['utilisation']:7.3f}   steady {r['steady_utilisation']:.3f}"
           f" over {r['steady_seconds']:.1f} s (target >= 0.95)")
     print(f"  launch latency     median {r['latency_median'] * 1000:.0f} ms, "
           f"p95 {r['latency_p95'] * 1000:.0f} ms (slot freed -> next trial started)")
     print(f"  trial stretch      {r['stretch']:.2f}x  (launch-to-exit over the sleep given)")
+    cpu = r["cpu"]
+    wall = max(cpu["wall"], 1e-9)
+    print(f"  CPU                daemon's process {cpu['daemon']:.1f} s "
+          f"({cpu['daemon'] / wall:.0%} of a core: its loop's thread {cpu['loop']:.1f} s, "
+          f"the report writer {cpu.get('writer', 0):.1f} s, request threads "
+          f"{cpu.get('requests', 0):.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
+          f"daemon's {wall:.1f} s (load average {os.getloadavg()[0]:.1f} at the end)")
     sections = r["sections"]
     loop = sum(sections.totals[p] for p in ("intake", "_watch_scripts", "_handle_requests",
                                             "_watch_space", "_search", "_reap", "_schedule"))
@@ -531,7 +630,16 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
               for name in sections.PARTS if sections.totals[name] >= 0.05))
     if r["profile"] is not None:
         text = io.StringIO()
-        pstats.Stats(r["profile"], stream=text).sort_stats("cumulative").print_stats(35)
+        stats = pstats.Stats(r["profile"], stream=text)
+        stats.sort_stats("cumulative").print_stats(35)
+        stats.sort_stats("tottime").print_stats(20)
+        print(text.getvalue())
+    if r.get("server_profiles"):
+        text = io.StringIO()
+        stats = pstats.Stats(*r["server_profiles"], stream=text)
+        print("  report server's threads, CPU time (time.thread_time):")
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(25)
         print(text.getvalue())
 
 
@@ -555,6 +663,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-kb", type=int, default=64)
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the daemon's thread (slows it down)")
+    parser.add_argument("--profile-server", action="store_true",
+                        help="cProfile the report server's threads by CPU time")
     parser.add_argument("--keep", action="store_true", help="keep the LOCALDET_HOME")
     args = parser.parse_args()
     commits.install()
