@@ -37,6 +37,7 @@ from localdet import capped_log, disk_space, engines, failures, gc, keras_line, 
 from localdet.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
 from localdet.paths import Layout
 from localdet.processes import DaemonLock, alive, exit_description, process_start
+from localdet.local_machine import LocalMachine
 from localdet.ray_cluster import RayCluster
 from localdet.searching import Search, SearchError
 from localdet.slots import Slot, cuda_visible_devices, describe, detect_slots, slot_table, \
@@ -105,6 +106,9 @@ class Daemon:
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
     ray: str | None = None   # a Ray cluster's address ("auto"): its slots, trials run there
     cluster: Any = None      # or the cluster itself (RayCluster's methods): a simulated one
+    # Where trials run, behind one interface (localdet/local_machine.py): this machine, or
+    # the cluster.
+    backend: Any = None
     report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
     report_port: int | None = None  # the report server's port; None: the remembered one
     report_url: str | None = None   # set while the report server runs
@@ -135,12 +139,13 @@ class Daemon:
             detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
         self.intake = Intake(self.layout, self.db, slots=self.machine)
-        if self.cluster is not None:
-            self._usable_slots()  # the intake learns the largest node before any submission
         self.search = Search(self.db, self.log)
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
         size, self.warm_reason = self._warm_size()
         self.pool = WarmPool(self.layout, size, self.log)
+        self.backend = self.cluster or LocalMachine(self.machine, self.pool)
+        self.local = isinstance(self.backend, LocalMachine)  # pids here: watched, adopted
+        self._usable_slots()  # the intake learns the largest node before any submission
         return self
 
     def _warm_size(self) -> tuple[int, str]:
@@ -175,11 +180,11 @@ class Daemon:
         reporting = None
         try:
             # Trials on a cluster report over HTTP: they cannot reach the SQLite file.
-            if self.report == "http" or self.cluster is not None:
+            if self.report == "http" or not self.local:
                 # Before adopting: adopted trials report to it at once.
                 from localdet.report_server import ReportServer
 
-                host = self.cluster.report_host() if self.cluster is not None else "127.0.0.1"
+                host = self.backend.report_host()
                 reporting = ReportServer(self.layout, host, self.report_port,
                                          self.reserve, self.log).start()
                 # Our write transactions and the report writer's alternate, instead of each
@@ -210,8 +215,7 @@ class Daemon:
                 self._wake.clear()
         finally:
             self.pool.close()
-            if self.cluster is not None:
-                self.cluster.close()
+            self.backend.close()
             if reporting is not None:
                 reporting.close()
             observer.stop()
@@ -442,10 +446,10 @@ class Daemon:
                              else f"`localdet daemon --slots {per_trial}`")
                     error = (f"resources.{key} is {per_trial} but only {most} slot(s) are "
                              f"available; lower it or start {where}")
-                    if self.cluster is not None and spans:
+                    if not self.local and spans:
                         error = (f"resources.{key} is {per_trial} but the Ray cluster has "
                                  f"{len(self.machine)} slot(s); lower it or add nodes")
-                    elif self.cluster is not None:
+                    elif not self.local:
                         error = (f"resources.{key} is {per_trial} but no node of the Ray "
                                  f"cluster has more than {most} slot(s), and a trial runs "
                                  "within one node; lower it or add a bigger node")
@@ -460,7 +464,7 @@ class Daemon:
     def _spans_nodes(self, experiment: Experiment) -> bool:
         """Whether the experiment's trials may have their ranks on several nodes of the
         cluster (decided once per experiment: it reads the model folder)."""
-        if self.cluster is None or experiment.kind == "job":
+        if self.local or experiment.kind == "job":
             return False
         if experiment.id not in self._spanning:
             try:
@@ -483,21 +487,20 @@ class Daemon:
         return [Trial.from_row(row) for row in self.db.db["trials"].rows_where(
             "experiment_id = ? AND state = 'QUEUED'", [experiment_id], order_by="id")]
 
-    def _usable_slots(self) -> tuple[set[int], dict[int, str] | None, int]:
-        """The slots trials may start on now, which machine each is on (None: all on this
-        one), and the most slots one trial can have."""
-        if self.cluster is None:
-            return {slot.index for slot in self.machine}, None, len(self.machine)
-        self.machine = self.cluster.slots()  # nodes come and go
-        usable = self.cluster.available()
+    def _usable_slots(self) -> tuple[set[int], dict[int, tuple], int]:
+        """The slots trials may start on now, which machine each is on, and the most slots
+        a trial within one machine can have."""
+        self.machine = self.backend.slots()  # a cluster's nodes come and go
+        usable = self.backend.available()
         # Keyed (last launch there, node): trials spread, the least recently used node first.
-        node_of = {index: self.cluster.node_key(index) for index in usable}
+        node_of = {index: self.backend.node_key(index) for index in usable}
         per_node: dict = {}
         for node in node_of.values():
             per_node[node] = per_node.get(node, 0) + 1
         # A node that is gone for now may come back: its trials wait rather than fail.
-        most = max([*per_node.values(), *self.cluster.largest_node_seen()])
-        self.intake.node_slots = most  # submissions are checked against it
+        most = max([*per_node.values(), *self.backend.largest_node_seen()])
+        if not self.local:
+            self.intake.node_slots = most  # submissions are checked against it
         return usable, node_of, most
 
     def _launch(self, trial: Trial, slots: list[int]) -> None:
@@ -507,14 +510,11 @@ class Daemon:
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([self.machine[i] for i in slots]),
                 max_log_bytes=self.max_log_bytes, reserve=self.reserve,
-                report_url=self.report_url, report_local=self.cluster is None)
+                report_url=self.report_url, report_local=self.local)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             launched_at = now()
-            if self.cluster is not None:
-                process = self.cluster.start(
-                    spec, dataclasses.replace(trial, started_at=launched_at), slots)
-            else:
-                process = launcher.start(spec, self.pool.take(spec))
+            process = self.backend.start(
+                spec, dataclasses.replace(trial, started_at=launched_at), slots)
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
                 self.db.update_trial(trial.id, state="ERROR", error=str(error))
@@ -522,7 +522,7 @@ class Daemon:
                 self._searching(experiment, self.search.exited_early, experiment, trial)
                 self._settle_experiment(experiment.id)
             return
-        if self.cluster is None:  # (on a cluster, its node's memory is Ray's to watch)
+        if self.local:  # (on a cluster, its node's memory is Ray's to watch)
             self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
@@ -538,10 +538,10 @@ class Daemon:
                               **({"node": process.node, "host": process.host,
                                   "nodes": getattr(process, "nodes", [process.node]),
                                   "hosts": getattr(process, "hosts", [process.host])}
-                                 if self.cluster is not None else {}))
+                                 if not self.local else {}))
         # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
         self._waiters.watch(process)
-        where = f"on Ray node {process.host} " if self.cluster is not None else ""
+        where = f"on Ray node {process.host} " if not self.local else ""
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
                  f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
                  f"slots {slots})")
@@ -553,7 +553,7 @@ class Daemon:
         for trial in self.db.trials(experiment_id, states=("RUNNING",)):
             if trial.experiment_id not in mine and experiment_id is None:
                 continue
-            if self.cluster is not None:
+            if not self.local:
                 self._adopt_from_cluster(trial)
             elif (trial.pid and alive(trial.pid)
                     and trial.process_start in (None, process_start(trial.pid))):
@@ -567,7 +567,7 @@ class Daemon:
     def _adopt_from_cluster(self, trial: Trial) -> None:
         """Its actor, if it still runs in the cluster (named after the trial's launch)."""
         experiment = self.db.experiment(trial.experiment_id)
-        handle = self.cluster.adopt(trial, self.layout.trial_log(experiment.id, trial.id),
+        handle = self.backend.adopt(trial, self.layout.trial_log(experiment.id, trial.id),
                                     self.max_log_bytes)
         if handle is None:
             self._finish(trial.id, returncode=None)
@@ -706,7 +706,7 @@ class Daemon:
         """The machine under a trial went away: not the trial's failure. It starts again
         from its latest checkpoint on another node, its restarts untouched."""
         self.db.update_trial(trial.id, state=restart_to, stop_requested=None)
-        node = self.cluster.describe_node(process.node)
+        node = self.backend.describe_node(process.node)
         self.db.log_event("trial_node_lost", experiment_id=experiment.id, trial_id=trial.id,
                           node=process.node)
         self.log(f"trial {trial.id}: Ray node {node} was lost; the trial starts again from its "
