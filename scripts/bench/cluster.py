@@ -31,39 +31,46 @@ launch that filled the last slot to the last launch, before the queue runs dry):
                    freed slot), median and p95, in the steady state
   stretch          a trial's launch-to-exit time over the sleep it was given: time spent
                    waiting on reports (hello, should_pause, checkpoint, the final flush)
+  report writer    the writes the report server's writer committed, in how many
+                   transactions, and the reads it ran beside them
+  CPU              CPU seconds of the daemon's process (its loop's thread, the report
+                   writer, the request threads) and of the trials' workers, and the load
+                   average at the end: the machine is shared
 
 and where the daemon's main loop spent its time (perf_counter around each part of `step`).
-`--profile` adds a cProfile of the daemon's thread. With no `--slots`, the run is made for
-32, 64 and 256 slots, and ratios to the 32-slot figures are printed.
+`--profile` adds a cProfile of the daemon's thread, `--profile-server` one of every report
+server thread by CPU time. With no `--slots`, the run is made for 32, 64 and 256 slots, and
+ratios to the 32-slot figures are printed.
 
     python scripts/bench/cluster.py                    # 32, 64, 256 slots (about 6 minutes)
-    python scripts/bench/cluster.py --slots 256 --nodes 32 --profile
+    python scripts/bench/cluster.py --slots 256 --nodes 32 --trial-seconds 8
+    python scripts/bench/cluster.py --slots 256 --nodes 32 --profile-server
     python scripts/bench/cluster.py --slots 64 --seconds 30 --trial-seconds 2
 
-Measured on the shared 2-vCPU test machine (Python 3.11), localdet at 257bf91, one worker
-process, 3-s trials (load average 0.1 at the start, up to 5.8 from other work during it):
+Measured on the shared 2-vCPU test machine (Python 3.11), one worker process, nice 10, other
+people's tests beside it. Before: e3fae16 (load average 0.7 at the start of the 3-s
+invocation, 9.4 at its end); after: d2b9a64 (8.9 at the start; 5.1, 6.3, 7.2 at the end of
+each slot count; 6.6 to 3.4 for the 8-s run):
 
-  slots (nodes)   trials   decisions/s   commits/s   utilisation    launch latency   stretch
-                           all / steady               all / steady   median / p95
-  32 (4)          640      18.8 / 18.9   103         0.965 / 0.991  18 ms / 150 ms   1.09x
-  64 (8)          1280     21.4 / 21.6   118         0.823 / 0.847  0.57 s / 2.9 s   1.51x
-  256 (32)        1246 of 5120 in the 170-s cut-off:
-                           14.3 / 11.8    67         0.511 / 0.504  14 s / 76 s      2.46x
-  ratios to 32 slots: decisions/s x1.14 (64), x0.76 (256) where x2 and x8 would keep up.
-  256 (32), 60-s trials (--trial-seconds 60 --seconds 120):
-                  512      7.2 / 7.2      40         0.845 / 1.000  22 ms / 61 ms    1.00x
+  slots (nodes)          trials       decisions/s   commits/s   utilisation    launch latency
+                                      all / steady              all / steady   median / p95
+  32 (4), 3 s   before   640          17.7 / 17.8    97         0.953 / 0.978  36 ms / 388 ms
+                after    640          18.9 / 19.0    83         0.968 / 0.998  11 ms / 41 ms
+  64 (8), 3 s   before   1280         16.2 / 16.1    89         0.753 / 0.767  1.2 s / 5.7 s
+                after    1280         35.9 / 36.2   128         0.953 / 0.985  25 ms / 235 ms
+  256 (32), 3 s before   1534 of 5120 in the 170-s cut-off
+                                      14.0 / 12.4    75         0.286 / 0.274  28 s / 50 s
+                after    5120 in 165 s
+                                      62.2 / 62.4    92         0.618 / 0.625  3.0 s / 4.6 s
+  256 (32), 8 s before   1056 of 1920 in the cut-off, 231 gave up reporting after 60 s
+                                      11.3 / 9.7     47         0.676 / 0.660  11 s / 48 s
+                after    1920         54.9 / 55.8   184         0.887 / 0.963  57 ms / 1.7 s
 
-At 32 slots the daemon keeps up (0.99 in the steady state); from 64 slots the loop is busy
-88 % of the wall and the rate stays at about 20 decisions (100-120 commits) a second on this
-machine, so 3-s trials on 256 slots (170 decisions/s needed) get about half the slots: the
-target 0.95 is not met. Trials of 60 s need 8.5 decisions/s on 256 slots: the steady
-state is then 1.000 (0.845 over the whole run: two generations of trials, whose +-20 %
-jitter leaves slots idle while the last ones drain), the loop busy 14 % of the wall. 110 of the 256-slot trials gave up after the bench's 60-s report
-retry (the default is 600 s): report requests waited that long for SQLite's write lock.
-Before 257bf91 (the daemon read every trial per pass and per exit) the 32-slot loop was
-busy 47 % of the wall, 33 % after. At 256 slots the fix does not show: a launch took 77 ms
-and an exit 61 ms before it (under cProfile), 117 ms and 21 ms after, most of it waiting in
-SQLite's busy handler for the write lock the report server's threads hold in turn.
+One daemon on this machine handles about 60 decisions a second (before: 15 to 20), which
+keeps 64 slots of 3-s trials busy and 256 slots of 8-s trials (0.963; 0.947 at 7 s); 256
+slots of 3-s trials need 171 a second and get 0.625. The daemon's process then uses most of
+a core, 25 to 28 ms of CPU a trial (a third in the loop's thread, a quarter in the report
+writer, the rest in the request threads).
 What limits it, and what would come next: docs/cluster.md.
 """
 
