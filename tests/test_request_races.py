@@ -81,11 +81,19 @@ class Bench:
                                      None), 120, f"experiment {name} to be accepted", 0.05)
 
     def settled(self, experiment_id: int) -> bool:
-        experiment = self.db.experiment(experiment_id)
-        trials = self.db.trials(experiment_id)
-        pending = [r for r in self.db.pending_requests()
-                   if r["experiment_id"] == experiment_id
-                   or r["trial_id"] in {t.id for t in trials}]
+        # One read transaction, one snapshot: a request the daemon carries out between two
+        # separate reads (trials read PAUSED, then the resume gone from the pending ones)
+        # would look settled.
+        conn = self.db.db.conn
+        conn.execute("BEGIN")
+        try:
+            experiment = self.db.experiment(experiment_id)
+            trials = self.db.trials(experiment_id)
+            pending = [r for r in self.db.pending_requests()
+                       if r["experiment_id"] == experiment_id
+                       or r["trial_id"] in {t.id for t in trials}]
+        finally:
+            conn.rollback()
         return (not pending and experiment.state in SETTLED
                 and not any(t.state in ("RUNNING", "QUEUED") for t in trials))
 

@@ -11,10 +11,14 @@ import pytest
 import yaml
 
 from conftest import Daemon, wait_for
+from test_multi_slot_e2e import pause_soon_after
 from test_pause_resume_e2e import assert_ended_alike, trial_of
 
 pytestmark = pytest.mark.slow
 
+# Long enough that the pause, asked the moment 20 batches are recorded, lands well before
+# the end even when a warm process trains the script at once.
+LENGTH = 240
 EXAMPLE = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "digits_script"
 
 
@@ -22,7 +26,7 @@ def script_config(folder, name, **overrides):
     config = yaml.safe_load((EXAMPLE / "const.yaml").read_text())
     config.update(name=name, scheduling_unit=5, max_restarts=0,
                   searcher={"name": "single", "metric": "val_accuracy",
-                            "smaller_is_better": False, "max_length": {"batches": 120}},
+                            "smaller_is_better": False, "max_length": {"batches": LENGTH}},
                   reproducibility={"experiment_seed": 11},
                   environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
     config.update(overrides)
@@ -41,16 +45,14 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
         straight_id = home.experiment_named("straight")["id"]
         paused_id = home.experiment_named("paused")["id"]
         assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
-        wait_for(lambda: trial_of(home, paused_id)["batches_trained"] >= 20, 120,
-                 "the script to train a while")
-        home.cli("pause", paused_id)
+        pause_soon_after(home, paused_id, 20)
         wait_for(lambda: trial_of(home, paused_id)["state"] == "PAUSED", 300, "the pause")
         stopped_at = trial_of(home, paused_id)["batches_trained"]
-        assert 20 <= stopped_at < 120
+        assert 20 <= stopped_at < LENGTH
         home.cli("resume", paused_id)
         facts = home.wait_until_ended(paused_id)
         assert facts["state"] == "COMPLETED"
-        assert facts["trials"][0]["batches_trained"] == 120
+        assert facts["trials"][0]["batches_trained"] == LENGTH
         # Both launches (before and after the pause) recorded when their first batch ended.
         launches = facts["trials"][0]["launches"]
         assert len(launches) == 2 and all(launch["first_batch_seconds"] > 0
