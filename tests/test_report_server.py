@@ -127,6 +127,23 @@ def test_what_is_queued_while_the_writer_is_busy_commits_as_one_group(running, w
     assert len(db.metrics(trial_id)) == 10
 
 
+def between_two_reports(writer, trial_id: int, failing, after_batches: int, results: dict,
+                        release, blocker) -> None:
+    """Queue a training row at batch 1, then `failing`, then a row at `after_batches`, all
+    in one group behind the held writer; release it and wait for all three."""
+    threads = [queue(writer, lambda w: w.record_metrics(trial_id, "training", 1,
+                                                        {"loss": 1.0}), results, "before")]
+    wait_queued(writer, 1)
+    threads.append(queue(writer, failing, results, "failing"))
+    wait_queued(writer, 2)
+    threads.append(queue(writer, lambda w: w.record_metrics(
+        trial_id, "training", after_batches, {"loss": float(after_batches)}), results, "after"))
+    wait_queued(writer, 3)
+    release.set()
+    for thread in [blocker, *threads]:
+        thread.join(30)
+
+
 def test_an_error_in_one_write_is_that_requests_alone(running, writer):
     db, trial_id, _ = running
     release, blocker = held_writer(writer)
@@ -136,17 +153,7 @@ def test_an_error_in_one_write_is_that_requests_alone(running, writer):
         w.record_metrics(trial_id, "training", 2, {"loss": 2.0})  # rolled back with it
         raise ValueError("this report is refused")
 
-    threads = [queue(writer, lambda w: w.record_metrics(trial_id, "training", 1,
-                                                        {"loss": 1.0}), results, "before")]
-    wait_queued(writer, 1)
-    threads.append(queue(writer, failing, results, "failing"))
-    wait_queued(writer, 2)
-    threads.append(queue(writer, lambda w: w.record_metrics(trial_id, "training", 3,
-                                                            {"loss": 3.0}), results, "after"))
-    wait_queued(writer, 3)
-    release.set()
-    for thread in [blocker, *threads]:
-        thread.join(30)
+    between_two_reports(writer, trial_id, failing, 3, results, release, blocker)
     assert results["before"][0] == "ok" and results["after"][0] == "ok"
     assert results["failing"][0] == "error"
     assert str(results["failing"][1]) == "this report is refused"
@@ -162,17 +169,8 @@ def test_an_error_that_ends_the_transaction_runs_the_others_again(running, write
         w.db.conn.execute("ROLLBACK")  # as SQLite does on some errors (a full disk)
         raise sqlite3.OperationalError("database or disk is full")
 
-    threads = [queue(writer, lambda w: w.record_metrics(trial_id, "training", 1,
-                                                        {"loss": 1.0}), results, "before")]
-    wait_queued(writer, 1)
-    threads.append(queue(writer, destroys_the_transaction, results, "failing"))
-    wait_queued(writer, 2)
-    threads.append(queue(writer, lambda w: w.record_metrics(trial_id, "training", 2,
-                                                            {"loss": 2.0}), results, "after"))
-    wait_queued(writer, 3)
-    release.set()
-    for thread in [blocker, *threads]:
-        thread.join(30)
+    between_two_reports(writer, trial_id, destroys_the_transaction, 2, results, release,
+                        blocker)
     assert results["failing"][0] == "error"
     assert results["before"] == ("ok", None) and results["after"] == ("ok", None)
     rows = db.metrics(trial_id)
