@@ -214,6 +214,12 @@ class Daemon:
                 self._wake.wait(self.poll_seconds)
                 self._wake.clear()
         finally:
+            # A launch whose work is all recorded and that is only tearing down is ended: on
+            # a cluster its detached actor would otherwise hold its slots after it exits,
+            # with no daemon left to let it go (no next daemon adopts a finished trial).
+            for process in self._tearing_down.values():
+                if hasattr(process, "end"):
+                    process.end()
             self.pool.close()
             self.backend.close()
             if reporting is not None:
