@@ -620,17 +620,7 @@ class RayCluster:
                 failed = error
         log.write(f"error: the trial could not start on {where}: {failed}\n".encode())
         log.close()
-        for actor in actors:
-            try:
-                ray.get(actor.signal.remote(signal.SIGKILL), timeout=10)
-            except Exception:
-                pass
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
-        if group is not None:
-            ray.util.remove_placement_group(group)
+        _end_actors(actors, group)
         raise LaunchError(f"the trial could not start on {where}: {_first_line(failed)}") \
             from None
 
@@ -672,14 +662,7 @@ class RayCluster:
         except ValueError:
             group = None
         if len(slots) < 2 or len(actors) < len(slots) or group is None:
-            for actor in actors:  # a rank alone cannot go on: its peers are gone
-                try:
-                    ray.get(actor.signal.remote(signal.SIGKILL), timeout=10)
-                    ray.kill(actor, no_restart=True)
-                except Exception:
-                    pass
-            if group is not None:
-                ray.util.remove_placement_group(group)
+            _end_actors(actors, group)  # a rank alone cannot go on: its peers are gone
             return None
         log = CappedLog(log_path, max_log_bytes)
         ranks = []
@@ -690,6 +673,25 @@ class RayCluster:
                                   trial.pid if rank == 0 else None, node, host,
                                   _RankLog(log, rank)))
         return RayRanks(self, name, ranks, group, log)
+
+
+def _end_actors(actors: list, group=None) -> None:
+    """Kill each actor's child process group, then the actor; then the placement group."""
+    ray = _ray()
+    for actor in actors:
+        try:
+            ray.get(actor.signal.remote(signal.SIGKILL), timeout=10)
+        except Exception:  # the actor or its node is gone: so is the child (PDEATHSIG)
+            pass
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+    if group is not None:
+        try:
+            ray.util.remove_placement_group(group)
+        except Exception:  # already gone
+            pass
 
 
 def _trial_environment(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
