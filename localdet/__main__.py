@@ -1,5 +1,5 @@
 """`python -m localdet` is the `localdet` command."""
 
-from localdet.cli import main
+from localdet.ui.cli import main
 
 main()

@@ -88,7 +88,7 @@ class Daemon:
             self.process.wait(timeout=30)
         self.log.close()
         # Trials run in sessions of their own and outlive the daemon; end them too.
-        from localdet.db import StateDB
+        from localdet.records.db import StateDB
         db_path = self.home.path / "localdet.db"
         if db_path.exists():
             db = StateDB.open(db_path)
@@ -112,7 +112,7 @@ def layout(tmp_path):
 @pytest.fixture
 def db(layout):
     """The state folder's database, open."""
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     state = StateDB.open(layout.db)
     yield state
@@ -148,10 +148,10 @@ def write_config(folder: Path, name: str, **overrides) -> Path:
 def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **config_overrides):
     """An experiment and trial recorded in a fresh state folder, ready for an in-process
     `TrialController`; returns (db, trial id, reporter, trial info)."""
-    from localdet.config import parse_config
-    from localdet.db import StateDB
+    from localdet.config.experiment import parse_config
     from localdet.paths import Layout
-    from localdet.reporting import SQLiteReporter
+    from localdet.records.db import StateDB
+    from localdet.reporting.sqlite_reporter import SQLiteReporter
 
     hparams = hparams or {"global_batch_size": 4}
     layout = Layout(tmp_path / "home").ensure()

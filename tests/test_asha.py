@@ -8,13 +8,23 @@ import copy
 import numpy as np
 import pytest
 
-from localdet.config import parse_config
-from localdet.searcher import (AdaptiveASHASearch, Close, Create, Shutdown, ValidateAfter,
-                               make_search_method)
-from localdet.searcher.asha import (bracket_max_concurrent_trials, bracket_max_trials,
-                                    bracket_rung_counts, rung_units)
-from localdet.searcher.base import derive_seed
-from localdet.searcher.hparams import sample
+from localdet.config.experiment import parse_config
+from localdet.search.methods import (
+    AdaptiveASHASearch,
+    Close,
+    Create,
+    Shutdown,
+    ValidateAfter,
+    make_search_method,
+)
+from localdet.search.methods.asha import (
+    bracket_max_concurrent_trials,
+    bracket_max_trials,
+    bracket_rung_counts,
+    rung_units,
+)
+from localdet.search.methods.base import derive_seed
+from localdet.search.methods.hparams import sample
 
 SPACE = {"global_batch_size": 32, "x": {"type": "double", "minval": 0.0, "maxval": 1.0}}
 

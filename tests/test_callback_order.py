@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import Daemon, start_trial, wait_for
 
 MODEL = Path(__file__).parent / "compat" / "callback_order"
@@ -62,9 +61,10 @@ def test_the_checker_refuses_the_orders_determined_never_makes():
 def run_in_process(tmp_path, pause_at=()):
     """The trial in this process, paused (and resumed in a fresh controller) at the given
     workload boundaries; returns the number of processes it took."""
+    from test_exact_resume import PausingReporter
+
     import determined as det
     from determined.keras._trial_controller import TrialController
-    from test_exact_resume import PausingReporter
 
     with det.import_from_path(MODEL):  # other tests import other folders' model_def
         from model_def import CallbackOrderTrial

@@ -15,9 +15,9 @@ import time
 
 import pytest
 import yaml
-
 from conftest import TEST_TRIALS, Daemon, wait_for
-from localdet.capped_log import CappedLog, read_from, stream_size
+
+from localdet.processes.capped_log import CappedLog, read_from, stream_size
 
 DROPPED = re.compile(rb"^\[localdet\] +(\d+) bytes of this log were dropped here", re.M)
 MARKER_LINE = re.compile(rb"\[localdet\] +\d+ bytes of this log were dropped here[^\n]*\n")
@@ -86,10 +86,10 @@ def test_a_follower_gets_every_line_in_order_or_the_line_saying_what_it_missed(t
 
 def test_the_writer_process_caps_a_pipe_and_a_second_writer_waits_for_the_first(tmp_path):
     path = tmp_path / "trial.log"
-    first = subprocess.Popen([sys.executable, "-m", "localdet.capped_log", str(path), "50000"],
+    first = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path), "50000"],
                              stdin=subprocess.PIPE)
     wait_for(lambda: path.exists(), 30, "the first writer to open the log", 0.02)
-    second = subprocess.Popen([sys.executable, "-m", "localdet.capped_log", str(path), "50000"],
+    second = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path), "50000"],
                               stdin=subprocess.PIPE)
     second.stdin.write(b"second writer's line\n")
     second.stdin.close()
@@ -122,7 +122,7 @@ def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path):
                                     env=home.env, stdout=subprocess.PIPE)
         log = home.path / "experiments" / str(experiment["id"]) / "trials" / str(trial_id) \
             / "trial.log"
-        from localdet.db import StateDB
+        from localdet.records.db import StateDB
 
         db, sizes = StateDB.open(home.path / "localdet.db"), []
         while db.experiment(experiment["id"]).state == "ACTIVE":  # its size as it floods

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 from conftest import EXAMPLE, write_config
-from localdet.db import StateDB
+
+from localdet.config.submissions import Intake
 from localdet.paths import Layout
-from localdet.submissions import Intake
+from localdet.records.db import StateDB
 
 
 def ingest_example(home) -> int:
@@ -73,7 +74,7 @@ def test_json_output_is_machine_readable(home):
 
 
 def record(home, *, kind: str = "experiment", runner: str = "daemon") -> int:
-    from localdet.config import parse_config, parse_job_config
+    from localdet.config.experiment import parse_config, parse_job_config
     layout = Layout(home.path).ensure()
     config = (parse_job_config({"entrypoint": "python3 infer.py"}) if kind == "job" else
               parse_config({"entrypoint": "python3 train.py"})).config
@@ -121,8 +122,8 @@ def test_status_shows_jobs_apart_and_json_has_kind_and_runner(home):
 
 
 def test_submit_refuses_more_slots_than_the_running_daemon_has(home, tmp_path):
-    from localdet.processes import DaemonLock
-    from localdet.slots import Slot, cpu_only, write_slot_file
+    from localdet.processes.pids import DaemonLock
+    from localdet.scheduling.slots import Slot, cpu_only, write_slot_file
 
     layout = Layout(home.path).ensure()
     wide = write_config(tmp_path, "wide", resources={"slots_per_trial": 4})

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import Daemon
 
 COMPAT = Path(__file__).parent / "compat"

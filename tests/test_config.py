@@ -1,4 +1,4 @@
-"""Tests for localdet.config: Determined experiment configs -> canonical, validated form."""
+"""Tests for localdet.config.experiment: Determined experiment configs -> canonical, validated form."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from localdet.config import (
+from localdet.config.experiment import (
     ConfigError,
     global_batch_size,
     length_to_batches,

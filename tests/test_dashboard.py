@@ -18,7 +18,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import REPO, Daemon, wait_for, write_config
 
 pytestmark = pytest.mark.slow

@@ -19,13 +19,13 @@ import uuid as uuids
 
 import pytest
 import uvicorn
-
 from conftest import wait_for
-from localdet.db import StateDB
-from localdet.manifest import build_manifest
-from localdet.store import Store
-from localdet.web.app import create_app
-from localdet.web.server import WebError, start_in_thread
+
+from localdet.checkpoints.manifest import build_manifest
+from localdet.checkpoints.store import Store
+from localdet.records.db import StateDB
+from localdet.ui.web.app import create_app
+from localdet.ui.web.server import WebError, start_in_thread
 
 TOKEN = "s3cret-token"
 FOREIGN = {"Origin": "http://attacker.example", "Content-Type": "text/plain"}

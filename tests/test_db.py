@@ -1,4 +1,4 @@
-"""Tests of localdet.db.StateDB on a real SQLite file: schema, metrics, events, checkpoints."""
+"""Tests of localdet.records.db.StateDB on a real SQLite file: schema, metrics, events, checkpoints."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import uuid as uuidlib
 
 import pytest
 
-from localdet.db import CheckpointDeleted, NotFound, StateDB
-from localdet.manifest import build_manifest
-from localdet.store import FileEntry
+from localdet.checkpoints.manifest import build_manifest
+from localdet.checkpoints.store import FileEntry
+from localdet.records.db import CheckpointDeleted, NotFound, StateDB
 
 TABLES = ("experiments", "trials", "metrics", "checkpoints", "events")
 

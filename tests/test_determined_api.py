@@ -142,6 +142,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     from conftest import start_trial
+
     from determined.keras._trial_controller import TrialController
 
     w = World()
@@ -182,7 +183,7 @@ def world(tmp_path_factory):
         w.devices = (w.managed.env.container_gpus, w.managed.env.slot_ids,
                      w.managed.env.use_gpu)
         from localdet.paths import Layout
-        from localdet.reporting import CheckpointReader
+        from localdet.reporting.sqlite_reporter import CheckpointReader
 
         reader = CheckpointReader(Layout(tmp / "home"))
         w.checkpoint = reader.resolve(trial_id=trial_id)

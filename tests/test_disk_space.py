@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TEST_TRIALS, Daemon, Home, wait_for
 
 MB = 10**6
@@ -71,7 +70,7 @@ def fill(disk: Path, leave: int) -> Path:
 
 
 def test_a_checkpoint_that_runs_out_of_space_leaves_no_blob(small_disk, tmp_path):
-    from localdet.store import Store, StoreError
+    from localdet.checkpoints.store import Store, StoreError
 
     store = Store(small_disk / "store")
     folder = tmp_path / "checkpoint"  # another file system: the store copies it
@@ -90,7 +89,7 @@ def test_a_checkpoint_that_runs_out_of_space_leaves_no_blob(small_disk, tmp_path
 
 
 def test_a_full_disk_drops_log_output_and_says_how_much(small_disk):
-    from localdet.capped_log import CappedLog
+    from localdet.processes.capped_log import CappedLog
 
     path = small_disk / "trial.log"
     log = CappedLog(path, 50 * MB)
@@ -128,9 +127,9 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
         port = probe.getsockname()[1]
     daemon = Daemon(home, "--min-free-space", "4MB", "--min-free-percent", "100",
                     "--web", "--no-token", "--port", str(port))
-    from localdet.db import StateDB
-    from localdet.reporting import CheckpointReader
     from localdet.paths import Layout
+    from localdet.records.db import StateDB
+    from localdet.reporting.sqlite_reporter import CheckpointReader
 
     layout = Layout(home.path)
     db = StateDB.open(layout.db)

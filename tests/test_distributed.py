@@ -23,10 +23,10 @@ import pytest
 from determined.core import (
     DistributedContext,
     DistributedEnvironment,
+    _process_group,
     distributed_environments,
     read_distributed_environment,
 )
-from determined.core import _process_group
 
 PROCESS_TIMEOUT_S = 60
 

@@ -7,7 +7,6 @@ import shutil
 import numpy as np
 import pytest
 import yaml
-
 from conftest import EXAMPLE, TEST_TRIALS, Daemon, Home, wait_for, write_config
 
 pytestmark = pytest.mark.slow
@@ -54,7 +53,7 @@ def test_example_dropped_while_daemon_was_down_runs_to_completion(state):
 
 
 def test_metric_rows_and_checkpoints_follow_the_periods(state):
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     home, _, facts, _ = state
     db = StateDB.open(home.path / "localdet.db")
@@ -111,7 +110,7 @@ def test_identical_blobs_are_stored_once(state):
 
 
 def test_corrupted_blob_is_refused_on_export(state, tmp_path):
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     home, _, facts, _ = state
     first = home.json("checkpoints", facts["id"])[0]
@@ -197,7 +196,7 @@ def test_a_determined_keras2_trial_folder_runs_unchanged(state):
     assert facts["trials"][0]["batches_trained"] == 500
     assert "val_categorical_accuracy" in facts["trials"][0]["latest_validation"]
     assert home.json("checkpoints", facts["id"])[-1]["metadata"]["keras_line"] == "keras2"
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
     launches = [e["payload"] for e in StateDB.open(home.path / "localdet.db").events(facts["id"])
                 if e["kind"] == "trial_launched"]
     assert "optimizers.legacy" in launches[0]["keras_line_reason"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from localdet import engines
-from localdet.config import parse_config
-from localdet.submissions import SubmissionError, read_submission
+from localdet.config import engines
+from localdet.config.experiment import parse_config
+from localdet.config.submissions import SubmissionError, read_submission
 
 
 def config(slots: int, **environment) -> dict:
@@ -54,7 +54,7 @@ def test_several_slots_under_keras_2_run_one_process_per_slot(tmp_path, keras2, 
     assert engines.choose(config(2, **keras2["environment"]), folder)[0] == engines.HOROVOD
     assert engines.choose(config(1, **keras2["environment"]), folder)[0] == engines.SINGLE
     # A forced engine that cannot run this Keras is refused, naming why it runs under it.
-    with pytest.raises(engines.EngineError) as error:
+    with pytest.raises(engines.EngineRefusal) as error:
         engines.choose(config_with(2, "mirrored", **keras2["environment"]), folder)
     assert str(error.value).startswith("resources.engine mirrored cannot train this trial")
     assert keras2["reason"] in str(error.value)
@@ -67,11 +67,11 @@ def test_the_config_can_force_an_engine_and_one_that_cannot_run_is_refused(
     keras2 = {"TF_USE_LEGACY_KERAS": "1"}
     assert engines.choose(config_with(2, "multi_worker_mirrored", **keras2),
                           folder)[0] == engines.MULTI_WORKER_MIRRORED
-    with pytest.raises(engines.EngineError, match="horovod.tensorflow is not installed here"):
+    with pytest.raises(engines.EngineRefusal, match="horovod.tensorflow is not installed here"):
         engines.choose(config_with(2, "horovod", **keras2), folder)
-    with pytest.raises(engines.EngineError, match="Horovod does not support Keras 3"):
+    with pytest.raises(engines.EngineRefusal, match="Horovod does not support Keras 3"):
         engines.choose(config_with(2, "horovod"), folder)
-    with pytest.raises(engines.EngineError, match="Keras 3 fails under MultiWorker"):
+    with pytest.raises(engines.EngineRefusal, match="Keras 3 fails under MultiWorker"):
         engines.choose(config_with(2, "multi_worker_mirrored"), folder)
     assert engines.processes(engines.MIRRORED, 4) == 1
     with pytest.raises(ValueError, match="engine"):  # the schema knows the names
@@ -95,7 +95,7 @@ def test_submit_refuses_a_config_no_engine_can_run(tmp_path):
 
 
 def test_on_a_cluster_only_multi_worker_mirrored_trials_may_be_bigger_than_a_node(tmp_path):
-    from localdet.submissions import check_engine
+    from localdet.config.submissions import check_engine
 
     folder = model_dir(tmp_path)
     with pytest.raises(SubmissionError) as error:  # Keras 3: one process, one node

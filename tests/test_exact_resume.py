@@ -8,11 +8,10 @@ import random
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import start_trial
+
 from determined import keras
 from determined.keras._trial_controller import TrialController
-
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-
 from conftest import Daemon, write_config
-from localdet import failures, launcher
-from localdet.config import parse_config
+
+from localdet.config.experiment import parse_config
+from localdet.processes import failures, launcher
 
 TINY_TRIAL = '''
 import numpy as np

@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
-
 from conftest import EXAMPLE, Daemon, wait_for, write_config
-from localdet.db import StateDB
+
 from localdet.paths import Layout
+from localdet.records.db import StateDB
 
 SHORT = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
                        "max_length": {"batches": 40}},

@@ -32,10 +32,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import Daemon, wait_for, write_config
-from fuzz.hostile import ACCEPTED, BASE, ERROR, REJECTED, Case, dump, generate, make, \
-    model_code_cases
+from fuzz.hostile import (
+    ACCEPTED,
+    BASE,
+    ERROR,
+    REJECTED,
+    Case,
+    dump,
+    generate,
+    make,
+    model_code_cases,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +97,7 @@ def held_experiment(folder: Path, name: str, hold: Path) -> Path:
 
 def final_weights(home, facts: dict) -> list[tuple[str, np.ndarray]]:
     """(name, array) of every weight in the trial's final checkpoint's .h5, in file order."""
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     manifest = db.checkpoint(facts["trials"][0]["latest_checkpoint"]).manifest
@@ -281,7 +289,7 @@ def test_hostile_submissions_while_an_experiment_trains(home, tmp_path):
     assert not failures, "\n".join(failures)
 
     # Accepted means the snapshot holds what was dropped, under the names given.
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     for case in cases:

@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import REPO, Home
 from test_multi_slot_e2e import SHORT, assert_same_weights, one_and_two_slots
 
@@ -61,7 +60,8 @@ def test_two_horovod_ranks_on_two_ray_nodes_end_like_one_slot(tmp_path, horovod_
     """Each worker node has one slot, so the 2-slot trial's ranks run one on each, in a
     placement group, joined by Horovod's Gloo rendezvous on rank 0's node."""
     from conftest import EXAMPLE, Daemon, write_config
-    from localdet.db import StateDB
+
+    from localdet.records.db import StateDB
 
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cluster = subprocess.Popen([horovod_python, "-c", RAY_CLUSTER], stdin=subprocess.PIPE,

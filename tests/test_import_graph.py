@@ -83,9 +83,9 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_both_packages():
     edges = graph()
-    assert "localdet.db" in edges and "determined.core._reporting" in edges
-    assert "determined.core" in edges["localdet.reporting"]  # `from determined.core import`
-    assert "localdet.states" in edges["localdet.db"]
+    assert "localdet.records.db" in edges and "determined.core._reporting" in edges
+    assert "determined.core" in edges["localdet.reporting.sqlite_reporter"]  # `from determined.core import`
+    assert "localdet.records.states" in edges["localdet.records.db"]
 
 
 def test_find_cycle_reports_the_circle():
@@ -109,8 +109,8 @@ def test_localdet_is_installed_as_the_reporter_factory():
     from determined.core._reporting import REPORTER_GROUP, reporter_factory
 
     found = importlib.metadata.entry_points(group=REPORTER_GROUP)
-    assert [ep.value for ep in found] == ["localdet.reporter_factory:LocaldetReporterFactory"]
-    from localdet.reporter_factory import LocaldetReporterFactory
+    assert [ep.value for ep in found] == ["localdet.reporting.factory:LocaldetReporterFactory"]
+    from localdet.reporting.factory import LocaldetReporterFactory
 
     assert isinstance(reporter_factory(), LocaldetReporterFactory)
 

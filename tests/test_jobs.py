@@ -11,12 +11,12 @@ import time
 
 import pytest
 import yaml
-
 from conftest import Daemon, Home, wait_for
-from localdet.daemon import SCRIPT_GONE
-from localdet.processes import DaemonLock
-from localdet.db import StateDB
+
+from localdet.daemon.daemon import SCRIPT_GONE
 from localdet.paths import Layout
+from localdet.processes.pids import DaemonLock
+from localdet.records.db import StateDB
 
 SCRIPT = textwrap.dedent("""\
     import os, pathlib, sys
@@ -176,7 +176,7 @@ def test_a_job_wanting_more_slots_than_the_daemon_has_errors(daemon, tmp_path):
 
 def record_unmanaged(home, runner: str, state: str = "ACTIVE", trial_state: str = "RUNNING",
                      pid: int | None = None, command: str = "python3 -c pass") -> tuple[int, int]:
-    from localdet.config import parse_config
+    from localdet.config.experiment import parse_config
     layout = Layout(home.path)
     db = db_of(home)
     config = parse_config({"name": f"{runner}-run", "entrypoint": command}).config

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import start_trial
+from test_exact_resume import PausingReporter
+
 from determined.core import DistributedContext
 from determined.keras import KerasContext
 from determined.keras._keras_context import JobHasNoTrainingError
 from determined.keras._trial_controller import TrialError, prepare_process
-from test_exact_resume import PausingReporter
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(96, 6)).astype("float32")
@@ -84,7 +84,7 @@ def test_fit_trains_to_the_searcher_length_and_reports(tmp_path):
 
 
 def test_fit_records_when_its_launchs_first_batch_ended(tmp_path):
-    from localdet.db import now
+    from localdet.records.db import now
 
     db, trial_id, reporter, _ = start_trial(tmp_path, 6, scheduling_unit=2)
     db.update_trial(trial_id, state="RUNNING", started_at=now())  # as the daemon launches it

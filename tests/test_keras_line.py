@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from determined.exec.run_trial import keras_version_hint
-from localdet import keras_line
-from localdet.config import parse_config
+from localdet.config import keras_choice
+from localdet.config.experiment import parse_config
 
 TRIAL = {"entrypoint_kind": "trial_class", "trial_class": "model_def:Trial"}
 
@@ -24,8 +24,8 @@ def _folder(tmp_path, files: dict[str, str]):
 
 def test_the_config_decides_when_it_names_the_line(tmp_path):
     (tmp_path / "model_def.py").write_text("from tensorflow.keras.optimizers.legacy import SGD\n")
-    assert keras_line.choose(tmp_path, {"TF_USE_LEGACY_KERAS": "0"}, TRIAL)[0] == "keras3"
-    assert keras_line.choose(tmp_path, {"TF_USE_LEGACY_KERAS": "1"}, TRIAL)[0] == "keras2"
+    assert keras_choice.choose(tmp_path, {"TF_USE_LEGACY_KERAS": "0"}, TRIAL)[0] == "keras3"
+    assert keras_choice.choose(tmp_path, {"TF_USE_LEGACY_KERAS": "1"}, TRIAL)[0] == "keras2"
 
 
 @pytest.mark.parametrize("code, spelling", [
@@ -62,7 +62,7 @@ def test_the_config_decides_when_it_names_the_line(tmp_path):
 ])
 def test_every_spelling_of_keras2_only_api_chooses_keras2(tmp_path, code, spelling):
     _folder(tmp_path, {"model_def.py": "import os\n" + code})
-    line, reason = keras_line.choose(tmp_path, {}, TRIAL)
+    line, reason = keras_choice.choose(tmp_path, {}, TRIAL)
     assert line == "keras2", reason
     assert reason.startswith("model_def.py:")
     assert spelling in reason and "only Keras 2 has" in reason
@@ -85,7 +85,7 @@ def test_every_spelling_of_keras2_only_api_chooses_keras2(tmp_path, code, spelli
 ])
 def test_keras3_code_and_lookalikes_stay_on_keras3(tmp_path, code):
     _folder(tmp_path, {"model_def.py": code})
-    assert keras_line.choose(tmp_path, {}, TRIAL) == ("keras3", "the default")
+    assert keras_choice.choose(tmp_path, {}, TRIAL) == ("keras3", "the default")
 
 
 def test_the_reason_names_file_line_and_spelling(tmp_path):
@@ -95,7 +95,7 @@ def test_the_reason_names_file_line_and_spelling(tmp_path):
         def optimizer():
             return tf.keras.optimizers.legacy.Adam(lr=0.1)
         """})
-    assert keras_line.choose(tmp_path, {}, TRIAL) == (
+    assert keras_choice.choose(tmp_path, {}, TRIAL) == (
         "keras2", "model_def.py:4 uses tf.keras.optimizers.legacy.Adam, which only Keras 2 has")
 
 
@@ -109,12 +109,12 @@ def test_local_imports_are_followed_transitively_and_unreachable_files_ignored(t
         "old/experiment.py": "import tf_keras\n",       # nothing imports it
         "scratch.py": "from keras.engine import training\n",
     })
-    line, reason = keras_line.choose(tmp_path, {}, TRIAL)
+    line, reason = keras_choice.choose(tmp_path, {}, TRIAL)
     assert (line, reason.split(" uses")[0]) == ("keras2", "lib/deep.py:2")
     (tmp_path / "lib" / "deep.py").write_text("make = None\n")
-    assert keras_line.choose(tmp_path, {}, TRIAL) == ("keras3", "the default")
+    assert keras_choice.choose(tmp_path, {}, TRIAL) == ("keras3", "the default")
     # Without an entrypoint every file counts (what engines did before it passed one).
-    assert keras_line.choose(tmp_path, {})[0] == "keras2"
+    assert keras_choice.choose(tmp_path, {})[0] == "keras2"
 
 
 def test_a_package_entrypoint_runs_its_init_and_absolute_imports_of_the_folder(tmp_path):
@@ -124,7 +124,7 @@ def test_a_package_entrypoint_runs_its_init_and_absolute_imports_of_the_folder(t
         "pkg/common.py": "from keras.optimizers.legacy import Adam as OPT\n",
     })
     config = {"entrypoint_kind": "trial_class", "trial_class": "pkg.model:Trial"}
-    line, reason = keras_line.choose(tmp_path, {}, config)
+    line, reason = keras_choice.choose(tmp_path, {}, config)
     assert line == "keras2" and reason.startswith("pkg/common.py:1 uses from keras.optimizers.legacy")
 
 
@@ -137,7 +137,7 @@ def test_script_entrypoints_start_from_the_script(tmp_path, entrypoint):
                        "model.py": "import tensorflow as tf\nopt = tf.keras.optimizers.legacy.Adam()\n",
                        "unused.py": "import tf_keras\n"})
     config = parse_config({"entrypoint": entrypoint}).config
-    line, reason = keras_line.choose(tmp_path, {}, config)
+    line, reason = keras_choice.choose(tmp_path, {}, config)
     assert line == "keras2" and reason.startswith("model.py:2"), reason
 
 
@@ -148,27 +148,27 @@ def test_the_launcher_form_starts_from_its_trial_class(tmp_path):
         "entrypoint": "python3 -m determined.launch.horovod --autohorovod --trial model_def:IrisTrial",
         "hyperparameters": {"global_batch_size": 8},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}}}).config
-    line, reason = keras_line.choose(tmp_path, {}, config)
+    line, reason = keras_choice.choose(tmp_path, {}, config)
     assert line == "keras2" and reason.startswith("model_def.py:1"), reason
     (tmp_path / "model_def.py").write_text("import tensorflow\n")
-    assert keras_line.choose(tmp_path, {}, config) == ("keras3", "the default")
+    assert keras_choice.choose(tmp_path, {}, config) == ("keras3", "the default")
 
 
 def test_a_file_that_does_not_parse_is_searched_as_text_and_the_reason_says_so(tmp_path):
     _folder(tmp_path, {"model_def.py": "import helpers\n",
                        "helpers.py": "print 'python 2'\nopt = keras.optimizers.legacy.Adam()\n"})
-    line, reason = keras_line.choose(tmp_path, {}, TRIAL)
+    line, reason = keras_choice.choose(tmp_path, {}, TRIAL)
     assert line == "keras2"
     assert reason.startswith("helpers.py:2 uses optimizers.legacy") and "does not parse" in reason
     (tmp_path / "helpers.py").write_text("def broken(:\n")
-    line, reason = keras_line.choose(tmp_path, {}, TRIAL)
+    line, reason = keras_choice.choose(tmp_path, {}, TRIAL)
     assert line == "keras3" and "helpers.py (line 1) does not parse" in reason
 
 
 def test_an_entrypoint_that_names_no_file_falls_back_to_every_file(tmp_path):
     _folder(tmp_path, {"run.sh": "python3 x.py\n", "x.py": "import tf_keras\n"})
     config = {"entrypoint_kind": "script", "script_command": "bash run.sh"}
-    assert keras_line.choose(tmp_path, {}, config)[0] == "keras2"
+    assert keras_choice.choose(tmp_path, {}, config)[0] == "keras2"
 
 
 def test_a_keras_line_failure_says_which_line_ran_and_how_to_switch(monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localdet.db import StateDB
+from localdet.records.db import StateDB
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,17 +1,16 @@
-"""Tests of localdet.launcher: the argv, environment and folder a trial (or job) starts with."""
+"""Tests of localdet.processes.launcher: the argv, environment and folder a trial (or job) starts with."""
 
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 
 import pytest
 
-from localdet import launcher
-from localdet.config import parse_config, parse_job_config
-from localdet.db import StateDB
+from localdet.config.experiment import parse_config, parse_job_config
 from localdet.paths import Layout
+from localdet.processes import launcher
+from localdet.records.db import StateDB
 
 
 def recorded(layout: Layout, config: dict, kind: str = "experiment"):
@@ -123,7 +122,7 @@ def test_a_trial_sees_only_its_slots_devices(layout, monkeypatch):
 
 
 def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
-    from localdet.daemon import Daemon
+    from localdet.daemon.daemon import Daemon
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU slots, on a machine with GPUs too
 
@@ -142,8 +141,7 @@ def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
 
 
 def test_a_multi_process_engine_starts_the_rank_supervisor(layout, monkeypatch):
-    from localdet import engines
-
+    from localdet.config import engines
     monkeypatch.setattr(engines, "horovod_installed", lambda: False)
     experiment, trial = recorded(layout, parse_config({
         "entrypoint": "model_def:Trial", "resources": {"slots_per_trial": 2},
@@ -151,7 +149,7 @@ def test_a_multi_process_engine_starts_the_rank_supervisor(layout, monkeypatch):
         "environment": {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}}).config)
     spec = launcher.launch_spec(layout, experiment, trial, [0, 1], visible_devices="")
     assert spec.engine == spec.env["LOCALDET_ENGINE"] == "multi_worker_mirrored"
-    assert spec.argv == [sys.executable, "-P", "-m", "localdet.ranks", "--size", "2",
+    assert spec.argv == [sys.executable, "-P", "-m", "localdet.processes.ranks", "--size", "2",
                          "--tf-config", "--", sys.executable, "-m", "determined.exec.run_trial"]
     monkeypatch.setattr(engines, "horovod_installed", lambda: True)
     spec = launcher.launch_spec(layout, experiment, trial, [0, 1], visible_devices="")

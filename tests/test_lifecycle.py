@@ -9,8 +9,20 @@ import random
 
 import pytest
 
-from localdet.lifecycle import (PAUSE, PAUSING, REQUEUE, Exit, TrialPhase, acknowledge, applies,
-                                experiment_after, held, on_exit, on_request, settle)
+from localdet.records.lifecycle import (
+    PAUSE,
+    PAUSING,
+    REQUEUE,
+    Exit,
+    TrialPhase,
+    acknowledge,
+    applies,
+    experiment_after,
+    held,
+    on_exit,
+    on_request,
+    settle,
+)
 
 
 @pytest.mark.parametrize("action, before, after", [

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import start_trial
 
 import determined as det
-from conftest import start_trial
 from determined.keras import load_model_from_checkpoint_path
 from determined.keras._load import CheckpointLoadError
 
@@ -118,7 +118,7 @@ def test_determined_checkpoints_load_under_keras_2(determined_checkpoints, tmp_p
 
 # -- localdet's own checkpoints ----------------------------------------------------------
 def export_latest(reporter, trial_id: int, folder: Path) -> Path:
-    from localdet.reporting import CheckpointReader
+    from localdet.reporting.sqlite_reporter import CheckpointReader
 
     reader = CheckpointReader(reporter.layout)
     return reader.materialize(reader.resolve(trial_id=trial_id), folder)

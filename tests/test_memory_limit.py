@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TEST_TRIALS, Daemon, wait_for
-from test_fail_fast import experiment as tiny_experiment, model_folder
-from localdet import memory_limit
-from localdet.config import ConfigError, parse_config, parse_job_config
+from test_fail_fast import experiment as tiny_experiment
+from test_fail_fast import model_folder
+
+from localdet.config.experiment import ConfigError, parse_config, parse_job_config
+from localdet.processes import memory_limit
 
 HOG = TEST_TRIALS / "memory_hog"
 SCRIPT = {"entrypoint": "python3 hog.py"}
@@ -71,7 +72,7 @@ def test_a_job_takes_max_memory_too():
 
 # -- the limit of a launch ----------------------------------------------------------------------
 def test_the_daemons_fraction_applies_when_the_config_sets_no_limit(layout, db):
-    from localdet.daemon import Daemon as RealDaemon
+    from localdet.daemon.daemon import Daemon as RealDaemon
 
     guard = RealDaemon(layout, trial_memory_fraction=0.25).open(db).memory
     total = memory_limit.physical_memory()
@@ -192,7 +193,7 @@ def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path,
         # Four processes of 150 MB each: none alone reaches the daemon's 400 MB default,
         # their sum does.
         tree = submit(home, tmp_path, "tree", "--children 4 --each 150")
-        # Two ranks under the rank supervisor (localdet.ranks), 150 MB each.
+        # Two ranks under the rank supervisor (localdet.processes.ranks), 150 MB each.
         ranks = submit(home, tmp_path, "ranks", "--hold 150", max_memory="250MB",
                        slots_per_trial=2, engine="multi_worker_mirrored",
                        environment=["TF_USE_LEGACY_KERAS=1"])
@@ -251,8 +252,8 @@ def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limi
         wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
     finally:
         stop_leaving_trials(first)
-    from localdet.db import StateDB
-    from localdet.processes import alive
+    from localdet.processes.pids import alive
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     pid = db.trial(1).pid

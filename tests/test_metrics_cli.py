@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from localdet.config import parse_config
-from localdet.db import StateDB
+from localdet.config.experiment import parse_config
 from localdet.paths import Layout
-from localdet.reporting import SQLiteReporter
+from localdet.records.db import StateDB
+from localdet.reporting.sqlite_reporter import SQLiteReporter
 
 NAMES = ["loss", "accuracy", "val_loss", "val_accuracy"]
 # val_loss by trial: trial 2 (the second one) is the best at every step.
@@ -136,8 +136,7 @@ def test_plot_writes_the_learning_curves_as_a_png(home, recorded, tmp_path):
 def test_curves_draw_one_line_per_trial_and_the_best_thicker(recorded):
     import matplotlib.pyplot as plt
 
-    from localdet import metrics_report, views
-
+    from localdet.ui import metrics_report, views
     db = StateDB.open(recorded.layout.db)
     experiment = db.experiment(recorded.experiment_id)
     best = views.experiment_facts(db, experiment)["best_trial"]

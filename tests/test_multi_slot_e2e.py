@@ -10,7 +10,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import EXAMPLE, Daemon, wait_for, write_config
 from test_pause_resume_e2e import final_weights, trial_of
 
@@ -87,7 +86,7 @@ def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path
     assert_same_weights(home, ids[0], ids[1], tmp_path)
     assert trial_of(home, ids[1])["batches_trained"] == trial_of(home, ids[0])["batches_trained"]
     # Only the chief records when the launch's first batch ended, however many processes.
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
     events = StateDB.open(home.path / "localdet.db").events(ids[1])
     assert [e["kind"] for e in events].count("trial_first_batch") == 1
     assert trial_of(home, ids[1])["launch_seconds"] > 0
@@ -107,9 +106,9 @@ def assert_same_weights(home, a: int, b: int, tmp_path) -> None:
 def pause_soon_after(home, experiment_id: int, batches: int) -> None:
     """Ask for a pause the moment the trial has trained `batches`: watched in the database
     and asked in process, so a loaded machine cannot let it run to its end meanwhile."""
-    from localdet.actions import request
-    from localdet.db import StateDB
     from localdet.paths import Layout
+    from localdet.records.actions import request
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -122,7 +121,7 @@ def pause_soon_after(home, experiment_id: int, batches: int) -> None:
 
 def rank_pids(home, trial_id: int) -> list[int]:
     """The rank processes under a trial's supervisor (the process the daemon records)."""
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:

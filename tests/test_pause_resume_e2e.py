@@ -7,7 +7,6 @@ import os
 import h5py
 import numpy as np
 import pytest
-
 from conftest import EXAMPLE, Daemon, wait_for, write_config
 
 pytestmark = pytest.mark.slow
@@ -89,7 +88,7 @@ def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path):
         home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
         experiment_id = home.experiment_named("killed")["id"]
         wait_for(lambda: trial_of(home, experiment_id)["state"] == "RUNNING", 180, "the start")
-        from localdet.db import StateDB
+        from localdet.records.db import StateDB
         pid = StateDB.open(home.path / "localdet.db").trial(
             trial_of(home, experiment_id)["id"]).pid
         home.cli("kill", "--trial", trial_of(home, experiment_id)["id"])

@@ -1,4 +1,4 @@
-"""Tests of localdet.ranks: the supervisor that runs a trial's rank processes as one."""
+"""Tests of localdet.processes.ranks: the supervisor that runs a trial's rank processes as one."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import pytest
 from conftest import wait_for
 
-from localdet.processes import alive
+from localdet.processes.pids import alive
 
-SUPERVISOR = [sys.executable, "-P", "-m", "localdet.ranks"]  # as the launcher runs it
+SUPERVISOR = [sys.executable, "-P", "-m", "localdet.processes.ranks"]  # as the launcher runs it
 
 # Every rank writes its pid to PIDS/<rank> first, so that tests can check it is gone later.
 PREAMBLE = textwrap.dedent("""\
@@ -28,7 +28,7 @@ PREAMBLE = textwrap.dedent("""\
 
 
 def supervisor(size: int, script: str, *args: str, options: tuple = (), env=None):
-    """`python -m localdet.ranks` running `python -c PREAMBLE+script ARGS` in its own session,
+    """`python -m localdet.processes.ranks` running `python -c PREAMBLE+script ARGS` in its own session,
     as the launcher starts it."""
     return subprocess.Popen(
         [*SUPERVISOR, "--size", str(size), *options, "--",
@@ -195,8 +195,8 @@ def test_a_missing_program_is_named(tmp_path):
 def test_ranks_on_several_machines_meet_at_the_chief_machine_and_each_listens_on_its_own():
     import json as json_module
 
-    from localdet.launcher import supervised_argv, unsupervised_argv
-    from localdet.ranks import cluster_rank_environments
+    from localdet.processes.launcher import supervised_argv, unsupervised_argv
+    from localdet.processes.ranks import cluster_rank_environments
 
     base = {"LOCALDET_SLOTS": "3,0", "LOCALDET_TRIAL_ID": "7", "PATH": "/bin"}
     envs = cluster_rank_environments(base, [{"host": "10.0.0.2", "ports": [4000, 4001]},
@@ -216,7 +216,7 @@ def test_ranks_on_several_machines_meet_at_the_chief_machine_and_each_listens_on
 
 
 def test_horovod_ranks_on_several_machines_are_named_by_machine_in_rank_order():
-    from localdet.ranks import horovod_host_spec, horovod_hosts
+    from localdet.processes.ranks import horovod_host_spec, horovod_hosts
 
     nodes = [{"node": n} for n in ("b1", "b1", "a7", "c3")]
     assert horovod_hosts(nodes) == ["node0", "node0", "node1", "node2"]

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import TEST_TRIALS, Daemon, Home, wait_for
 
 # Before Ray is imported (it reads this once): every Ray process on 127.0.0.1, none on the
@@ -33,9 +32,8 @@ COUNTER = TEST_TRIALS / "counter"
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
     from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
 
     assert not ray_constants.ENABLE_RAY_CLUSTER, "Ray was imported before the test set it"
     # A node's death is noticed within ~1.5 s rather than Ray's default 15 s.
@@ -80,9 +78,9 @@ def expected_weights(seed: int, variant: int, batches: int) -> list[float]:
 
 def outcomes(home: Home, experiment_id: int) -> dict:
     """Per trial (by its hyperparameters): state, batches, metric rows and final weights."""
-    from localdet.db import StateDB
     from localdet.paths import Layout
-    from localdet.reporting import CheckpointReader
+    from localdet.records.db import StateDB
+    from localdet.reporting.sqlite_reporter import CheckpointReader
 
     layout = Layout(home.path)
     db = StateDB.open(layout.db)
@@ -103,7 +101,7 @@ def outcomes(home: Home, experiment_id: int) -> dict:
 
 
 def launches(home: Home, experiment_id: int) -> list[dict]:
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -116,7 +114,7 @@ def launches(home: Home, experiment_id: int) -> list[dict]:
 
 
 def trial_row(home: Home, trial_id: int):
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -126,7 +124,7 @@ def trial_row(home: Home, trial_id: int):
 
 
 def events(home: Home, kind: str) -> list:
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -208,7 +206,8 @@ def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, 
         home2.cli("kill", "1")
         assert home2.wait_until_ended(1, timeout=60)["state"] == "CANCELED"
         import ray
-        from localdet.ray_cluster import actor_name
+
+        from localdet.scheduling.ray_cluster import actor_name
 
         ray.init(address=cluster.address, namespace=_namespace(home2), log_to_driver=False)
         try:
@@ -224,7 +223,7 @@ def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, 
 
 def _namespace(home: Home) -> str:
     from localdet.paths import Layout
-    from localdet.ray_cluster import namespace_of
+    from localdet.scheduling.ray_cluster import namespace_of
 
     return namespace_of(Layout(home.path))
 
@@ -245,9 +244,8 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     resumed (both ranks stop, and start again on both nodes), it ends within 1e-5 of the
     same trial on one slot. A Keras 3 trial (one process) cannot span nodes: refused at
     submission."""
-    from test_multi_slot_e2e import KERAS2, assert_same_weights, pause_soon_after
-
     from conftest import EXAMPLE, write_config
+    from test_multi_slot_e2e import KERAS2, assert_same_weights, pause_soon_after
 
     config = dict(KERAS2, scheduling_unit=10,
                   searcher=dict(KERAS2["searcher"], max_length={"batches": 100}))

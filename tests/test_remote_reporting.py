@@ -15,14 +15,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLE, Daemon, Home, start_trial, wait_for, write_config
-from localdet import lifecycle
-from localdet.db import StateDB, now
+
 from localdet.paths import Layout
-from localdet.remote_reporter import HTTPReporter, ReportError, StaleLaunch
-from localdet.report_server import (PORT_FILE, SECRET_FILE, ReportServer, ReportServerError,
-                                    launch_token, daemon_secret, trial_environment)
+from localdet.records import lifecycle
+from localdet.records.db import StateDB, now
+from localdet.reporting.http_reporter import HTTPReporter, ReportError, StaleLaunch
+from localdet.reporting.report_server import (
+    PORT_FILE,
+    SECRET_FILE,
+    ReportServer,
+    ReportServerError,
+    daemon_secret,
+    launch_token,
+    trial_environment,
+)
 
 
 class DroppingProxy:
@@ -231,8 +238,9 @@ def test_a_daemon_that_never_comes_back_ends_the_trial_with_one_sentence(served,
 
 
 def test_a_launch_over_http_still_fits_a_warm_process(served):
-    from localdet import keras_line, launcher
-    from localdet.warm_pool import environment_kind, kind_of
+    from localdet.config import keras_choice
+    from localdet.processes import launcher
+    from localdet.processes.warm_pool import environment_kind, kind_of
 
     db, trial_id, layout, server = served
     trial = db.trial(trial_id)
@@ -241,7 +249,7 @@ def test_a_launch_over_http_still_fits_a_warm_process(served):
     assert spec.env["LOCALDET_REPORT_URL"] == server.url and spec.env["LOCALDET_LAUNCH"] == "1"
     # What differs from trial to trial is the trial's own: the daemon's warm process fits.
     assert kind_of(spec) == environment_kind(launcher.experiment_environment(
-        layout, {}, keras_line.default()[0]))
+        layout, {}, keras_choice.default()[0]))
 
 
 def test_port_and_secret_survive_a_restart(tmp_path):
@@ -274,7 +282,7 @@ PAUSED = dict(entrypoint="model_def:SlowDigitsTrial",
 
 
 def trial_row(home: Home, experiment_id: int):
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -333,7 +341,7 @@ def paused_and_resumed(tmp_path: Path, report: str, kill: bool = False) -> dict:
 
 
 def metrics(home: Home, experiment_id: int):
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:

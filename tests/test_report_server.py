@@ -16,13 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import start_trial
-from localdet.db import StateDB, now
+
 from localdet.paths import Layout
-from localdet.remote_reporter import HTTPReporter
-from localdet.report_server import (GroupWriter, ReportServer, WriteTurns, daemon_secret,
-                                    launch_token)
+from localdet.records.db import StateDB, now
+from localdet.reporting.http_reporter import HTTPReporter
+from localdet.reporting.report_server import (
+    GroupWriter,
+    ReportServer,
+    WriteTurns,
+    daemon_secret,
+    launch_token,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -272,7 +277,7 @@ CRASHING_SERVER = r"""
 import os, signal, sys
 from pathlib import Path
 from localdet.paths import Layout
-from localdet.report_server import ReportServer, _Handler
+from localdet.reporting.report_server import ReportServer, _Handler
 
 # The moment an answer has been sent, the process dies (kill -9): nothing after the
 # acknowledgement runs, so what the trial was told is recorded must already be committed.

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TEST_TRIALS, Daemon, wait_for
 
 pytestmark = pytest.mark.slow
@@ -67,14 +66,14 @@ class Bench:
 
     @property
     def db(self):
-        from localdet.db import StateDB
+        from localdet.records.db import StateDB
 
         if not hasattr(self.local, "db"):  # SQLite connections stay in their thread
             self.local.db = StateDB.open(self.layout.db)
         return self.local.db
 
     def submit(self, name: str, searcher: str, crash_at: int = 0) -> int:
-        from localdet.submissions import submit
+        from localdet.config.submissions import submit
 
         submit(self.layout, counter_config(self.tmp_path, name, searcher, crash_at), COUNTER)
         return wait_for(lambda: next((e.id for e in self.db.experiments() if e.name == name),
@@ -98,7 +97,7 @@ class Bench:
                 and not any(t.state in ("RUNNING", "QUEUED") for t in trials))
 
     def weights(self, trial) -> list[float]:
-        from localdet.reporting import CheckpointReader
+        from localdet.reporting.sqlite_reporter import CheckpointReader
 
         folder = self.tmp_path / "exported" / trial.latest_checkpoint
         if not folder.exists():
@@ -171,7 +170,7 @@ def check_settled(bench: Bench, experiment_id: int, references: dict, label: str
 
 def run_sequence(bench: Bench, index: int, references: dict, tally: dict,
                  lock: threading.Lock) -> None:
-    from localdet.actions import ActionError, request
+    from localdet.records.actions import ActionError, request
 
     rng = random.Random(index)
     searcher = rng.choice(["single", "single", "single", "grid"])

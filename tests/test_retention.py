@@ -13,16 +13,16 @@ import uuid as uuidlib
 from pathlib import Path
 
 import pytest
-
 from conftest import Home
-from localdet import views
-from localdet.config import parse_config
-from localdet.db import CheckpointDeleted, StateDB
-from localdet.gc import GRACE_SECONDS, collect
-from localdet.manifest import build_manifest
-from localdet.reporting import CheckpointReader, SQLiteReporter
-from localdet.retention import CheckpointRef, checkpoints_to_keep
-from localdet.store import Store
+
+from localdet.checkpoints.gc import GRACE_SECONDS, collect
+from localdet.checkpoints.manifest import build_manifest
+from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
+from localdet.checkpoints.store import Store
+from localdet.config.experiment import parse_config
+from localdet.records.db import CheckpointDeleted, StateDB
+from localdet.reporting.sqlite_reporter import CheckpointReader, SQLiteReporter
+from localdet.ui import views
 
 CODE = b"class Trial: pass\n"  # the same in every checkpoint: one blob, shared
 
@@ -214,7 +214,7 @@ def test_gc_marks_rows_deleted_and_frees_only_unshared_blobs(layout, db, store, 
 
 
 def files_of_uuid(db: StateDB, uuid: str):
-    from localdet.manifest import files_of
+    from localdet.checkpoints.manifest import files_of
     return files_of(db.checkpoint(uuid).manifest)
 
 
@@ -252,7 +252,7 @@ def test_a_checkpoint_held_by_another_process_is_skipped(layout, db, store, thre
     experiment_id, _, uuids = three
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from localdet.store import Store\n"
+         "import sys; from localdet.checkpoints.store import Store\n"
          f"with Store({str(store.root)!r}).reading({uuids[100]!r}):\n"
          "    print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -434,8 +434,8 @@ def test_two_collectors_at_once_delete_each_checkpoint_once(layout, db, store, t
         db.update_trial(trial_id, state="COMPLETED")
     start = time.time() + 3  # all start together, once their imports are done
     script = ("import sys, time\n"
-              "from localdet.db import StateDB\n"
-              "from localdet.gc import collect\n"
+              "from localdet.records.db import StateDB\n"
+              "from localdet.checkpoints.gc import collect\n"
               "from pathlib import Path\nfrom localdet.paths import Layout\n"
               "layout = Layout(Path(sys.argv[1])); db = StateDB.open(layout.db)\n"
               "time.sleep(max(0, float(sys.argv[2]) - time.time()))\n"

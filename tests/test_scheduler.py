@@ -1,9 +1,9 @@
-"""Tests of localdet.scheduler.assign: fair sharing between experiments, priority, queue
+"""Tests of localdet.scheduling.placement.assign: fair sharing between experiments, priority, queue
 order, max_slots, and no backfilling past a trial that does not fit."""
 
 from __future__ import annotations
 
-from localdet.scheduler import Waiting, assign
+from localdet.scheduling.placement import Waiting, assign
 
 
 def one_experiment(*slots_needed: int, experiment_id: int = 1, first_id: int = 1):

@@ -9,7 +9,6 @@ import shutil
 import numpy as np
 import pytest
 import yaml
-
 from conftest import Daemon, wait_for
 from test_multi_slot_e2e import pause_soon_after
 from test_pause_resume_e2e import assert_ended_alike, trial_of
@@ -76,8 +75,9 @@ def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_pr
 
     assert_ended_alike(home, paused_id, straight_id, tmp_path)
 
-    from determined.keras import load_model_from_checkpoint_path
     from sklearn.datasets import load_digits
+
+    from determined.keras import load_model_from_checkpoint_path
 
     exported = tmp_path / "straight-latest"
     home.cli("checkpoint", "export", trial_of(home, straight_id)["latest_checkpoint"], exported)

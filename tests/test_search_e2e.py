@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, Daemon, Home, write_config
 from test_pause_resume_e2e import h5_weights
 
@@ -58,7 +57,7 @@ def promoted_trial_past_a_checkpoint(home: Home):
 
 def weights(home: Home, uuid: str, folder) -> list[tuple[str, np.ndarray]]:
     from localdet.paths import Layout
-    from localdet.reporting import CheckpointReader
+    from localdet.reporting.sqlite_reporter import CheckpointReader
 
     path = CheckpointReader(Layout(home.path)).materialize(uuid, folder / uuid)
     return h5_weights(path / "determined-keras-model.h5")
@@ -66,8 +65,8 @@ def weights(home: Home, uuid: str, folder) -> list[tuple[str, np.ndarray]]:
 
 def outcome(home: Home, tmp_path) -> dict:
     """Everything a search leaves that must not depend on interruptions."""
-    from localdet.db import StateDB
-    from localdet.views import best_checkpoint
+    from localdet.records.db import StateDB
+    from localdet.ui.views import best_checkpoint
 
     db = StateDB.open(home.path / "localdet.db")
     try:

@@ -10,11 +10,18 @@ import math
 import numpy as np
 import pytest
 
-from localdet.config import ConfigError, parse_config
-from localdet.searcher import Close, Create, GridSearch, Shutdown, ValidateAfter, make_search_method
-from localdet.searcher.base import derive_seed
-from localdet.searcher.hparams import sample
-from localdet.searcher.single import SingleSearch
+from localdet.config.experiment import ConfigError, parse_config
+from localdet.search.methods import (
+    Close,
+    Create,
+    GridSearch,
+    Shutdown,
+    ValidateAfter,
+    make_search_method,
+)
+from localdet.search.methods.base import derive_seed
+from localdet.search.methods.hparams import sample
+from localdet.search.methods.single import SingleSearch
 
 HYPERPARAMETERS = {
     "global_batch_size": 32,

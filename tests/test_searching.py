@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from localdet.config import parse_config
-from localdet.db import StateDB
-from localdet.searching import Search, SearchError, replay
+from localdet.config.experiment import parse_config
+from localdet.records.db import StateDB
+from localdet.search.driver import Search, SearchError, replay
 
 
 def asha_config(**searcher) -> dict:
@@ -144,8 +144,8 @@ def test_nan_counts_as_the_worst_result(db):
 # -- the daemon's guards around trial processes -----------------------------------------------
 
 def test_a_recorded_pid_now_held_by_another_process_is_not_adopted(layout, db):
-    from localdet.daemon import Daemon
-    from localdet.processes import process_start
+    from localdet.daemon.daemon import Daemon
+    from localdet.processes.pids import process_start
 
     experiment_id = new_experiment(db, parse_config({
         "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
@@ -175,7 +175,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_adopted(layout, db):
 
 
 def test_a_process_the_daemon_did_not_record_never_trains(layout, db, monkeypatch):
-    from localdet.reporting import SQLiteReporter
+    from localdet.reporting.sqlite_reporter import SQLiteReporter
 
     experiment_id = new_experiment(db, parse_config({
         "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},

@@ -1,4 +1,4 @@
-"""Tests of localdet.slots: finding the machine's GPUs (through a stand-in for subprocess.run,
+"""Tests of localdet.scheduling.slots: finding the machine's GPUs (through a stand-in for subprocess.run,
 since this machine has none), CUDA_VISIBLE_DEVICES, the slot table and the slot file."""
 
 from __future__ import annotations
@@ -9,9 +9,18 @@ import sys
 
 from rich.console import Console
 
-from localdet.slots import (CPU, GPU, NVIDIA_DRIVER_GPUS, NVIDIA_SMI_QUERY, Slot,
-                            cuda_visible_devices, detect_slots, read_slot_file, slot_table,
-                            write_slot_file)
+from localdet.scheduling.slots import (
+    CPU,
+    GPU,
+    NVIDIA_DRIVER_GPUS,
+    NVIDIA_SMI_QUERY,
+    Slot,
+    cuda_visible_devices,
+    detect_slots,
+    read_slot_file,
+    slot_table,
+    write_slot_file,
+)
 
 SMI_OUTPUT = """\
 0, GPU-0a1b2c3d-0000-0000-0000-000000000000, NVIDIA H100 80GB HBM3, 81559

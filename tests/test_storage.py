@@ -12,11 +12,11 @@ import uuid as uuidlib
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLE, Daemon, Home, write_config
-from localdet.config import ConfigError, parse_config
-from localdet.manifest import build_manifest
-from localdet.store import CorruptBlobError, MissingBlobError, StoreError
+
+from localdet.checkpoints.manifest import build_manifest
+from localdet.checkpoints.store import CorruptBlobError, MissingBlobError, StoreError
+from localdet.config.experiment import ConfigError, parse_config
 
 BUCKET = "localdet-checkpoints"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -50,7 +50,7 @@ def s3_config(endpoint: str, prefix: str) -> dict:
 
 
 def s3_store(endpoint: str, prefix: str | None = None, grace_seconds: float = 0):
-    from localdet.s3_store import S3Store
+    from localdet.checkpoints.s3_store import S3Store
 
     return S3Store(BUCKET, prefix or f"t-{uuidlib.uuid4().hex[:8]}/", endpoint_url=endpoint,
                    access_key="testing", secret_key="testing", grace_seconds=grace_seconds)
@@ -160,8 +160,8 @@ def test_s3_reader_lease_and_collector_exclude_each_other(s3_endpoint):
 
 
 def test_gc_collect_applies_retention_to_an_s3_experiment(s3_endpoint, layout, db, tmp_path):
-    from localdet.gc import collect
-    from localdet.storage import open_store
+    from localdet.checkpoints.gc import collect
+    from localdet.checkpoints.storage import open_store
 
     config = parse_config({
         "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
@@ -197,7 +197,7 @@ def test_gc_collect_applies_retention_to_an_s3_experiment(s3_endpoint, layout, d
 
 
 def test_without_boto3_s3_asks_for_the_extra(monkeypatch):
-    from localdet.s3_store import S3Store
+    from localdet.checkpoints.s3_store import S3Store
 
     monkeypatch.setitem(sys.modules, "boto3", None)  # `import boto3` now fails
     with pytest.raises(StoreError, match=r"pip install localdet\[s3\]"):
@@ -239,7 +239,7 @@ def test_bad_storage_keys_are_rejected_in_one_sentence(storage, message):
 
 
 def test_good_storage_keys_are_kept_and_open_their_store(layout):
-    from localdet.storage import open_store
+    from localdet.checkpoints.storage import open_store
 
     (layout.home.parent / "shared").mkdir()
     config = parse_config(experiment(checkpoint_storage={
@@ -282,7 +282,7 @@ def finished(s3_endpoint, tmp_path_factory):
 
 
 def manifest_hashes(home: Home, uuid: str) -> set[str]:
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -343,7 +343,7 @@ def test_a_trial_saves_to_and_resumes_from_s3(s3_endpoint, tmp_path):
 
 
 def test_s3_without_credentials_is_one_sentence(s3_endpoint, tmp_path, monkeypatch):
-    from localdet.s3_store import S3Store
+    from localdet.checkpoints.s3_store import S3Store
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                  "AWS_PROFILE"):

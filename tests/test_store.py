@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from localdet.manifest import build_manifest, files_of, schema_path, validate_manifest
-from localdet.store import (CorruptBlobError, FileEntry, MissingBlobError, Store,
-                            StoreError)
+from localdet.checkpoints.manifest import build_manifest, files_of, schema_path, validate_manifest
+from localdet.checkpoints.store import (
+    CorruptBlobError,
+    FileEntry,
+    MissingBlobError,
+    Store,
+    StoreError,
+)
 
 MODEL = "determined-keras-model.h5"
 

@@ -1,4 +1,4 @@
-"""Tests of localdet.submissions: the queue folder, settling, rejection, submit and recovery.
+"""Tests of localdet.config.submissions: the queue folder, settling, rejection, submit and recovery.
 
 Real folders and a real SQLite file; the settle time is made small and poll() is called
 repeatedly, as the daemon loop does.
@@ -12,13 +12,18 @@ from pathlib import Path
 
 import pytest
 
-import localdet.submissions as submissions
-from localdet.config import ConfigError
+import localdet.config.submissions as submissions
+from localdet.config.experiment import ConfigError
+from localdet.config.submissions import (
+    SUBMITTED_CONFIG,
+    Intake,
+    SubmissionError,
+    find_config,
+    submit,
+)
 from localdet.paths import Layout
-from localdet.processes import DaemonLock
-from localdet.slots import Slot, cpu_only, write_slot_file
-from localdet.submissions import (SUBMITTED_CONFIG, Intake, SubmissionError, find_config,
-                                  submit)
+from localdet.processes.pids import DaemonLock
+from localdet.scheduling.slots import Slot, cpu_only, write_slot_file
 
 SETTLE = 0.05
 

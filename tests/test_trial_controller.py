@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import start_trial
 
 from determined import keras
 from determined.keras._data import DataLoaderError
 from determined.keras._trial_controller import TrialController, TrialError
-from conftest import start_trial
 
 
 class ConstantLossTrial(keras.TFKerasTrial):
@@ -290,9 +290,9 @@ class BatchCountingTrial(ConstantLossTrial):
 def test_each_launch_records_when_its_first_batch_ended_once(tmp_path):
     import datetime
 
-    from localdet import lifecycle
-    from localdet.db import now
-    from localdet.reporting import SQLiteReporter
+    from localdet.records import lifecycle
+    from localdet.records.db import now
+    from localdet.reporting.sqlite_reporter import SQLiteReporter
 
     db, trial_id, reporter, _ = start_trial(tmp_path, target=12, scheduling_unit=4)
     BatchCountingTrial.ENDS = ends = []

@@ -1,4 +1,4 @@
-"""Tests of localdet.views: the facts behind `localdet status/checkpoints`, and their tables."""
+"""Tests of localdet.ui.views: the facts behind `localdet status/checkpoints`, and their tables."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import uuid as uuidlib
 import pytest
 from rich.console import Console
 
-from localdet import views
-from localdet.config import parse_config
-from localdet.db import StateDB
-from localdet.manifest import build_manifest
+from localdet.checkpoints.manifest import build_manifest
+from localdet.checkpoints.store import FileEntry
+from localdet.config.experiment import parse_config
 from localdet.paths import Layout
-from localdet.store import FileEntry
+from localdet.records.db import StateDB
+from localdet.ui import views
 
 EXPERIMENT_KEYS = {"id", "name", "state", "searcher", "trials"}
 TRIAL_KEYS = {"id", "state", "hparams", "batches_trained", "restarts", "latest_validation",
@@ -264,7 +264,7 @@ def test_checkpoint_metadata_that_looks_like_markup(db):
 # -- jobs and runners -------------------------------------------------------------------------
 
 def make_job(db: StateDB, name: str = "infer", slots: int = 2) -> int:
-    from localdet.config import parse_job_config
+    from localdet.config.experiment import parse_job_config
     config = parse_job_config({"name": name, "entrypoint_script": "python3 infer.py",
                                "resources": {"slots": slots}}).config
     job_id = db.create_experiment(name=name, description="", config=config, original_config="",
@@ -333,7 +333,7 @@ def test_durations(seconds, text):
 
 
 def test_an_experiment_that_failed_before_training_shows_its_real_progress(db):
-    from localdet.searching import Search
+    from localdet.search.driver import Search
 
     experiment_id = make_experiment(db)
     search = Search(db, log=lambda *_: None)

@@ -10,7 +10,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLE, Daemon, Home, wait_for, write_config
 from test_pause_resume_e2e import final_weights
 
@@ -29,7 +28,7 @@ LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_be
 
 def launches(home: Home, experiment_id: int) -> list[bool]:
     """Whether each launch of the experiment's trials ran in a warm process, in order."""
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -40,9 +39,9 @@ def launches(home: Home, experiment_id: int) -> list[bool]:
 
 
 def request(home: Home, action: str, experiment_id: int) -> None:
-    from localdet.actions import request as record
-    from localdet.db import StateDB
     from localdet.paths import Layout
+    from localdet.records.actions import request as record
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -52,7 +51,7 @@ def request(home: Home, action: str, experiment_id: int) -> None:
 
 
 def batches(home: Home, experiment_id: int) -> int:
-    from localdet.db import StateDB
+    from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     try:
@@ -105,7 +104,7 @@ def test_warm_and_cold_processes_train_alike(tmp_path):
 
 
 def warm_processes(home: Home) -> set[int]:
-    """The processes started as `localdet.warm_process` for this home (warm ones, and the
+    """The processes started as `localdet.processes.warm_process` for this home (warm ones, and the
     trials forked from them)."""
     found = set()
     for entry in Path("/proc").iterdir():
@@ -116,7 +115,7 @@ def warm_processes(home: Home) -> set[int]:
             environment = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if b"localdet.warm_process" in command \
+        if b"localdet.processes.warm_process" in command \
                 and f"LOCALDET_HOME={home.path}".encode() in environment:
             found.add(int(entry.name))
     return found
@@ -135,7 +134,7 @@ def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(
         wait_for(lambda: launches(home, experiment) == [False, True], 300,
                  "the second trial to start in a warm process", 0.1)
         trial = home.experiment(experiment)["trials"][1]
-        from localdet.db import StateDB
+        from localdet.records.db import StateDB
 
         db = StateDB.open(home.path / "localdet.db")
         pid = db.trial(trial["id"]).pid

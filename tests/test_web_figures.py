@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from localdet import views
-from localdet.web import figures
+from localdet.ui import views
+from localdet.ui.web import figures
 
 
 def search(db, hparams_of: list[dict], accuracies: list[list[float]]):

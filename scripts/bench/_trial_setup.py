@@ -15,10 +15,10 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from localdet.config import parse_config
-from localdet.db import StateDB
+from localdet.config.experiment import parse_config
 from localdet.paths import Layout
-from localdet.searcher import Create, ValidateAfter, make_search_method
+from localdet.records.db import StateDB
+from localdet.search.methods import Create, ValidateAfter, make_search_method
 
 
 def add_keras2_flag(parser: argparse.ArgumentParser) -> None:

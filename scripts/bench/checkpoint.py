@@ -46,8 +46,7 @@ BATCH_SIZE = 32
 INPUTS, UNITS, CLASSES = 784, 2048, 10
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trial_setup import (  # noqa: E402  (imports no TensorFlow)
-    add_keras2_flag, create_trial, select_keras)
+from _trial_setup import add_keras2_flag, create_trial, select_keras  # noqa: E402  (imports no TensorFlow)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--repeats", type=int, default=5, help="timed runs of each operation")
@@ -64,10 +63,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from determined import keras as det_keras  # noqa: E402
-from determined.keras._trial_controller import (  # noqa: E402
-    MODEL_FILENAME, TrialController, keras_line)
+from determined.keras._trial_controller import MODEL_FILENAME, TrialController, keras_line  # noqa: E402
 from localdet.paths import Layout  # noqa: E402
-from localdet.reporting import SQLiteReporter  # noqa: E402
+from localdet.reporting.sqlite_reporter import SQLiteReporter  # noqa: E402
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # Keras 3 calls .h5 "legacy"; both sides save it
 warnings.simplefilter("ignore")

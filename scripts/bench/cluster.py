@@ -107,7 +107,7 @@ BATCHES, UNIT = 300, 100  # a trial's length and scheduling unit: three training
 
 def _trial(send, lock, trial_id: int, env: dict, seconds: float, checkpoint_kb: int,
            killed: threading.Event) -> None:
-    from localdet.remote_reporter import HTTPReporter
+    from localdet.reporting.http_reporter import HTTPReporter
 
     code, started = 0, time.time()
     reporter = None
@@ -209,7 +209,7 @@ class SimulatedCluster:
 
     def __init__(self, slots: int, nodes: int, trial_seconds: float, workers: int,
                  checkpoint_kb: int):
-        from localdet.slots import CPU, Slot
+        from localdet.scheduling.slots import CPU, Slot
 
         per_node = slots // nodes
         self._slots = [Slot(i, CPU, f"CPU on node{i // per_node}") for i in range(slots)]
@@ -290,7 +290,7 @@ class SimulatedCluster:
         node = self._node_of[slots[0]]
         now = time.time()
         self._last_launch[node] = time.monotonic()
-        from localdet.capped_log import CappedLog
+        from localdet.processes.capped_log import CappedLog
 
         log = CappedLog(spec.log_path, spec.max_log_bytes)  # as RayCluster.start does
         log.write(f"{spec.header}; on simulated {node}\n".encode())
@@ -333,8 +333,7 @@ class Commits:
         self._lock = threading.Lock()
 
     def install(self) -> None:
-        from localdet import db as db_module
-
+        from localdet.records import db as db_module
         opened = db_module.StateDB.open.__func__
 
         def open_counted(cls, path):
@@ -415,9 +414,9 @@ class Sections:
 
 
 def run(slots: int, nodes: int, trials: int, args) -> dict:
-    from localdet.daemon import Daemon
+    from localdet.config.submissions import submit
+    from localdet.daemon.daemon import Daemon
     from localdet.paths import Layout
-    from localdet.submissions import submit
 
     home = Path(tempfile.mkdtemp(prefix="localdet-cluster-bench-"))
     layout = Layout(home)
@@ -438,8 +437,7 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
 
     daemon.open = open_and_wrap
     outcome: dict = {}
-    from localdet import report_server
-
+    from localdet.reporting.sqlite_reporter import report_server
     servers = []
     started = report_server.ReportServer.start
 

@@ -24,7 +24,7 @@ iterator, on either side; see README.md). Both sides must print the same val_acc
     python scripts/bench/overhead.py --api fit        # New Keras API: context.fit
 
 With `--remote` the localdet side reports over the network transport a trial on another
-machine uses: `HTTPReporter` against a `ReportServer` (localdet/report_server.py) on
+machine uses: `HTTPReporter` against a `ReportServer` (localdet/reporting/report_server.py) on
 127.0.0.1, served from a thread of this process, instead of `SQLiteReporter`. Measured on
 a shared 2-core CPU machine (Keras 3, 600 batches, 3 repeats, noisy): over HTTP ratio 1.013
 to bare Keras (fastest runs 0.977); the local transport in the run after it 0.665 (fastest
@@ -59,8 +59,7 @@ LEARNING_RATE = 1e-3
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trial_setup import (  # noqa: E402  (imports no TensorFlow)
-    add_keras2_flag, create_trial, searcher_trial, select_keras)
+from _trial_setup import add_keras2_flag, create_trial, searcher_trial, select_keras  # noqa: E402  (imports no TensorFlow)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batches", type=int, default=600, help="batches to train per run")
@@ -78,19 +77,20 @@ if args.remote and args.api == "fit":
 select_keras(args)
 
 import tensorflow as tf  # noqa: E402
-from determined.keras import _data  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 from determined import keras as det_keras  # noqa: E402
-from determined.keras import KerasContext  # noqa: E402
-from determined.keras._trial_controller import (  # noqa: E402
-    TrialController, keras_line, prepare_process)
+from determined.keras import (
+    KerasContext,  # noqa: E402
+    _data,  # noqa: E402
+)
+from determined.keras._trial_controller import TrialController, keras_line, prepare_process  # noqa: E402
 from localdet.paths import Layout  # noqa: E402
-from localdet.db import StateDB, now  # noqa: E402
-from localdet.remote_reporter import HTTPReporter  # noqa: E402
-from localdet.report_server import ReportServer, trial_environment  # noqa: E402
-from localdet.reporting import SQLiteReporter  # noqa: E402
+from localdet.records.db import StateDB, now  # noqa: E402
+from localdet.reporting.http_reporter import HTTPReporter  # noqa: E402
+from localdet.reporting.report_server import ReportServer, trial_environment  # noqa: E402
+from localdet.reporting.sqlite_reporter import SQLiteReporter  # noqa: E402
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # Keras 3 calls .h5 "legacy"; both sides save it
 warnings.simplefilter("ignore")

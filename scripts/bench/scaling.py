@@ -3,12 +3,12 @@
 Each engine line trains the same TFKerasTrial (a small conv net on scikit-learn's digits,
 upsampled to 28x28) through localdet's own TrialController on 1 slot (engine "single") and
 on 2 slots (and on every GPU count above 2 where GPUs exist), each run started as the
-launcher would start that trial (LOCALDET_ENGINE, LOCALDET_SLOTS, localdet/launcher.py):
+launcher would start that trial (LOCALDET_ENGINE, LOCALDET_SLOTS, localdet/processes/launcher.py):
 
 - Keras 3: "mirrored", one process with a MirroredStrategy over N GPUs, or over N logical
   CPU devices without a GPU.
 - Keras 2 (TF_USE_LEGACY_KERAS=1): "multi_worker_mirrored", N processes under the rank
-  supervisor (python -m localdet.ranks --tf-config).
+  supervisor (python -m localdet.processes.ranks --tf-config).
 - Horovod: "horovod", N processes under the rank supervisor (--horovod), in the TensorFlow
   2.15 + Horovod environment that scripts/horovod-env makes (or `--horovod-python`); the line
   is skipped, with a note, where there is none.
@@ -119,10 +119,11 @@ def worker(trials: list[int], out: Path) -> None:
     trial, then the timed one; rank 0 writes the result."""
     layout = Layout.from_environment()
     sys.path.insert(0, str(layout.home))
+    from model_def import ConvDigits
+
     from determined.core import WorkerReporter
     from determined.keras._trial_controller import TrialController  # starts TensorFlow
-    from localdet.reporting import SQLiteReporter
-    from model_def import ConvDigits
+    from localdet.reporting.sqlite_reporter import SQLiteReporter
 
     rank = int(os.environ.get("LOCALDET_RANK", "0"))
     for trial_id in trials:
@@ -142,7 +143,7 @@ def run(layout: Layout, python: str, legacy_keras: str | None, engine: str, slot
         gpus: int) -> dict:
     """Train a warm-up and a timed trial on `slots` slots with `engine`, started as the
     launcher would start them; rank 0's result (seconds, weights)."""
-    from localdet.launcher import supervised_argv
+    from localdet.processes.launcher import supervised_argv
 
     home = layout.home
     trials = [create_trial(layout, raw_config(name, batches), [home / "model_def.py"])[1]
@@ -168,7 +169,7 @@ def run(layout: Layout, python: str, legacy_keras: str | None, engine: str, slot
 
 
 def gpu_count() -> int:
-    from localdet.slots import GPU, detect_slots
+    from localdet.scheduling.slots import GPU, detect_slots
 
     return sum(1 for slot in detect_slots() if slot.kind == GPU)
 
@@ -176,8 +177,7 @@ def gpu_count() -> int:
 def main() -> None:
     import numpy as np
 
-    from localdet import engines
-
+    from localdet.config import engines
     gpus = gpu_count()
     lines = [("Keras 3", sys.executable, "0", engines.MIRRORED),
              ("Keras 2", sys.executable, "1", engines.MULTI_WORKER_MIRRORED)]

@@ -322,7 +322,7 @@ def asha_brackets(args: argparse.Namespace) -> list[list[int]]:
     """localdet's adaptive_asha brackets for this search, as rung lengths in epochs (Determined's
     formulas: 12 trials of at most 16 epochs give [[4, 16], [16]], 16 trials [[1, 4, 16],
     [4, 16]])."""
-    from localdet.searcher.asha import bracket_rung_counts, rung_units
+    from localdet.search.methods.asha import bracket_rung_counts, rung_units
     counts = bracket_rung_counts(ASHA_RUNGS, args.epochs, args.trials, ASHA_DIVISOR, "standard")
     return [rung_units(args.epochs, rungs, ASHA_DIVISOR) for rungs in counts]
 

@@ -1,6 +1,6 @@
 """Searcher events, and what identifies a trial's process beyond its pid.
 
-A search is replayed from its events (see localdet/searching.py), so they are its whole
+A search is replayed from its events (see localdet/search/driver.py), so they are its whole
 state: recorded in the same transaction as the operations they caused, never rewritten.
 """
 

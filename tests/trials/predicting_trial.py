@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import tensorflow as tf
-
 from model_def import DigitsTrial, load_data
 
 

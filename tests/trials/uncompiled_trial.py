@@ -1,7 +1,6 @@
 """A trial whose build_model forgets to compile: localdet must say so in one sentence."""
 
 import tensorflow as tf
-
 from model_def import DigitsTrial
 
 

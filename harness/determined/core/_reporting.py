@@ -4,7 +4,7 @@ A training process asks who it is (`trial_info`), reports metrics, registers che
 heartbeats through a `TrialReporter`, and never touches the database or the store itself.
 `determined` imports nothing of the daemon side: the daemon side plugs in a
 `ReporterFactory` under the entry point group `determined.reporters` (localdet registers one,
-`localdet.reporter_factory`, that writes SQLite and the content-addressed store, or reports
+`localdet.reporting.factory`, that writes SQLite and the content-addressed store, or reports
 over HTTP for a trial on another machine), and `reporter_factory()` finds it:
 
     reporter = reporter_from_environment()    # a process the launcher started

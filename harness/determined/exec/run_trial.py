@@ -35,7 +35,7 @@ def load_trial_class(entrypoint: str) -> type:
 
 
 # The last line of a failed trial's log: what failed and whether it got as far as training,
-# for the daemon to tell a failure that will repeat (localdet/launcher.py reads it).
+# for the daemon to tell a failure that will repeat (localdet/processes/launcher.py reads it).
 FAILURE_MARK = "[localdet] failure: "
 
 

@@ -4,10 +4,10 @@
 import time
 
 import tensorflow as tf
+from order_check import OrderCheck, Schedule
 from sklearn.datasets import load_digits
 
 from determined import keras
-from order_check import OrderCheck, Schedule
 
 
 class Sleep(tf.keras.callbacks.Callback):

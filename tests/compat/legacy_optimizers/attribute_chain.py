@@ -1,7 +1,6 @@
 """`tf.keras.optimizers.legacy.RMSprop(lr=..., decay=...)`, spelled out in full."""
 
 import tensorflow as tf
-
 from iris_base import IrisBase
 
 

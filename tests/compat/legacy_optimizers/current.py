@@ -1,7 +1,6 @@
 """`tf.keras.optimizers.Adam(learning_rate=...)`: runs under either line, so Keras 3."""
 
 import tensorflow as tf
-
 from iris_base import IrisBase
 
 

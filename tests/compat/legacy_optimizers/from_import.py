@@ -1,8 +1,7 @@
 """`from tensorflow.keras.optimizers import legacy`, then `legacy.Adam(lr=..., decay=...)`."""
 
-from tensorflow.keras.optimizers import legacy
-
 from iris_base import IrisBase
+from tensorflow.keras.optimizers import legacy
 
 
 class Trial(IrisBase):

@@ -1,9 +1,8 @@
 """`from keras.optimizers.legacy import SGD`: the standalone `keras` package, which was
 Keras 2 where Determined ran (TensorFlow up to 2.15)."""
 
-from keras.optimizers.legacy import SGD
-
 from iris_base import IrisBase
+from keras.optimizers.legacy import SGD
 
 
 class Trial(IrisBase):

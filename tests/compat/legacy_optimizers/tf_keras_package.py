@@ -1,7 +1,6 @@
 """`import tf_keras as tfk`: Keras 2 by its own package name, through an alias."""
 
 import tf_keras as tfk
-
 from iris_base import IrisBase
 
 

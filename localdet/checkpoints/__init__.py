@@ -1,0 +1,1 @@
+"""Checkpoints: the content-addressed store (local or S3), manifests, retention rules and garbage collection."""

@@ -1,0 +1,447 @@
+"""The checkpoint store on S3 (or an S3-compatible server): `checkpoint_storage.type: s3`.
+
+The same content addressing as the local `Store`: a blob is the object
+``<prefix>/objects/<sha256[:2]>/<sha256>``, identical bytes are stored once, and every read
+checks the hash (a corrupted object is refused, naming the checkpoint file).
+
+    store = S3Store("my-bucket", "experiments/", endpoint_url="http://127.0.0.1:9000")
+    with store.writing():
+        files = store.put_directory("/tmp/ckpt")   # {"code/model_def.py": FileEntry(...)}
+        ...commit the manifest...
+    with store.reading(uuid):
+        store.materialize(files, "/tmp/export")
+
+How garbage collection stays safe without file locks (S3 has no flock), on S3's strong
+read-after-write and list-after-write consistency:
+
+- Writers. Nothing stops a writer while the collector deletes; instead the collector never
+  deletes an object younger than `grace_seconds` (default `GRACE_SECONDS`, a day, by the
+  server's clock: `LastModified` against the `Date` of the same response). A writer uploads
+  a new blob (fresh `LastModified`) or, to reuse one that exists, copies it onto itself,
+  which refreshes its `LastModified`; so the blobs of a checkpoint being written are young
+  until its manifest commits, provided put-to-commit takes less than the grace period. The
+  one window left (the collector reads an old `LastModified`, the writer refreshes and
+  commits, the collector deletes) is closed by the writer: leaving `writing()` after its
+  commit it checks every reused blob again and uploads any that went missing.
+- Readers. A reader puts ``leases/<uuid>/r-<random>`` and then lists the checkpoint's
+  collector markers, waiting while one is there; the collector puts
+  ``leases/<uuid>/c-<random>`` and then lists the reader leases, skipping the checkpoint
+  when there is one. Each writes its own mark before reading the other's, so at least one
+  of them sees the other: a checkpoint is never marked DELETED while a reader that found it
+  live is reading it. Marks of crashed processes go stale (`STALE_READER_SECONDS`,
+  `STALE_COLLECTOR_SECONDS`).
+"""
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import io
+import os
+import secrets
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator, Mapping
+
+from localdet.checkpoints.store import (
+    _LEASE_NAME_RE,
+    _SHA256_RE,
+    CHUNK_SIZE,
+    CorruptBlobError,
+    FileEntry,
+    MissingBlobError,
+    StoreError,
+    check_export,
+    undo_export,
+    walk_files,
+)
+
+GRACE_SECONDS = 24 * 3600        # an unreferenced blob younger than this is never deleted
+STALE_READER_SECONDS = 24 * 3600  # a reader lease this old was left by a crashed reader
+STALE_COLLECTOR_SECONDS = 300     # a collector marks a checkpoint only inside one transaction
+_COPY_LIMIT = 5 * 1024**3         # S3 copies at most 5 GiB in one request; bigger is re-uploaded
+
+
+def _boto3() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise StoreError("checkpoint_storage.type 's3' needs boto3, which is not installed; "
+                         "run `pip install localdet[s3]`") from None
+    return boto3
+
+
+def _missing(error: Exception) -> bool:
+    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+def _server_now(response: Mapping[str, Any]) -> float:
+    """The S3 server's clock, from the response's Date header (the local clock if absent):
+    ages are judged on one clock, the one that wrote `LastModified`."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if date:
+        with_tz = email.utils.parsedate_to_datetime(date)
+        if with_tz is not None:
+            return with_tz.timestamp()
+    return time.time()
+
+
+class S3Lease:
+    """A lease object; `release()` (or leaving its `with` block) deletes it. Same surface as
+    `localdet.checkpoints.store.Lease`; `release(remove=True)` also deletes every lease of the
+    checkpoint, for one no one can read any more."""
+
+    def __init__(self, store: "S3Store", key: str | None, uuid: str = "") -> None:
+        self._store, self._key, self._uuid, self._held = store, key, uuid, True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self, *, remove: bool = False) -> None:
+        if not self._held:
+            return
+        self._held = False
+        if remove and self._uuid:
+            for key in self._store._list_keys(self._store._lease_prefix(self._uuid)):
+                self._store._delete(key)
+        elif self._key is not None:
+            self._store._delete(self._key)
+
+    def __enter__(self) -> "S3Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _WriteSession(S3Lease):
+    """`S3Store.writing()`: on a clean exit (the manifest committed), checks the blobs the
+    session reused and uploads any a concurrent collector deleted meanwhile."""
+
+    def __init__(self, store: "S3Store") -> None:
+        super().__init__(store, None)
+        self.reused: dict[str, Path] = {}
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                for sha256, path in self.reused.items():
+                    if self._store._head(sha256) is None and path.is_file():
+                        self._store._upload(path, sha256)
+        finally:
+            self._store._sessions.pop(threading.get_ident(), None)
+            self.release()
+
+
+class S3Store:
+    """Checkpoint blobs in an S3 bucket, content addressed and verified on read.
+
+    Args:
+        bucket: the bucket (`checkpoint_storage.bucket`).
+        prefix: key prefix (`checkpoint_storage.prefix`), default none.
+        endpoint_url: an S3-compatible server (`checkpoint_storage.endpoint_url`); default
+            AWS itself, or `AWS_ENDPOINT_URL`.
+        access_key, secret_key: credentials; default boto3's own search (environment
+            variables `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `~/.aws/credentials`, an
+            instance role).
+        grace_seconds: the youngest age at which an unreferenced blob may be deleted.
+    """
+
+    def __init__(self, bucket: str, prefix: str | None = None, *,
+                 endpoint_url: str | None = None, access_key: str | None = None,
+                 secret_key: str | None = None, grace_seconds: float = GRACE_SECONDS) -> None:
+        boto3 = _boto3()
+        from botocore.config import Config
+        self.bucket = bucket
+        self.prefix = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
+        self.endpoint_url = endpoint_url
+        self.grace_seconds = grace_seconds
+        self.location = f"s3://{bucket}/{self.prefix}" + (f" at {endpoint_url}"
+                                                            if endpoint_url else "")
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key or None,
+            aws_secret_access_key=secret_key or None,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+        self._sessions: dict[int, _WriteSession] = {}
+        self._verified: set[str] = set()  # hashes this object has checked while downloading
+
+    # -- keys and small requests ----------------------------------------------------------
+    def blob_key(self, sha256: str) -> str:
+        """``<prefix>objects/ab/ab12...``; rejects anything but 64 lowercase hex digits."""
+        if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+            raise StoreError(f"{sha256!r} is not a sha256 digest (64 lowercase hex digits)")
+        return f"{self.prefix}objects/{sha256[:2]}/{sha256}"
+
+    def _url(self, sha256: str) -> str:
+        return f"s3://{self.bucket}/{self.blob_key(sha256)}"
+
+    def _lease_prefix(self, uuid: str) -> str:
+        if not isinstance(uuid, str) or not _LEASE_NAME_RE.fullmatch(uuid):
+            raise StoreError(f"{uuid!r} is not a checkpoint uuid")
+        return f"{self.prefix}leases/{uuid}/"
+
+    def _head(self, sha256: str) -> dict | None:
+        try:
+            return self._call("look up", "head_object", Key=self.blob_key(sha256))
+        except Exception as error:
+            if _missing(error):
+                return None
+            raise
+
+    def _delete(self, key: str) -> None:
+        self._call("delete", "delete_object", Key=key)
+
+    def _list(self, prefix: str) -> Iterator[tuple[dict, float]]:
+        """(object, the server's time of the page that listed it) under `prefix`."""
+        try:
+            pages = list(self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix))
+        except Exception as error:
+            raise self._error("list", error) from None
+        for page in pages:
+            now = _server_now(page)
+            for item in page.get("Contents", []):
+                yield item, now
+
+    def _list_keys(self, prefix: str) -> list[str]:
+        return [item["Key"] for item, _ in self._list(prefix)]
+
+    def _error(self, doing: str, error: Exception) -> StoreError:
+        hint = ""
+        if type(error).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            hint = ("; set checkpoint_storage.access_key and secret_key, or AWS_ACCESS_KEY_ID "
+                    "and AWS_SECRET_ACCESS_KEY")
+        return StoreError(f"cannot {doing} checkpoint files in {self.location}: "
+                          f"{str(error).rstrip('.')}{hint}")
+
+    def _call(self, doing: str, method: str, **kwargs: Any) -> Any:
+        """``client.<method>(Bucket=..., **kwargs)``; a failure other than a missing key
+        becomes one StoreError sentence (a missing key is the caller's to handle)."""
+        try:
+            return getattr(self.client, method)(Bucket=self.bucket, **kwargs)
+        except Exception as error:
+            if _missing(error):
+                raise
+            raise self._error(doing, error) from None
+
+    def has(self, sha256: str) -> bool:
+        return self._head(sha256) is not None
+
+    # -- leases ---------------------------------------------------------------------------
+    def _mark(self, uuid: str, kind: str) -> str:
+        key = f"{self._lease_prefix(uuid)}{kind}-{secrets.token_hex(8)}"
+        self._call("hold", "put_object", Key=key, Body=b"")
+        return key
+
+    def _others(self, uuid: str, kind: str, stale_after: float) -> list[str]:
+        return [item["Key"] for item, now in self._list(f"{self._lease_prefix(uuid)}{kind}-")
+                if now - item["LastModified"].timestamp() < stale_after]
+
+    def reading(self, uuid: str) -> S3Lease:
+        """A reader's hold on checkpoint `uuid` (see the module's docstring); look the
+        checkpoint up in the database *after* taking it."""
+        lease = S3Lease(self, self._mark(uuid, "r"))
+        try:
+            while self._others(uuid, "c", STALE_COLLECTOR_SECONDS):
+                time.sleep(0.05)  # a collector is deciding about this checkpoint
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    def try_exclusive(self, uuid: str) -> S3Lease | None:
+        """The collector's hold on checkpoint `uuid`, or None at once if a reader holds it."""
+        lease = S3Lease(self, self._mark(uuid, "c"), uuid)
+        if self._others(uuid, "r", STALE_READER_SECONDS):
+            lease.release()
+            return None
+        return lease
+
+    def writing(self) -> S3Lease:
+        """``with store.writing(): put the blobs, commit the manifest``: the blobs reused in
+        the block are checked again once it ends (see the module's docstring)."""
+        session = _WriteSession(self)
+        self._sessions[threading.get_ident()] = session
+        return session
+
+    def try_sweeping(self) -> S3Lease:
+        """Always granted: on S3 the grace period, not a lock, keeps writers' blobs safe."""
+        return S3Lease(self, None)
+
+    # -- writing ----------------------------------------------------------------------
+    def _upload(self, path: Path, sha256: str) -> None:
+        try:
+            self.client.upload_file(str(path), self.bucket, self.blob_key(sha256))
+        except Exception as error:
+            raise self._error("store", error) from None
+
+    def put_file(self, path: str | os.PathLike[str]) -> FileEntry:
+        """Store one file; on return the object is in the bucket (refreshed if it was)."""
+        path = Path(path)
+        digest, size = hashlib.sha256(), 0
+        with open(path, "rb", buffering=0) as src:
+            while chunk := src.read(CHUNK_SIZE):
+                digest.update(chunk)
+                size += len(chunk)
+        sha256 = digest.hexdigest()
+        try:
+            if self._head(sha256) is not None and size <= _COPY_LIMIT:
+                try:  # copying onto itself refreshes LastModified: gc spares it a while
+                    key = self.blob_key(sha256)
+                    self._call("store", "copy_object", Key=key,
+                               CopySource={"Bucket": self.bucket, "Key": key},
+                               MetadataDirective="REPLACE",
+                               Metadata={"reused": str(int(time.time()))})
+                    session = self._sessions.get(threading.get_ident())
+                    if session is not None:
+                        session.reused[sha256] = path
+                    return FileEntry(sha256, size)
+                except Exception as error:
+                    if not _missing(error):  # deleted since the look-up: upload it
+                        raise
+            self._upload(path, sha256)
+        except StoreError:
+            raise
+        except Exception as error:
+            raise self._error("store", error) from None
+        return FileEntry(sha256, size)
+
+    def put_bytes(self, data: bytes) -> FileEntry:
+        sha256 = hashlib.sha256(data).hexdigest()
+        self._call("store", "put_object", Key=self.blob_key(sha256), Body=data)
+        return FileEntry(sha256, len(data))
+
+    def put_directory(self, directory: str | os.PathLike[str], *,
+                      consume: bool = False) -> dict[str, FileEntry]:
+        """Store every file under `directory` (as `Store.put_directory`); `consume` is
+        accepted and means nothing here: the files are uploaded, the caller deletes them."""
+        base = Path(directory)
+        if not base.is_dir():
+            raise StoreError(f"checkpoint folder '{base}' does not exist or is not a folder")
+        result: dict[str, FileEntry] = {}
+        for rel in sorted(walk_files(base)):
+            try:
+                result[str(rel)] = self.put_file(base / rel)
+            except OSError as e:
+                raise StoreError(f"cannot store checkpoint file '{base / rel}': {e}") from e
+        return result
+
+    # -- reading ----------------------------------------------------------------------
+    def _download(self, sha256: str, name: str, out: Any) -> str:
+        """Stream the blob into `out` (None: only hash it); returns the sha256 of its bytes."""
+        try:
+            body = self._call("read", "get_object", Key=self.blob_key(sha256))["Body"]
+        except StoreError:
+            raise
+        except Exception as error:
+            if _missing(error):
+                raise MissingBlobError(sha256, self._url(sha256), name) from None
+            raise
+        digest = hashlib.sha256()
+        try:
+            with body:
+                for chunk in body.iter_chunks(CHUNK_SIZE):
+                    digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+        except OSError:
+            raise  # the local disk: the caller's error
+        except Exception as error:  # the connection broke mid-download
+            raise self._error("read", error) from None
+        return digest.hexdigest()
+
+    def read_bytes(self, sha256: str, name: str = "") -> bytes:
+        buffer = io.BytesIO()
+        actual = self._download(sha256, name, buffer)
+        if actual != sha256:
+            raise CorruptBlobError(sha256, actual, name)
+        return buffer.getvalue()
+
+    def materialize(self, files: Mapping[str, FileEntry], dest: str | os.PathLike[str], *,
+                    link: bool = False, verify: bool = True) -> Path:
+        """Download the checkpoint's files into `dest` (missing or empty), checking every
+        hash while downloading, whatever `verify` says (`link` means nothing here). On any
+        failure `dest` is left as it was."""
+        dest = Path(dest)
+        created = check_export(files, dest)
+        try:
+            for name, entry in files.items():
+                target = dest.joinpath(*PurePosixPath(name).parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "xb") as out:
+                    actual = self._download(entry.sha256, name, out)
+                if actual != entry.sha256:
+                    raise CorruptBlobError(entry.sha256, actual, name)
+                self._verified.add(entry.sha256)
+        except BaseException:
+            undo_export(dest, created)
+            raise
+        return dest
+
+    def verify(self, files: Mapping[str, FileEntry]) -> list[str]:
+        """Names of files whose blob is missing or corrupt. Blobs this object has already
+        checked while materialising are not downloaded again."""
+        bad: list[str] = []
+        for name, entry in files.items():
+            if entry.sha256 in self._verified:
+                continue
+            try:
+                if self._download(entry.sha256, name, None) != entry.sha256:
+                    bad.append(name)
+            except StoreError:
+                bad.append(name)
+        return bad
+
+    # -- garbage collection -------------------------------------------------------------
+    def _floor(self, min_age_seconds: float) -> float:
+        return max(min_age_seconds, self.grace_seconds)
+
+    def unreferenced(self, referenced: set[str], *,
+                     min_age_seconds: float = 0) -> dict[str, int]:
+        """``{sha256: size}`` of the blobs not in `referenced` and older than both
+        `min_age_seconds` and the grace period; deletes nothing."""
+        floor = self._floor(min_age_seconds)
+        found: dict[str, int] = {}
+        for item, now in self._list(f"{self.prefix}objects/"):
+            name = item["Key"].rsplit("/", 1)[-1]
+            if (_SHA256_RE.fullmatch(name) and name not in referenced
+                    and now - item["LastModified"].timestamp() >= floor):
+                found[name] = item["Size"]
+        return found
+
+    def delete_blobs(self, hashes: set[str], *, min_age_seconds: float = 0) -> dict[str, int]:
+        """Delete these blobs, each only if older than both `min_age_seconds` and the grace
+        period (which stands in for the local store's writers lock); returns
+        ``{sha256: size}`` of those deleted."""
+        floor = self._floor(min_age_seconds)
+        deleted: dict[str, int] = {}
+        for sha256 in sorted(hashes):
+            head = self._head(sha256)
+            if head is None or _server_now(head) - head["LastModified"].timestamp() < floor:
+                continue
+            self._delete(self.blob_key(sha256))
+            deleted[sha256] = head["ContentLength"]
+        return deleted
+
+    def delete_temporary(self, *, min_age_seconds: float) -> int:
+        """Abort multipart uploads (an interrupted put's leftovers) older than
+        `min_age_seconds`; returns how many."""
+        response = self._call("list", "list_multipart_uploads", Prefix=self.prefix)
+        now, aborted = _server_now(response), 0
+        for upload in response.get("Uploads", []):
+            if now - upload["Initiated"].timestamp() >= min_age_seconds:
+                self._call("delete", "abort_multipart_upload", Key=upload["Key"],
+                           UploadId=upload["UploadId"])
+                aborted += 1
+        return aborted
+
+    def delete_unreferenced(self, referenced: set[str], *, min_age_seconds: float = 0) -> int:
+        """Delete blobs not in `referenced` (and older than the grace period) and stale
+        multipart uploads; returns the number of blobs deleted."""
+        gone = self.delete_blobs(set(self.unreferenced(referenced,
+                                                       min_age_seconds=min_age_seconds)),
+                                 min_age_seconds=min_age_seconds)
+        self.delete_temporary(min_age_seconds=self._floor(min_age_seconds))
+        return len(gone)

@@ -1,0 +1,229 @@
+"""Warm trial processes: TensorFlow and Keras imported once, ahead of need, and a process
+forked from them for each trial, so that a trial skips the interpreter's and TensorFlow's
+start-up (several seconds a trial).
+
+    pool = WarmPool(layout, size=1)
+    pool.keep_for(kind)          # at start: one for the trials expected most
+    pool.keep(spec)              # after a launch: keep a warm process for trials like it
+    warm = pool.take(spec)       # one of the same kind, or None: start cold
+    launcher.start(spec, warm)   # the trial runs in a process forked from it
+    pool.close()                 # the daemon stops: the warm processes exit
+
+A warm process fits a trial when it was started with the same environment but for what is
+the trial's own (its id, slots and devices): the same Keras line, the same experiment
+environment variables, the same interpreter. Only single-process trials whose command is
+this interpreter (the trial runner, a module or a `.py` file) run warm; others start cold.
+Each trial still has a process of its own (forked, in its own session), so a crash, a leak
+or a stuck device context dies with its trial, and the daemon signals and adopts it as any.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from localdet.config import engines
+from localdet.paths import Layout
+from localdet.processes.pids import alive
+from localdet.processes.warm_process import is_warm_command
+
+# What a launch sets for its trial alone; everything else must match for a process to fit.
+TRIAL_OWN = ("LOCALDET_TRIAL_ID", "LOCALDET_SLOTS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+             "LOCALDET_KERAS_LINE_REASON", "LOCALDET_ENGINE",
+             # reporting over HTTP (localdet/reporting/report_server.py): the launch's URL and token
+             "LOCALDET_REPORT_URL", "LOCALDET_REPORT_TOKEN", "LOCALDET_LAUNCH",
+             "LOCALDET_REPORT_CHECK_PGRP", "LOCALDET_MODEL_DIR", "LOCALDET_TRIAL_DIR")
+ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
+
+
+def kind_of(spec) -> tuple | None:
+    """What a warm process for this launch must have been started with; None when the
+    launch cannot run warm."""
+    if spec.engine != engines.SINGLE or not is_warm_command(spec.argv):
+        return None
+    return environment_kind(spec.env)
+
+
+def environment_kind(env: dict[str, str]) -> tuple:
+    """The kind of a warm process for trials launched with `env`."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in TRIAL_OWN))
+
+
+class Forked:
+    """A trial's process forked from a warm one: what the daemon needs of a Popen (pid,
+    poll, wait, returncode), its exit status told by the warm process. If the warm process
+    ended first, `orphaned` is set: the daemon then watches the pid as an adopted one."""
+
+    warm = True
+
+    def __init__(self, pid: int, parent: "Warm"):
+        self.pid = pid
+        self.returncode: int | None = None
+        self.log_writer = None
+        self._parent = parent
+        self._ended = threading.Event()
+
+    @property
+    def orphaned(self) -> bool:
+        return self.returncode is None and not self._parent.alive()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        # Woken by the exit report, or, orphaned, by polling the pid.
+        while not self._ended.wait(timeout if timeout is not None else 0.5):
+            if timeout is not None:
+                raise subprocess.TimeoutExpired("forked trial", timeout)
+            if self.orphaned and not alive(self.pid):
+                return None
+        return self.returncode
+
+
+@dataclass
+class Warm:
+    """One warm process, and the trials it has forked."""
+    kind: tuple
+    process: subprocess.Popen
+    channel: socket.socket
+    ready: threading.Event = field(default_factory=threading.Event)
+    children: dict = field(default_factory=dict)  # pid -> Forked
+    _exits: dict = field(default_factory=dict)    # pid -> code, told before it was handed
+    _pids: queue.Queue = field(default_factory=queue.Queue)
+    _handing: threading.Lock = field(default_factory=threading.Lock)   # one order at a time
+    _children: threading.Lock = field(default_factory=threading.Lock)  # children and _exits
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def listen(self) -> None:
+        """Read what it says (a thread's loop): ready, a forked pid, a child's exit."""
+        buffer = b""
+        while True:
+            try:
+                data = self.channel.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.ready.clear()
+                self._pids.put(None)
+                return
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if message.get("ready"):
+                    self.ready.set()
+                elif "pid" in message:
+                    self._pids.put(message["pid"])
+                elif "exit" in message:  # never waits on a hand-over: its pid may be next
+                    with self._children:
+                        child = self.children.pop(message["exit"], None)
+                        if child is None:
+                            self._exits[message["exit"]] = message["code"]
+                    if child is not None:
+                        child._exited(message["code"])
+
+    def hand_over(self, spec, log_fd: int) -> Forked | None:
+        """Fork the trial from it: its environment, folder, command and log. None if the
+        warm process has ended (start the trial cold then)."""
+        order = {"env": spec.env, "cwd": str(spec.cwd), "argv": spec.argv}
+        with self._handing:
+            try:
+                socket.send_fds(self.channel, [json.dumps(order).encode()], [log_fd])
+                pid = self._pids.get(timeout=ANSWER_SECONDS)
+            except (OSError, queue.Empty):
+                pid = None
+            if pid is None:  # dead, or an answer that may yet come and be taken for another's
+                self.close()
+                return None
+        child = Forked(pid, self)
+        with self._children:
+            code = self._exits.pop(pid, None)
+            if code is None:
+                self.children[pid] = child
+        if code is not None:
+            child._exited(code)
+        return child
+
+    def close(self) -> None:
+        try:
+            self.channel.shutdown(socket.SHUT_RDWR)  # it reads end-of-file and exits
+        except OSError:
+            pass
+        self.channel.close()
+
+
+@dataclass
+class WarmPool:
+    layout: Layout
+    size: int = 1            # warm processes at most, all kinds together
+    log: callable = print
+    _warm: list = field(default_factory=list)
+
+    def keep(self, spec) -> None:
+        """Keep a warm process for launches like `spec` (one per kind, `size` in all)."""
+        self.keep_for(kind_of(spec))
+
+    def keep_for(self, kind: tuple | None) -> None:
+        """Keep a warm process of this kind (`environment_kind`): before any launch, for the
+        trials the daemon expects most (see `launcher.experiment_environment`)."""
+        self._drop_dead()
+        if kind is None or self.size <= 0 or any(w.kind == kind for w in self._warm):
+            return
+        if len(self._warm) >= self.size:  # make room: the oldest kind goes
+            self._warm.pop(0).close()
+        ours, theirs = socket.socketpair()
+        log = self._warm_log()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "localdet.processes.warm_process"], stdin=theirs,
+                stdout=log, stderr=subprocess.STDOUT, env=dict(kind), cwd=self.layout.home,
+                start_new_session=True)
+        except OSError as error:
+            self.log(f"cannot start a warm trial process ({error}); trials start cold")
+            ours.close()
+            return
+        finally:
+            theirs.close()
+            log.close()
+        warm = Warm(kind, process, ours)
+        threading.Thread(target=warm.listen, name="warm-listen", daemon=True).start()
+        threading.Thread(target=process.wait, name="warm-wait", daemon=True).start()
+        self._warm.append(warm)
+
+    def take(self, spec) -> Warm | None:
+        """The warm process that fits the launch, or None. One still importing is taken
+        too: it is nearer a first batch than a cold start would be."""
+        kind = kind_of(spec)
+        self._drop_dead()
+        return next((w for w in self._warm if kind is not None and w.kind == kind), None)
+
+    def close(self) -> None:
+        for warm in self._warm:
+            warm.close()
+        self._warm.clear()
+
+    def describe(self) -> str:
+        return f"{len(self._warm)} warm process(es), {sum(w.ready.is_set() for w in self._warm)} ready"
+
+    def _warm_log(self):
+        """Where warm processes' own output goes (TensorFlow's start-up messages): one
+        file, begun anew once it passes 1 MB."""
+        path = self.layout.home / "warm.log"
+        return open(path, "ab" if not path.exists() or path.stat().st_size < 10**6 else "wb")
+
+    def _drop_dead(self) -> None:
+        for warm in list(self._warm):
+            if not warm.alive():
+                warm.close()
+                self._warm.remove(warm)

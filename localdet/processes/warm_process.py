@@ -1,0 +1,139 @@
+"""A warm trial process: TensorFlow and Keras imported once, then a fresh process forked
+from it for each trial the daemon gives it.
+
+    python -P -m localdet.processes.warm_process     # stdin: a Unix socket to the daemon
+
+The daemon (localdet/processes/warm_pool.py) starts it in a session of its own with the environment of
+one Keras line and one experiment's variables, and nothing of any trial. It imports
+TensorFlow, Keras and the harness (no device is touched: nothing of a GPU is taken), says
+`{"ready": true}` and waits. For each assignment (the trial's full environment, its folder
+and command, and, passed along as a file descriptor, the pipe into the trial's log writer)
+it forks: the child starts a session of its own, takes the trial's environment (its
+CUDA_VISIBLE_DEVICES among it, before TensorFlow has touched a device), its folder and log,
+and runs the trial exactly as a cold process would (`determined.exec.run_trial`, or the
+script), one trial, then exits. The parent answers `{"pid": N}`, and `{"exit": N, "code": C}`
+when that child ends.
+
+If the daemon goes away, the socket reads end-of-file and the warm process exits; the
+trials it forked go on in their own sessions, for the next daemon to adopt. A warm process
+never gives a trial to a daemon that did not start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+
+
+def _prepare() -> None:
+    """What every trial of this Keras line imports first: the slow part of a cold start."""
+    from determined.exec import keras_alias
+
+    keras_alias.install()  # before anything imports `keras`, as run_trial does
+    import tensorflow  # noqa: F401
+
+    import determined.keras  # noqa: F401  (Keras itself, the controller, the callbacks)
+    import localdet.reporting.sqlite_reporter  # noqa: F401  (the TrialReporter seam's: sqlite-utils, jsonschema)
+    from determined.keras import _trial_controller  # noqa: F401
+
+
+def _run(argv: list[str]) -> int:
+    """Run the trial's command in this interpreter, as `python ARGS...` would."""
+    args = argv[1:]
+    if args == ["-m", "determined.exec.run_trial"]:
+        from determined.exec import run_trial
+
+        return run_trial.main()
+    if args[:1] == ["-m"]:
+        sys.argv = [args[1], *args[2:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        return 0
+    sys.argv = args
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+    runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+def _become_trial(order: dict, log: int) -> None:
+    """In the forked child: the trial's session, environment, folder and log; then run it."""
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.chdir(order["cwd"])
+    code = 1
+    try:
+        code = _run(order["argv"])
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # not the parent's exit handlers: they are the warm process's
+
+
+def main() -> int:
+    channel = socket.socket(fileno=0)
+    _prepare()
+    sending = threading.Lock()
+
+    def send(message: dict) -> None:
+        with sending:
+            try:
+                channel.sendall(json.dumps(message).encode() + b"\n")
+            except OSError:
+                pass  # the daemon has gone; we end at our next read
+
+    def reap(pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    send({"ready": True})
+    while True:
+        message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 1)
+        if not message:
+            return 0  # the daemon has gone
+        if not fds:
+            continue
+        order, log = json.loads(message), fds[0]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            channel.detach()
+            _become_trial(order, log)
+        os.close(log)
+        send({"pid": pid})
+        threading.Thread(target=reap, args=(pid,), daemon=True).start()
+
+
+def is_warm_command(argv: list[str]) -> bool:
+    """Whether a trial's command can run in a warm process: this interpreter running
+    the trial runner, a module, or a Python file."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3
+    return argv[1].endswith(".py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""The SQLite database: one file in WAL mode, created and upgraded by `state/migrations/`.
+
+The daemon and the trial processes open it at once: WAL lets readers run beside one writer,
+and the busy timeout makes a writer wait for another instead of failing.
+
+Example:
+
+    db = StateDB.open(Layout.from_environment().db)
+    exp_id = db.create_experiment(...)
+    for trial in db.trials(exp_id):
+        print(trial.id, trial.state)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import importlib.util
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from localdet.paths import state_formats_dir
+from localdet.records.states import EXPERIMENT_STATES, TERMINAL_STATES, TRIAL_STATES  # noqa: F401
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def migrations() -> Migrations:
+    """The `localdet` migration set: one module per file in `state/migrations/`, in name order."""
+    return _migrations(state_formats_dir() / "migrations")
+
+
+@functools.lru_cache(maxsize=None)
+def _migrations(folder: Path) -> Migrations:
+    """Loaded once a process: StateDB.open runs for every connection (the report server
+    opens one per trial), and compiling the files was most of its cost."""
+    migration_set = Migrations("localdet")
+    files = sorted(folder.glob("[0-9]*.py"))
+    if not files:
+        raise RuntimeError(f"no migrations found under {state_formats_dir()}; reinstall localdet")
+    for path in files:
+        spec = importlib.util.spec_from_file_location(f"localdet_migration_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        migration_set(name=path.stem)(module.apply)
+    return migration_set
+
+
+class NotFound(LookupError):
+    """A user named an experiment, trial or checkpoint that does not exist."""
+
+
+class CheckpointDeleted(NotFound):
+    """A user named a checkpoint that retention deleted: its row is kept, its files are not."""
+
+
+def _from_row(cls, row: dict, json_fields: Iterable[str] = ()):
+    values = {f.name: row.get(f.name) for f in fields(cls)}
+    for name in json_fields:
+        if values[name] is not None:
+            values[name] = json.loads(values[name])
+    return cls(**values)
+
+
+@dataclass
+class Experiment:
+    id: int
+    name: str
+    description: str
+    state: str
+    config: dict
+    searcher: str
+    metric: str
+    smaller_is_better: bool
+    experiment_seed: int
+    model_dir: str
+    submitted_at: str
+    ended_at: str | None
+    error: str | None
+    kind: str = "experiment"   # or "job"
+    runner: str = "daemon"     # or "foreground" (`localdet run`), "script" (laptop mode)
+
+    @property
+    def managed(self) -> bool:
+        """Whether the daemon schedules it."""
+        return self.runner == "daemon"
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Experiment":
+        experiment = _from_row(cls, row, ["config"])
+        experiment.smaller_is_better = bool(experiment.smaller_is_better)
+        return experiment
+
+
+@dataclass
+class Trial:
+    id: int
+    experiment_id: int
+    request_id: int
+    state: str
+    hparams: dict
+    seed: int
+    target_batches: int
+    batches_trained: int
+    restarts: int
+    latest_checkpoint: str | None
+    pid: int | None
+    slots: list | None
+    stop_requested: str | None
+    process_start: int | None
+    started_at: str | None
+    heartbeat_at: str | None
+    ended_at: str | None
+    error: str | None
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Trial":
+        return _from_row(cls, row, ["hparams", "slots"])
+
+
+@dataclass
+class Checkpoint:
+    uuid: str
+    experiment_id: int
+    trial_id: int
+    batches_trained: int
+    state: str
+    size_bytes: int
+    metadata: dict
+    manifest: dict
+    created_at: str
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Checkpoint":
+        return _from_row(cls, row, ["metadata", "manifest"])
+
+
+@dataclass
+class MetricRow:
+    trial_id: int
+    kind: str
+    batches_trained: int
+    metrics: dict
+    recorded_at: str
+
+    @classmethod
+    def from_row(cls, row: dict) -> "MetricRow":
+        return _from_row(cls, row, ["metrics"])
+
+
+class _Database(sqlite_utils.Database):
+    """sqlite_utils reads the table and view names from sqlite_master before nearly every
+    row it reads or writes (17 such queries for a metric row, a heartbeat, a trial read and
+    an event). localdet's schema is its migrations': once they have run on a connection
+    (`fix_schema`), the names are read once."""
+
+    _names: dict | None = None
+
+    def fix_schema(self) -> None:
+        self._names = {}
+
+    def table_names(self, fts4: bool = False, fts5: bool = False) -> list[str]:
+        if self._names is None:
+            return super().table_names(fts4, fts5)
+        key = ("table", fts4, fts5)
+        if key not in self._names:
+            self._names[key] = super().table_names(fts4, fts5)
+        return list(self._names[key])
+
+    def view_names(self) -> list[str]:
+        if self._names is None:
+            return super().view_names()
+        if "view" not in self._names:
+            self._names["view"] = super().view_names()
+        return list(self._names["view"])
+
+
+class StateDB:
+    def __init__(self, db: sqlite_utils.Database):
+        self.db = db
+        # A context manager shared with this process's other writers of the file (the
+        # daemon's and its report server's, `report_server.WriteTurns`): atomic() waits its
+        # turn there before SQLite's lock. None: SQLite's lock alone.
+        self.turns = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> "StateDB":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        db = _Database(path)
+        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA foreign_keys = ON")
+        # Durable enough in WAL mode: a power cut may lose the last commits, never consistency.
+        db.execute("PRAGMA synchronous = NORMAL")
+        migrations().apply(db)
+        db.fix_schema()
+        return cls(db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def atomic(self):
+        """One write transaction. IMMEDIATE takes the write lock up front: a deferred one
+        that read first could not upgrade once another process wrote, and fails at once
+        with "database is locked" instead of waiting its turn."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            with self.db.atomic():  # nested: a savepoint
+                yield self.db
+            return
+        with self.turns or contextlib.nullcontext():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    # -- events -------------------------------------------------------------------------
+    def log_event(self, kind: str, *, experiment_id: int | None = None,
+                  trial_id: int | None = None, **payload: Any) -> None:
+        self.db["events"].insert({
+            "at": now(), "experiment_id": experiment_id, "trial_id": trial_id,
+            "kind": kind, "payload": json.dumps(payload, default=str),
+        })
+
+    def events(self, experiment_id: int | None = None) -> list[dict]:
+        where, args = ("experiment_id = ?", [experiment_id]) if experiment_id else (None, None)
+        rows = self.db["events"].rows_where(where, args, order_by="id")
+        return [{**row, "payload": json.loads(row["payload"])} for row in rows]
+
+    def last_event(self, kinds: Iterable[str]) -> dict | None:
+        """The newest event of one of these kinds (of any experiment), or None."""
+        kinds = list(kinds)
+        rows = list(self.db["events"].rows_where(
+            f"kind IN ({', '.join('?' for _ in kinds)})", kinds, order_by="id DESC", limit=1))
+        return {**rows[0], "payload": json.loads(rows[0]["payload"])} if rows else None
+
+    # -- experiments --------------------------------------------------------------------
+    def create_experiment(self, *, name: str, description: str, config: dict,
+                          original_config: str, searcher: str, metric: str,
+                          smaller_is_better: bool, experiment_seed: int,
+                          model_dir: str, kind: str = "experiment",
+                          runner: str = "daemon") -> int:
+        with self.atomic():
+            table = self.db["experiments"].insert({
+                "name": name, "description": description, "state": "ACTIVE",
+                "config": json.dumps(config), "original_config": original_config,
+                "searcher": searcher, "metric": metric,
+                "smaller_is_better": int(smaller_is_better),
+                "experiment_seed": experiment_seed, "model_dir": model_dir,
+                "submitted_at": now(), "kind": kind, "runner": runner,
+            })
+            experiment_id = table.last_pk
+            self.log_event("experiment_created", experiment_id=experiment_id, name=name,
+                           experiment_kind=kind, runner=runner)
+        return experiment_id
+
+    def experiment(self, experiment_id: int) -> Experiment:
+        rows = list(self.db["experiments"].rows_where("id = ?", [experiment_id]))
+        if not rows:
+            raise NotFound(f"there is no experiment {experiment_id}; `localdet status` lists them")
+        return Experiment.from_row(rows[0])
+
+    def experiments(self, states: Iterable[str] | None = None) -> list[Experiment]:
+        rows = self.db["experiments"].rows_where(order_by="id")
+        result = [Experiment.from_row(row) for row in rows]
+        return [e for e in result if states is None or e.state in states]
+
+    def set_experiment_state(self, experiment_id: int, state: str, error: str | None = None) -> None:
+        assert state in EXPERIMENT_STATES, state
+        with self.atomic():
+            update = {"state": state, "error": error}
+            if state in TERMINAL_STATES:
+                update["ended_at"] = now()
+            self.db["experiments"].update(experiment_id, update)
+            self.log_event("experiment_state", experiment_id=experiment_id, state=state,
+                           error=error)
+
+    def set_runner(self, experiment_id: int, runner: str) -> None:
+        """Hand an experiment to another runner (a daemon takes over from `localdet run`)."""
+        with self.atomic():
+            self.db["experiments"].update(experiment_id, {"runner": runner})
+            self.log_event("experiment_runner", experiment_id=experiment_id, runner=runner)
+
+    # -- trials -------------------------------------------------------------------------
+    def create_trial(self, *, experiment_id: int, request_id: int, hparams: dict, seed: int,
+                     target_batches: int, state: str = "QUEUED") -> int:
+        with self.atomic():
+            trial_id = self.db["trials"].insert({
+                "experiment_id": experiment_id, "request_id": request_id, "state": state,
+                "hparams": json.dumps(hparams), "seed": seed,
+                "target_batches": target_batches,
+            }).last_pk
+            self.log_event("trial_created", experiment_id=experiment_id, trial_id=trial_id,
+                           request_id=request_id, hparams=hparams)
+        return trial_id
+
+    def trial_by_request(self, experiment_id: int, request_id: int) -> Trial | None:
+        rows = list(self.db["trials"].rows_where("experiment_id = ? AND request_id = ?",
+                                                 [experiment_id, request_id]))
+        return Trial.from_row(rows[0]) if rows else None
+
+    def trial(self, trial_id: int) -> Trial:
+        rows = list(self.db["trials"].rows_where("id = ?", [trial_id]))
+        if not rows:
+            raise NotFound(f"there is no trial {trial_id}; `localdet status EXPERIMENT` lists them")
+        return Trial.from_row(rows[0])
+
+    def trials(self, experiment_id: int | None = None,
+               states: Iterable[str] | None = None) -> list[Trial]:
+        where, args = ("experiment_id = ?", [experiment_id]) if experiment_id else (None, None)
+        result = [Trial.from_row(r) for r in self.db["trials"].rows_where(where, args, order_by="id")]
+        return [t for t in result if states is None or t.state in states]
+
+    def update_trial(self, trial_id: int, **changes: Any) -> None:
+        """Update a trial's columns; a state change is also written to the event log."""
+        with self.atomic():
+            if "state" in changes:
+                assert changes["state"] in TRIAL_STATES, changes["state"]
+                if changes["state"] in TERMINAL_STATES:
+                    changes.setdefault("ended_at", now())
+                trial = self.trial(trial_id)
+                self.log_event("trial_state", experiment_id=trial.experiment_id,
+                               trial_id=trial_id, state=changes["state"],
+                               error=changes.get("error"))
+            self.db["trials"].update(trial_id, changes)
+
+    # -- searcher events -----------------------------------------------------------------
+    def add_searcher_event(self, experiment_id: int, kind: str, request_id: int | None = None,
+                           metric: float | None = None, length: int | None = None) -> None:
+        self.db["searcher_events"].insert({
+            "experiment_id": experiment_id, "kind": kind, "request_id": request_id,
+            "metric": metric, "length": length, "at": now()})
+
+    def searcher_events(self, experiment_id: int) -> list[dict]:
+        return list(self.db["searcher_events"].rows_where(
+            "experiment_id = ?", [experiment_id], order_by="id"))
+
+    # -- metrics ------------------------------------------------------------------------
+    def record_metrics(self, trial_id: int, kind: str, batches_trained: int,
+                       metrics: dict[str, float]) -> None:
+        """Record one row. A second report for the same (trial, kind, batches) adds only
+        the metrics not recorded there yet, so a restarted trial never records a metric
+        twice, and `context.evaluate` can add test metrics beside a validation."""
+        with self.atomic():
+            # Merged in Python: the JSON may hold NaN, which SQLite's JSON functions refuse.
+            existing = list(self.db["metrics"].rows_where(
+                "trial_id = ? AND kind = ? AND batches_trained = ?",
+                [trial_id, kind, batches_trained]))
+            if existing:
+                recorded = json.loads(existing[0]["metrics"])
+                self.db["metrics"].update(existing[0]["id"], {
+                    "metrics": json.dumps({**metrics, **recorded})})
+            else:
+                self.db["metrics"].insert({
+                    "trial_id": trial_id, "kind": kind, "batches_trained": batches_trained,
+                    "metrics": json.dumps(metrics), "recorded_at": now()})
+            self.db.execute(
+                "UPDATE trials SET batches_trained = MAX(batches_trained, ?) WHERE id = ?",
+                [batches_trained, trial_id],
+            )
+
+    def metrics(self, trial_id: int, kind: str | None = None) -> list[MetricRow]:
+        where, args = "trial_id = ?", [trial_id]
+        if kind:
+            where, args = where + " AND kind = ?", args + [kind]
+        rows = self.db["metrics"].rows_where(where, args, order_by="batches_trained, kind")
+        return [MetricRow.from_row(row) for row in rows]
+
+    # -- checkpoints --------------------------------------------------------------------
+    def add_checkpoint(self, manifest: dict) -> None:
+        """Commit a checkpoint whose blobs are already durable in the store."""
+        with self.atomic():
+            self.db["checkpoints"].insert({
+                "uuid": manifest["uuid"], "experiment_id": manifest["experiment_id"],
+                "trial_id": manifest["trial_id"],
+                "batches_trained": manifest["batches_trained"],
+                "size_bytes": manifest["size_bytes"],
+                "metadata": json.dumps(manifest["metadata"]),
+                "manifest": json.dumps(manifest), "created_at": manifest["created_at"],
+            })
+            self.db["trials"].update(manifest["trial_id"], {"latest_checkpoint": manifest["uuid"]})
+            self.log_event("checkpoint", experiment_id=manifest["experiment_id"],
+                           trial_id=manifest["trial_id"], uuid=manifest["uuid"],
+                           batches_trained=manifest["batches_trained"])
+
+    def checkpoint(self, uuid_or_prefix: str) -> Checkpoint:
+        """The live checkpoint with this uuid (or unique prefix); NotFound, or its subclass
+        CheckpointDeleted (one sentence naming the retention settings) if retention deleted
+        the only match."""
+        where = "substr(uuid, 1, length(:prefix)) = :prefix AND state = :state"
+        rows = list(self.db["checkpoints"].rows_where(
+            where, {"prefix": uuid_or_prefix, "state": "COMPLETED"}, limit=2))
+        if not rows:
+            deleted = list(self.db["checkpoints"].rows_where(
+                where, {"prefix": uuid_or_prefix, "state": "DELETED"}, limit=2))
+            if len(deleted) == 1:
+                raise CheckpointDeleted(self._deleted_message(Checkpoint.from_row(deleted[0])))
+        if len(rows) != 1:
+            problem = "no" if not rows else "more than one"
+            raise NotFound(f"{problem} checkpoint matches '{uuid_or_prefix}'; "
+                           "`localdet checkpoints EXPERIMENT` lists them")
+        return Checkpoint.from_row(rows[0])
+
+    def _deleted_message(self, checkpoint: Checkpoint) -> str:
+        from localdet.checkpoints.retention import describe  # needed by this message only
+
+        config = self.experiment(checkpoint.experiment_id).config
+        return (f"checkpoint {checkpoint.uuid} was deleted by retention ({describe(config)}), "
+                f"so its files are gone; `localdet checkpoints {checkpoint.experiment_id}` "
+                "lists the checkpoints that are kept")
+
+    def delete_checkpoint(self, uuid: str, reason: str) -> bool:
+        """Mark a live checkpoint DELETED (its row stays; its blobs may then be deleted) and
+        log why; False if it was not live."""
+        with self.atomic():
+            rows = list(self.db["checkpoints"].rows_where(
+                "uuid = ? AND state = 'COMPLETED'", [uuid]))
+            if not rows:
+                return False
+            self.db.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = ?", [uuid])
+            self.log_event("checkpoint_deleted", experiment_id=rows[0]["experiment_id"],
+                           trial_id=rows[0]["trial_id"], uuid=uuid,
+                           batches_trained=rows[0]["batches_trained"], reason=reason)
+        return True
+
+    def checkpoint_files(self, *, deleted: bool,
+                         experiment_id: int | None = None) -> list[tuple[str, str, int]]:
+        """``[(uuid, sha256, size), ...]`` for every file of the live checkpoints (or, with
+        `deleted`, of the DELETED ones), optionally of one experiment."""
+        sql = ("SELECT c.uuid, json_extract(f.value, '$.sha256'), json_extract(f.value, '$.size') "
+               "FROM checkpoints c, json_each(c.manifest, '$.files') f WHERE c.state "
+               + ("= 'DELETED'" if deleted else "!= 'DELETED'"))
+        args: list[Any] = []
+        if experiment_id is not None:
+            sql += " AND c.experiment_id = ?"
+            args.append(experiment_id)
+        return [tuple(row) for row in self.db.execute(sql, args).fetchall()]
+
+    def checkpoints(self, experiment_id: int | None = None, trial_id: int | None = None,
+                    include_deleted: bool = False) -> list[Checkpoint]:
+        """Live checkpoints (with `include_deleted`, the DELETED ones too), oldest first."""
+        clauses, args = ([] if include_deleted else ["state = 'COMPLETED'"]), []
+        if experiment_id is not None:
+            clauses.append("experiment_id = ?"); args.append(experiment_id)
+        if trial_id is not None:
+            clauses.append("trial_id = ?"); args.append(trial_id)
+        rows = self.db["checkpoints"].rows_where(" AND ".join(clauses) or None, args or None,
+                                                 order_by="trial_id, batches_trained")
+        return [Checkpoint.from_row(row) for row in rows]
+
+    # -- requests (pause, resume, kill) ------------------------------------------------------
+    def add_request(self, action: str, *, experiment_id: int | None = None,
+                    trial_id: int | None = None) -> int:
+        with self.atomic():
+            request_id = self.db["requests"].insert({
+                "at": now(), "action": action, "experiment_id": experiment_id,
+                "trial_id": trial_id}).last_pk
+            self.log_event(f"{action}_requested", experiment_id=experiment_id, trial_id=trial_id)
+        return request_id
+
+    def pending_requests(self) -> list[dict]:
+        return list(self.db["requests"].rows_where("handled_at IS NULL", order_by="id"))
+
+    def request(self, request_id: int) -> dict:
+        return self.db["requests"].get(request_id)
+
+    def mark_request_handled(self, request_id: int, outcome: str) -> None:
+        self.db["requests"].update(request_id, {"handled_at": now(), "outcome": outcome})

@@ -1,0 +1,55 @@
+"""localdet's side of the `determined.core` reporter seam, registered in pyproject.toml
+under the entry point group `determined.reporters`: the `determined` package imports nothing
+of localdet and finds this class through the entry point instead.
+
+    factory = LocaldetReporterFactory()
+    reporter = factory.from_environment()   # SQLite and the store, or HTTP to the daemon
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from determined.core._reporting import REPORT_URL_VAR, TRIAL_ID_VAR, TrialReporter
+
+
+class LocaldetReporterFactory:
+    """Implements `determined.core._reporting.ReporterFactory`. Imports lazily: a trial
+    process loads only the transport it uses."""
+
+    def from_environment(self) -> TrialReporter:
+        """Over HTTP to the daemon when `LOCALDET_REPORT_URL` is set (a trial on another
+        machine), else straight into the daemon's SQLite file and store."""
+        if os.environ.get(REPORT_URL_VAR):
+            from localdet.reporting.http_reporter import HTTPReporter
+
+            return HTTPReporter.from_environment()
+        from localdet.reporting.sqlite_reporter import SQLiteReporter
+
+        return SQLiteReporter.from_environment(int(os.environ[TRIAL_ID_VAR]))
+
+    def for_script(self, script: Path, hparams: Optional[Dict[str, Any]],
+                   config_path: Optional[str], record: bool) -> TrialReporter:
+        from localdet.reporting.unmanaged import script_run_reporter
+
+        return script_run_reporter(script, hparams, config_path, record)
+
+    def checkpoint_batches(self, uuid: str) -> int:
+        from localdet.paths import Layout
+        from localdet.records.db import StateDB
+
+        db = StateDB.open(Layout.from_environment().db)
+        try:
+            return int(db.checkpoint(uuid).batches_trained)
+        finally:
+            db.close()
+
+    def load_checkpoint(self, destination: Path, trial_id: Optional[int] = None,
+                        uuid: Optional[str] = None) -> Path:
+        from localdet.paths import Layout
+        from localdet.reporting.sqlite_reporter import CheckpointReader
+
+        reader = CheckpointReader(Layout.from_environment())
+        return reader.materialize(reader.resolve(trial_id=trial_id, uuid=uuid), destination)

@@ -1,0 +1,252 @@
+"""The local `TrialReporter`: a training process's only door into SQLite and the store.
+
+    reporter = SQLiteReporter.from_environment(trial_id)
+    info = reporter.trial_info()
+    reporter.report_validation_metrics(500, {"val_accuracy": 0.97})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shutil
+import time
+import uuid as uuidlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+from determined.core import TrialInfo
+from localdet.checkpoints.manifest import build_manifest, files_of
+from localdet.checkpoints.storage import checkpoint_store, experiment_store
+from localdet.checkpoints.store import FileEntry, StoreError
+from localdet.config.experiment import length_to_batches
+from localdet.paths import Layout
+from localdet.records import lifecycle
+from localdet.records.db import Checkpoint, NotFound, StateDB, now
+from localdet.scheduling.disk_space import DiskFull, Reserve
+
+
+class SQLiteReporter:
+    def __init__(self, layout: Layout, trial_id: int):
+        self.layout = layout
+        self.trial_id = trial_id
+        self.db = StateDB.open(layout.db)
+        # The experiment's checkpoint_storage: localdet's own store, shared_fs or s3.
+        self.store = experiment_store(layout, self.db, self.db.trial(trial_id).experiment_id)
+        self._trial = self.db.trial(trial_id)
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future | None = None
+        self._verifying: Future | None = None
+        self._reserve = Reserve.from_environment()
+        self._first_batch_reported = False
+
+    @classmethod
+    def from_environment(cls, trial_id: int) -> "SQLiteReporter":
+        reporter = cls(Layout.from_environment(), trial_id)
+        reporter._await_launch_record()
+        return reporter
+
+    def _await_launch_record(self, seconds: float = 30.0) -> None:
+        """Train only once the daemon has recorded this process (its group) as the trial's.
+        A daemon killed between starting a process and recording it leaves an orphan, and
+        the next daemon starts the trial again: the orphan must not train beside it."""
+        deadline = time.monotonic() + seconds
+        while True:
+            trial = self.db.trial(self.trial_id)
+            if trial.state == "RUNNING" and trial.pid == os.getpgrp():
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"trial {self.trial_id} is not recorded as running in this process "
+                    f"(pid {os.getpgrp()}; recorded: {trial.state}, pid {trial.pid}); exiting "
+                    "so that only one process trains it")
+            time.sleep(0.05)
+
+    def trial_info(self) -> TrialInfo:
+        trial = self.db.trial(self.trial_id)
+        experiment = self.db.experiment(trial.experiment_id)
+        return TrialInfo(
+            experiment_id=experiment.id,
+            trial_id=trial.id,
+            hparams=trial.hparams,
+            seed=trial.seed,
+            target_batches=trial.target_batches,
+            scheduling_unit=experiment.config["scheduling_unit"],
+            validation_period=length_to_batches(experiment.config["min_validation_period"],
+                                                experiment.config, "min_validation_period"),
+            checkpoint_period=length_to_batches(experiment.config["min_checkpoint_period"],
+                                                experiment.config, "min_checkpoint_period"),
+            latest_checkpoint=trial.latest_checkpoint,
+            config=experiment.config,
+            model_dir=Path(experiment.model_dir),
+            trial_dir=self.layout.trial_dir(experiment.id, trial.id),
+            kind=experiment.kind,
+        )
+
+    def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        self.db.record_metrics(self.trial_id, "training", batches_trained, metrics)
+
+    def report_validation_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        self.db.record_metrics(self.trial_id, "validation", batches_trained, metrics)
+
+    def save_checkpoint(self, directory: Path, batches_trained: int,
+                        metadata: Dict[str, Any]) -> str:
+        """Returns the new checkpoint's uuid at once; a background thread moves the files
+        into the store and then commits the manifest, so training goes on meanwhile. The
+        folder is ours from here on, and deleted once stored."""
+        self.wait_for_checkpoints()  # one at a time, and an earlier failure surfaces here
+        try:  # below the daemon's reserve nothing is written: the machine needs the rest
+            self._reserve.check_before_writing(self.layout.store)
+        except DiskFull:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        uuid = str(uuidlib.uuid4())
+        self._pending = self._saver.submit(self._store_and_commit, Path(directory),
+                                           batches_trained, metadata, uuid)
+        return uuid
+
+    def _store_and_commit(self, directory: Path, batches_trained: int,
+                          metadata: Dict[str, Any], uuid: str) -> None:
+        db = StateDB.open(self.layout.db)  # SQLite connections stay in their own thread
+        try:
+            # Held from the first blob to the commit: until then the blobs (new, or reused
+            # from a deleted checkpoint) are referenced by nothing, and the garbage collector
+            # must not delete them.
+            with self.store.writing():
+                files = self.store.put_directory(directory, consume=True)  # durable first
+                self.commit_checkpoint(db, uuid, batches_trained, files, metadata)
+        finally:
+            db.close()
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def commit_checkpoint(self, db: StateDB, uuid: str, batches_trained: int,
+                          files: Dict[str, FileEntry], metadata: Dict[str, Any]) -> None:
+        """Register a checkpoint whose blobs are already durable in the store (the caller
+        holds `store.writing()`); also the report server's commit for remote trials."""
+        db.add_checkpoint(build_manifest(
+            uuid=uuid, experiment_id=self._trial.experiment_id, trial_id=self.trial_id,
+            batches_trained=batches_trained, files=files, metadata=metadata))
+
+    def wait_for_checkpoints(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
+        """Hard-link the checkpoint's blobs into `destination` at once; their hashes are
+        checked in the background while the caller loads them, and
+        `verify_restored_checkpoint` raises if one was corrupt."""
+        self.wait_for_checkpoints()
+        # Held until the background check has read every blob: the collector skips it.
+        lease = self.store.reading(uuid)
+        try:
+            files = files_of(self.db.checkpoint(uuid).manifest)  # looked up under the lease
+            path = self.store.materialize(files, destination, link=True, verify=False)
+        except BaseException:
+            lease.release()
+            raise
+
+        def verify() -> list[str]:
+            try:
+                return self.store.verify(files)
+            finally:
+                lease.release()
+
+        self._verifying = self._saver.submit(verify)
+        return path
+
+    def verify_restored_checkpoint(self) -> None:
+        verifying, self._verifying = self._verifying, None
+        bad = verifying.result() if verifying is not None else []
+        if bad:
+            raise StoreError(f"checkpoint files {', '.join(bad)} are corrupt or missing in the "
+                             "store; resume from an earlier checkpoint or restart the trial")
+
+    def set_target_batches(self, batches: int) -> None:
+        self.db.update_trial(self.trial_id, target_batches=batches)
+
+    def should_pause(self) -> bool:
+        """True once a pause was asked; answering it acknowledges it in the same
+        transaction (PAUSE -> PAUSING), so a resume that comes after relaunches the trial
+        instead of being lost (localdet/records/lifecycle.py)."""
+        stop = self.db.trial(self.trial_id).stop_requested
+        if stop == lifecycle.PAUSE:  # a plain read first: the write lock only when asked
+            with self.db.atomic():
+                stop = self.db.trial(self.trial_id).stop_requested
+                if stop == lifecycle.PAUSE:
+                    self.db.update_trial(self.trial_id,
+                                         stop_requested=lifecycle.acknowledge(stop))
+        return stop in (lifecycle.PAUSE, lifecycle.PAUSING, lifecycle.REQUEUE)
+
+    def report_first_batch(self) -> None:
+        """Record a `trial_first_batch` event with the seconds since this launch: since the
+        trial's `started_at`, which the daemon writes with the launch record (the moment of
+        its `trial_launched` event) and a script run when it records itself."""
+        if self._first_batch_reported:  # once a launch, however many fits it runs
+            return
+        self._first_batch_reported = True
+        started_at = self.db.trial(self.trial_id).started_at
+        if started_at is None:  # a trial never launched (a benchmark's in-process run)
+            return
+        seconds = (datetime.datetime.fromisoformat(now())
+                   - datetime.datetime.fromisoformat(started_at)).total_seconds()
+        self.db.log_event("trial_first_batch", experiment_id=self._trial.experiment_id,
+                          trial_id=self.trial_id, seconds=round(seconds, 3))
+
+    def heartbeat(self) -> None:
+        self.db.update_trial(self.trial_id, heartbeat_at=now())
+
+
+class CheckpointReader:
+    """Find and materialise recorded checkpoints, for `context.load_checkpoint_model`:
+
+        path = CheckpointReader(Layout.from_environment()).materialize(
+            CheckpointReader(...).resolve(trial_id=7), Path("/tmp/ckpt"))
+    """
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def resolve(self, trial_id: int | None = None, uuid: str | None = None) -> str:
+        """The uuid (a unique prefix works) or the latest checkpoint of the trial."""
+        if (trial_id is None) == (uuid is None):
+            raise ValueError("load_checkpoint_model() needs exactly one of trial_id= or "
+                             "checkpoint_uuid=")
+        db = StateDB.open(self.layout.db)
+        try:
+            if uuid is not None:
+                return db.checkpoint(uuid).uuid
+            latest = db.trial(trial_id).latest_checkpoint
+            if latest is None:
+                raise NotFound(f"trial {trial_id} has no checkpoint yet; "
+                               f"`localdet status` shows how far it got")
+            return latest
+        finally:
+            db.close()
+
+    @contextlib.contextmanager
+    def holding(self, uuid_or_prefix: str) -> Iterator[Checkpoint]:
+        """The live checkpoint, held against garbage collection while the block runs:
+
+            with reader.holding("3f2a") as checkpoint:
+                ...read its blobs...
+
+        Raises NotFound, or CheckpointDeleted (one sentence) if retention deleted it."""
+        db = StateDB.open(self.layout.db)
+        try:
+            found = db.checkpoint(uuid_or_prefix)
+            uuid = found.uuid
+            with experiment_store(self.layout, db, found.experiment_id).reading(uuid):
+                # Looked up again under the lease: a collector may have deleted it meanwhile.
+                yield db.checkpoint(uuid)
+        finally:
+            db.close()
+
+    def materialize(self, uuid: str, destination: Path) -> Path:
+        """Write the checkpoint (a uuid or unique prefix) into `destination` as a plain,
+        verified folder."""
+        with self.holding(uuid) as checkpoint:
+            return checkpoint_store(self.layout, checkpoint).materialize(
+                files_of(checkpoint.manifest), destination, link=False, verify=True)

@@ -1,0 +1,1 @@
+"""What people see and type: the `localdet` command line, its views, logs, metrics and the web dashboard."""

@@ -1,0 +1,492 @@
+"""The `localdet` command line.
+
+    localdet daemon --slots 2 &
+    localdet submit const.yaml ./model_dir
+    localdet status 1
+    localdet run const.yaml ./model_dir            # one experiment in the foreground
+    localdet job run job.yaml ./code               # a batch job, followed to its end
+    localdet metrics 1 --csv                       # recorded metrics (--plot curves.png)
+    localdet logs 3 -f                             # a trial's log, followed to its end
+    localdet tensorboard 1                         # TensorBoard over experiment 1's trials
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from localdet.checkpoints.store import StoreError
+from localdet.config.experiment import ConfigError
+from localdet.paths import Layout
+from localdet.records.db import NotFound, StateDB
+from localdet.ui import views
+
+# Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def _open_db(layout: Layout) -> StateDB:
+    if not layout.db.exists():
+        _fail(f"no localdet state at {layout.home}; start `localdet daemon` or submit an "
+              "experiment first")
+    return StateDB.open(layout.db)
+
+
+def _size_option(context: click.Context, parameter: click.Parameter, value: str) -> int:
+    from localdet.config.sizes import parse_size
+
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    if size < 1000 and parameter.name == "max_log_bytes":  # a head, the marker, a tail
+        raise click.BadParameter(f"{value!r} is too small for a log; give at least 1KB")
+    return size
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """localdet: Determined-style Keras training on one machine."""
+
+
+@cli.command()
+@click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
+              help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
+                   "one slot per GPU.")
+@click.option("--web", is_flag=True, help="Serve the dashboard too (see `localdet web`).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The dashboard's address (with --web).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
+              help="The dashboard's port (with --web).")
+@click.option("--no-token", is_flag=True,
+              help="Let the dashboard in without its printed token (with --web; loopback "
+                   "addresses only).")
+@click.option("--trial-memory-fraction", type=click.FloatRange(0, 1, min_open=True),
+              help="Stop a trial whose processes use more than this fraction of the "
+                   "machine's memory (0 < F <= 1), unless its config sets "
+                   "resources.max_memory.")
+@click.option("--max-log-bytes", default="100MB", show_default=True, callback=_size_option,
+              help="Cap each trial's log (and the daemon's own daemon.log) at this size: "
+                   "past it a log keeps its first and most recent lines.")
+@click.option("--min-free-space", default="2GB", show_default=True, callback=_size_option,
+              help="Free space to keep where state and checkpoints are written (with "
+                   "--min-free-percent, the smaller counts): below it the daemon launches "
+                   "nothing and running trials stop at their next boundary until space "
+                   "returns.")
+@click.option("--min-free-percent", type=click.FloatRange(0, 100), default=5.0,
+              show_default=True, help="The same reserve, as a percentage of the disk.")
+@click.option("--warm", type=click.IntRange(min=0),
+              help="Trial processes to keep started ahead of need, TensorFlow imported, so "
+                   "short trials skip the start-up (0: none). Default: one per spare CPU "
+                   "core (at most 2), or 1 with GPUs.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the trials on a Ray cluster (`auto`: the one running here, else "
+                   "HOST:PORT of its head): its GPUs, or on CPU-only nodes the "
+                   "`localdet_slot` resource, are the slots; trials report over HTTP.")
+@click.option("--report", type=click.Choice(["sqlite", "http"]), default="sqlite",
+              show_default=True,
+              help="How trials report: straight into the state folder (sqlite), or over "
+                   "HTTP to a report server on 127.0.0.1 (http), as trials on other "
+                   "machines do.")
+@click.option("--report-port", type=click.IntRange(1, 65535),
+              help="The report server's port (with --report http). Default: the one chosen "
+                   "at its first start, kept in the state folder so running trials find a "
+                   "restarted daemon.")
+def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
+           trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
+           min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
+           report_port: int | None) -> None:
+    """Watch the queue folder and run the experiments dropped into it."""
+    from localdet.daemon.daemon import Daemon
+    from localdet.processes.pids import DaemonAlreadyRunning
+    from localdet.reporting.report_server import ReportServerError
+    from localdet.scheduling.disk_space import Reserve
+    from localdet.scheduling.ray_cluster import RayError
+
+    layout = Layout.from_environment()
+    if web:
+        from localdet.ui.web.server import WebError, start_in_thread
+
+        try:
+            _, url = start_in_thread(layout.ensure(), host, port, token=not no_token)
+        except WebError as error:
+            _fail(str(error))
+        click.echo(f"dashboard at {url}", err=True)
+    try:
+        Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
+               trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
+               reserve=Reserve(min_free_space, min_free_percent), warm=warm,
+               report=report, report_port=report_port, ray=ray_address).run()
+    except (DaemonAlreadyRunning, ReportServerError, RayError) as error:
+        _fail(str(error))
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True)
+@click.option("--no-token", is_flag=True,
+              help="Let in requests without the printed token (loopback addresses only).")
+def web(host: str, port: int, no_token: bool) -> None:
+    """Serve the dashboard: experiments, trials, curves, checkpoints, logs, jobs."""
+    from localdet.ui.web.server import WebError, serve
+
+    try:
+        serve(Layout.from_environment().ensure(), host, port,
+              announce=lambda text: click.echo(text, err=True), token=not no_token)
+    except WebError as error:
+        _fail(str(error))
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+def submit(config: Path, model_dir: Path | None) -> None:
+    """Queue an experiment: CONFIG (YAML) and the MODEL_DIR holding its code."""
+    from localdet.config.submissions import SubmissionError
+    from localdet.config.submissions import submit as submit_experiment
+
+    layout = Layout.from_environment().ensure()
+    try:
+        queued, warnings = submit_experiment(layout, config, model_dir)
+    except (ConfigError, SubmissionError) as error:
+        _fail(f"{config}: {error}")
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"queued {queued.name}")
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
+              help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
+                   "one slot per GPU.")
+@click.option("--quiet", is_flag=True, help="Show progress bars, not the trials' logs.")
+def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
+    """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
+    from localdet.config.submissions import SubmissionError
+    from localdet.daemon import foreground
+
+    layout = Layout.from_environment()
+    try:
+        experiment_id, warnings = foreground.record(layout, config, model_dir)
+    except (ConfigError, SubmissionError) as error:
+        click.echo(f"error: {config}: {error}", err=True)
+        sys.exit(2)  # nothing was recorded
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    sys.exit(foreground.drive(layout, experiment_id, slots, console, show_logs=not quiet))
+
+
+@cli.group()
+def job() -> None:
+    """Batch jobs: a script run once (e.g. batch inference), scheduled like a trial."""
+
+
+@job.command("run")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--detach", is_flag=True, help="Queue the job and return at once.")
+def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
+    """Queue a job (CONFIG and the MODEL_DIR holding its code) and follow its log."""
+    from localdet.config.submissions import JOB, SubmissionError
+    from localdet.config.submissions import submit as submit_job
+    from localdet.processes.pids import DaemonLock
+    from localdet.ui.jobs import JobNotTaken, follow
+
+    layout = Layout.from_environment()
+    if not detach and DaemonLock.holder(layout.daemon_lock) is None:
+        _fail(f"no localdet daemon is running on {layout.home} to run the job; start one "
+              "with `localdet daemon`, or queue the job with `--detach` for when one starts")
+    layout.ensure()
+    try:
+        queued, warnings = submit_job(layout, config, model_dir, kind=JOB)
+    except (ConfigError, SubmissionError) as error:
+        _fail(f"{config}: {error}")
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if detach:
+        click.echo(f"queued job {queued.name}")
+        return
+    try:
+        sys.exit(follow(layout, queued.name))
+    except JobNotTaken as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        _fail("stopped following the job; it keeps running (`localdet status` shows it, "
+              "`localdet kill ID` stops it)")
+
+
+def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict:
+    if experiment.kind == "job":
+        return views.job_facts(db, layout, experiment, tail_lines)
+    return views.experiment_facts(db, experiment)
+
+
+@cli.command()
+@click.argument("experiment_id", required=False, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def status(experiment_id: int | None, as_json: bool) -> None:
+    """Experiments and jobs, or one experiment's trials (one job's log)."""
+    from localdet.processes.pids import DaemonLock
+
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    try:
+        if experiment_id is None:
+            facts = [_facts(layout, db, e) for e in db.experiments()]
+        else:
+            facts = _facts(layout, db, db.experiment(experiment_id), tail_lines=20)
+    except NotFound as error:
+        _fail(str(error))
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    pid = DaemonLock.holder(layout.daemon_lock)
+    console.print(f"daemon running (pid {pid})" if pid else
+                  "[yellow]the daemon is not running[/] (start it with `localdet daemon`)")
+    notice = views.daemon_notice(db) if pid else None
+    if notice:
+        console.print(f"[yellow]{escape(notice)}[/]")
+    if experiment_id is None:
+        jobs = [f for f in facts if f["kind"] == "job"]
+        experiments = [f for f in facts if f["kind"] != "job"]
+        if experiments or not jobs:
+            console.print(views.experiments_table(experiments))
+        if jobs:
+            console.print(views.jobs_table(jobs))
+    elif facts["kind"] == "job":
+        console.print(views.job_table(facts))
+        if facts["error"] and facts["error"] not in facts["log_tail"]:  # else shown below
+            console.print(f"[red]error:[/] {escape(facts['error'])}")
+        if facts["log_tail"]:
+            console.print("[bold]log tail[/]")
+            console.print(Text(facts["log_tail"]))
+    else:
+        if facts["state"] == "ERROR" and facts["error"]:
+            console.print(f"[red]error:[/] {escape(facts['error'].splitlines()[0])}")
+        console.print(views.search_summary(facts))
+        if facts["rungs"]:
+            console.print(views.rungs_table(facts))
+        console.print(views.trials_table(facts))
+        for trial in facts["trials"]:
+            if trial["error"]:
+                console.print(f"[red]trial {trial['id']}:[/] {escape(trial['error'])}")
+        for warning in facts["warnings"]:
+            console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _request(action: str, experiment_id: int | None, trial_id: int | None) -> None:
+    from localdet.records.actions import ActionError, request
+
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    try:
+        message = request(layout, db, action, experiment_id=experiment_id, trial_id=trial_id)
+    except ActionError as error:
+        _fail(str(error))
+    finally:
+        db.close()
+    done, _, note = message.partition("; ")
+    click.echo(done)
+    if note:
+        click.echo(note, err=True)
+
+
+def _target_options(command):
+    command = click.argument("experiment_id", required=False, type=int)(command)
+    return click.option("--trial", "trial_id", type=int, help="Act on one trial.")(command)
+
+
+@cli.command()
+@_target_options
+def pause(experiment_id: int | None, trial_id: int | None) -> None:
+    """Checkpoint running trials at their next workload boundary and stop them."""
+    _request("pause", experiment_id, trial_id)
+
+
+@cli.command()
+@_target_options
+def resume(experiment_id: int | None, trial_id: int | None) -> None:
+    """Continue paused trials from their latest checkpoint."""
+    _request("resume", experiment_id, trial_id)
+
+
+@cli.command()
+@_target_options
+def kill(experiment_id: int | None, trial_id: int | None) -> None:
+    """Stop trials at once, without a checkpoint."""
+    _request("kill", experiment_id, trial_id)
+
+
+@cli.command()
+@click.argument("experiment_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+@click.option("--best", is_flag=True,
+              help="Only the checkpoint where the searcher metric was best.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the checkpoints deleted by retention, with their state.")
+def checkpoints(experiment_id: int, as_json: bool, best: bool, show_all: bool) -> None:
+    """The checkpoints of an experiment (those kept by checkpoint_storage; --all for all)."""
+    db = _open_db(Layout.from_environment())
+    try:
+        experiment = db.experiment(experiment_id)
+    except NotFound as error:
+        _fail(str(error))
+    if best:
+        found = views.best_checkpoint(db, experiment)
+        chosen = [found] if found else []
+    else:
+        chosen = db.checkpoints(experiment_id, include_deleted=show_all)
+    facts = [views.checkpoint_facts(c) for c in chosen]
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+    else:
+        console.print(views.checkpoints_table(facts, experiment_id, show_state=show_all))
+
+
+@cli.group()
+def checkpoint() -> None:
+    """Work with one checkpoint."""
+
+
+@checkpoint.command("export")
+@click.argument("uuid")
+@click.argument("destination", type=click.Path(path_type=Path))
+def export(uuid: str, destination: Path) -> None:
+    """Write checkpoint UUID (or a unique prefix) to DESTINATION as a plain folder."""
+    from localdet.checkpoints.manifest import files_of
+    from localdet.checkpoints.storage import checkpoint_store
+    from localdet.reporting.sqlite_reporter import CheckpointReader
+
+    layout = Layout.from_environment()
+    _open_db(layout).close()
+    try:
+        # Held while its files are copied: `localdet gc` skips it meanwhile.
+        with CheckpointReader(layout).holding(uuid) as found:
+            checkpoint_store(layout, found).materialize(files_of(found.manifest), destination)
+    except (NotFound, StoreError) as error:  # NotFound includes a checkpoint gc deleted
+        _fail(str(error))
+    click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "
+               f"batches) written to {destination}")
+
+
+@cli.command()
+@click.argument("experiment_id", required=False, type=int)
+@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
+def gc(experiment_id: int | None, dry_run: bool) -> None:
+    """Delete the checkpoints that checkpoint_storage does not keep (of EXPERIMENT_ID, or of
+    all experiments), and the stored files no kept checkpoint needs."""
+    from localdet.checkpoints.gc import collect
+
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    try:
+        report = collect(layout, db, experiment_id, dry_run=dry_run, writer_wait_seconds=10)
+    except (NotFound, StoreError) as error:  # StoreError: an S3 store it cannot reach
+        _fail(str(error))
+    if dry_run:
+        for c in report.deleted:
+            click.echo(f"would delete checkpoint {c.uuid} (experiment {c.experiment_id}, "
+                       f"trial {c.trial_id}, {c.batches_trained} batches)")
+        for sha in report.blobs:
+            click.echo(f"would delete blob {sha}")
+    click.echo(report.summary())
+
+
+@cli.command()
+@click.argument("experiment_id", type=int)
+@click.option("--trial", "trial_id", type=int, help="Only this trial.")
+@click.option("--metric", help="Only this metric.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV (header row) instead of a table.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the learning curves to this PNG instead.")
+def metrics(experiment_id: int, trial_id: int | None, metric: str | None, as_csv: bool,
+            plot: Path | None) -> None:
+    """The training and validation metrics an experiment recorded: a table, CSV or a PNG."""
+    from localdet.ui import metrics_report
+    if as_csv and plot:
+        _fail("--csv and --plot do not go together; choose one")
+    db = _open_db(Layout.from_environment())
+    try:
+        experiment = db.experiment(experiment_id)
+        report = metrics_report.collect(db, experiment, trial_id, metric)
+        if plot:
+            best = views.experiment_facts(db, experiment)["best_trial"]
+            click.echo(f"learning curves written to {metrics_report.plot(report, plot, best)}")
+        elif as_csv:
+            metrics_report.write_csv(report, sys.stdout)
+        else:
+            console.print(metrics_report.table(report))
+    except (NotFound, metrics_report.MetricsError) as error:
+        _fail(str(error))
+    finally:
+        db.close()
+
+
+@cli.command()
+@click.argument("trial_id", type=int)
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines until the trial stops running.")
+def logs(trial_id: int, follow: bool) -> None:
+    """Print a trial's log (with -f, follow it)."""
+    from localdet.ui import trial_logs
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    out = click.get_binary_stream("stdout")
+    try:
+        if follow:
+            trial_logs.follow(layout, db, trial_id, out)
+        else:
+            trial_logs.show(layout, db, trial_id, out)
+    except trial_logs.LogError as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        db.close()
+
+
+@cli.command()
+@click.argument("experiment_id", type=int)
+@click.option("--port", type=click.IntRange(1, 65535), default=6006, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--logdir-only", is_flag=True,
+              help="Write the event files, print their folder and exit.")
+def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> None:
+    """TensorBoard over an experiment's trials: their recorded metrics, and what the
+    TensorBoard callback wrote."""
+    import os
+
+    from localdet.ui import tensorboard_export
+    layout = Layout.from_environment()
+    db = _open_db(layout)
+    try:
+        folder = tensorboard_export.export(layout, db, db.experiment(experiment_id))
+    except NotFound as error:
+        _fail(str(error))
+    finally:
+        db.close()
+    if logdir_only:
+        click.echo(str(folder))
+        return
+    click.echo(f"TensorBoard over {folder}: http://{host}:{port}/ (Ctrl-C stops it)")
+    sys.stdout.flush()
+    command = tensorboard_export.server_command(folder, port, host)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorBoard imports TensorFlow
+    os.execv(command[0], command)  # TensorBoard takes this process over: Ctrl-C and all
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,275 @@
+"""The dashboard's Starlette application: one page (its script renders every view) and a
+JSON API over the same facts `localdet status` shows.
+
+    app = create_app(Layout.from_environment(), token=T, host="127.0.0.1")
+
+    GET  /, /experiments/{id}, /trials/{id}, /jobs      the page
+    GET  /api/experiments                               experiments (jobs excluded)
+    GET  /api/experiments/{id}                          facts, config, charts, rungs
+    GET  /api/trials/{id}                               facts, charts, checkpoints, log tail
+    GET  /api/jobs                                      jobs
+    GET  /api/daemon                                    running?, what it holds back (disk)
+    GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
+    POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
+    POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
+
+Only the dashboard's own user gets in; each refusal is one sentence:
+- the Host header must name the address served (`host`; on loopback, localhost or a loopback
+  address; on 0.0.0.0 or ::, an IP address or this machine's name), else 403: this stops
+  DNS rebinding, where a foreign site's name is pointed at this port;
+- with a token, every request carries it (`Authorization: Bearer T`, `?token=T`, or the
+  HttpOnly, SameSite=Strict cookie a page opened with `?token=T` gets), else 401;
+- a request other than GET and HEAD must come from the dashboard's own page: an Origin header
+  of this address (or `Sec-Fetch-Site: same-origin`) and an `X-Localdet-Request` header, which
+  a plain HTML form cannot send and a foreign page's script cannot send without this server's
+  consent (CORS, never given), else 403.
+URL ids and checkpoint uuids are looked up in the database, never joined to a path as given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import re
+import shutil
+import socket
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import plotly
+import yaml
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from localdet.paths import Layout
+from localdet.processes.launcher import log_tail
+from localdet.processes.pids import DaemonLock
+from localdet.records import actions
+from localdet.records.db import NotFound, StateDB
+from localdet.ui import views
+from localdet.ui.web import figures
+
+STATIC = Path(__file__).parent / "static"
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+COOKIE = "localdet_token"
+LOG_TAIL_LINES = 60
+HOST_HEADER = re.compile(r"(?:\[([0-9a-f:.]+)\]|([^:\[\]/@\s]+))(?::\d+)?")  # name[:port]
+
+
+def _ip(text: str):
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    address = _ip(host)
+    return host == "localhost" or bool(address and address.is_loopback)
+
+
+def host_names(bind: str) -> Callable[[str], bool]:
+    """Whether a Host header's name (port and brackets removed) is one the dashboard bound
+    to `bind` answers to. IP addresses cannot be rebound to a foreign site, names can."""
+    bound = _ip(bind)
+    if is_loopback(bind):
+        return is_loopback
+    if bound is not None and bound.is_unspecified:  # every address of this machine
+        names = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+        return lambda name: name in names or _ip(name) is not None
+    return lambda name: (_ip(name) == bound) if bound is not None else name == bind.lower()
+
+
+def _name_in(host_header: str) -> str | None:
+    """`127.0.0.1:8090` -> `127.0.0.1`, `[::1]:8090` -> `::1`; None if malformed."""
+    match = HOST_HEADER.fullmatch(host_header.lower())
+    return match and (match.group(1) or match.group(2))
+
+
+def _refuse(status: int, sentence: str) -> Response:
+    return JSONResponse({"error": sentence}, status_code=status)
+
+
+class Guard(BaseHTTPMiddleware):
+    """Lets in only the dashboard's own user (see the module's docstring)."""
+
+    def __init__(self, app, token: str | None, host: str):
+        super().__init__(app)
+        self.token = token
+        self.answers_to = host_names(host)
+
+    async def dispatch(self, request: Request, call_next):
+        host = request.headers.get("host", "")
+        name = _name_in(host)
+        if not name or not self.answers_to(name):
+            return _refuse(403, f"this dashboard does not answer to the host '{host}'; open "
+                                "it at the address it printed at start")
+        cookie = f"{COOKIE}_{request.url.port or 80}"  # one per port: dashboards side by side
+        if self.token:
+            header = request.headers.get("authorization", "")
+            given = (header[7:] if header.lower().startswith("bearer ") else
+                     request.query_params.get("token") or request.cookies.get(cookie) or "")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return _refuse(401, "this dashboard needs its token: open the address it "
+                                    "printed at start (with ?token=...), or send "
+                                    "Authorization: Bearer <token>")
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("origin")
+            if origin is not None:
+                same = origin.lower() in (f"http://{host.lower()}", f"https://{host.lower()}")
+            else:
+                same = request.headers.get("sec-fetch-site") == "same-origin"
+            if not same:
+                return _refuse(403, f"a {request.method} must come from the dashboard's own "
+                                    "page: its Origin header (or Sec-Fetch-Site: same-origin) "
+                                    f"must name this address, http://{host}")
+            if "x-localdet-request" not in request.headers:
+                return _refuse(403, f"a {request.method} must carry the X-Localdet-Request "
+                                    "header that the dashboard's own page sends")
+        response = await call_next(request)
+        if self.token and request.query_params.get("token"):  # opened from the printed address
+            response.set_cookie(cookie, self.token, httponly=True, samesite="strict")
+        # Not inside another site's frame, where a click could be steered onto Kill.
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        response.headers["X-Frame-Options"] = "DENY"
+        return response
+
+
+def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1") -> Starlette:
+    @contextlib.contextmanager
+    def database() -> Iterator[StateDB]:
+        """The database, open for one request."""
+        if not layout.db.exists():
+            raise NotFound(f"no localdet state at {layout.home} yet; submit an experiment")
+        db = StateDB.open(layout.db)
+        try:
+            yield db
+        finally:
+            db.close()
+
+    def api(handler):
+        """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409."""
+        async def endpoint(request: Request) -> Response:
+            try:  # in a thread: SQLite and the store block
+                result = await run_in_threadpool(handler, request)
+            except NotFound as error:
+                return JSONResponse({"error": str(error)}, status_code=404)
+            except actions.ActionError as error:
+                return JSONResponse({"error": str(error)}, status_code=409)
+            return result if isinstance(result, Response) else JSONResponse(result)
+        return endpoint
+
+    def experiments(request: Request) -> list[dict]:
+        if not layout.db.exists():
+            return []  # nothing submitted yet
+        with database() as db:
+            return [_summary(views.experiment_facts(db, e)) for e in db.experiments()
+                    if e.kind != "job"]
+
+    def daemon(request: Request) -> dict:
+        """Whether a daemon runs, and what it holds back and why."""
+        running = DaemonLock.holder(layout.daemon_lock) is not None
+        if not running or not layout.db.exists():
+            return {"running": running, "notice": None}
+        with database() as db:
+            return {"running": True, "notice": views.daemon_notice(db)}
+
+    def experiment(request: Request) -> dict:
+        with database() as db:
+            record = db.experiment(int(request.path_params["id"]))
+            facts = views.experiment_facts(db, record)
+            facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
+            facts["charts"] = {
+                "curves": figures.curves(db, [t["id"] for t in facts["trials"]],
+                                         facts["best_trial"]),
+                "hyperparameters": figures.hyperparameters(record, facts["trials"]),
+            }
+            return facts
+
+    def trial(request: Request) -> dict:
+        with database() as db:
+            record = db.trial(int(request.path_params["id"]))
+            experiment = db.experiment(record.experiment_id)
+            launches = views.launches_by_trial(db.events(experiment.id)).get(record.id)
+            facts = views.trial_facts(db, record, experiment, launches)
+            facts["experiment"] = {"id": experiment.id, "name": experiment.name,
+                                   "metric": experiment.metric}
+            facts["checkpoints"] = [views.checkpoint_facts(c)
+                                    for c in db.checkpoints(trial_id=record.id)]
+            facts["charts"] = {"curves": figures.curves(db, [record.id])}
+            facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),
+                                         LOG_TAIL_LINES)
+            return facts
+
+    def jobs(request: Request) -> list[dict]:
+        if not layout.db.exists():
+            return []
+        with database() as db:
+            return [_summary(views.job_facts(db, layout, e)) for e in db.experiments()
+                    if e.kind == "job"]
+
+    def act(request: Request) -> dict:
+        target = {"experiments": "experiment_id",
+                  "trials": "trial_id"}[request.url.path.split("/")[2]]
+        with database() as db:
+            return {"message": actions.request(layout, db, request.path_params["action"],
+                                               **{target: int(request.path_params["id"])})}
+
+    def download(request: Request) -> Response:
+        from localdet.reporting.sqlite_reporter import CheckpointReader
+
+        with database() as db:  # the whole uuid, as the page links it; not a prefix
+            uuid = db.checkpoint(request.path_params["uuid"]).uuid
+        if uuid != request.path_params["uuid"]:
+            raise NotFound(f"no checkpoint {request.path_params['uuid']}; "
+                           "`localdet checkpoints EXPERIMENT` lists them")
+        scratch = Path(tempfile.mkdtemp(prefix="localdet-download-"))
+        try:  # the folder is named by the database's uuid, never by the URL's text
+            folder = CheckpointReader(layout).materialize(uuid, scratch / uuid)
+            archive = scratch / f"{folder.name}.tar.gz"
+            with tarfile.open(archive, "w:gz") as tar:
+                tar.add(folder, arcname=folder.name)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return FileResponse(archive, media_type="application/gzip", filename=archive.name,
+                            background=BackgroundTask(shutil.rmtree, scratch, True))
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def plotly_js(request: Request) -> Response:
+        return FileResponse(PLOTLY_JS, media_type="text/javascript")
+
+    routes = [
+        Route("/", page), Route("/experiments/{id:int}", page), Route("/trials/{id:int}", page),
+        Route("/jobs", page),
+        Route("/api/daemon", api(daemon)),
+        Route("/api/experiments", api(experiments)),
+        Route("/api/experiments/{id:int}", api(experiment)),
+        Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),
+        Route("/api/trials/{id:int}", api(trial)),
+        Route("/api/trials/{id:int}/{action:str}", api(act), methods=["POST"]),
+        Route("/api/jobs", api(jobs)),
+        Route("/api/checkpoints/{uuid:str}.tar.gz", api(download)),
+        Route("/static/plotly.min.js", plotly_js),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(Guard, token=token, host=host)])
+
+
+def _summary(facts: dict[str, Any]) -> dict[str, Any]:
+    """An experiment's row on the list pages: its facts without the per-trial detail."""
+    summary = {k: v for k, v in facts.items() if k not in ("trials", "rungs")}
+    summary["trial_count"] = len(facts["trials"])
+    return summary

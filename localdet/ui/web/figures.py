@@ -1,0 +1,114 @@
+"""Plotly figures from what localdet recorded, as plotly JSON for the page's plotly.js:
+
+    curves(db, experiment, trials)       # every metric against batches, the best trial bold
+    hyperparameters(experiment, trials)  # parallel coordinates: hyperparameters -> metric
+
+Built with Plotly's Python package (which ships plotly.js too), so the charts need nothing
+from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from localdet.records.db import Experiment, StateDB
+from localdet.ui.views import flat_hparams
+
+BEST = "#d62728"
+OTHERS = "#1f77b4"
+
+
+def _series(db: StateDB, trial_ids: list[int]) -> dict[str, dict[int, tuple[list, list]]]:
+    """metric name -> trial id -> (batches, values); validation names start with val_."""
+    series: dict[str, dict[int, tuple[list, list]]] = {}
+    for trial_id in trial_ids:
+        for row in db.metrics(trial_id):
+            for name, value in row.metrics.items():
+                if not isinstance(value, (int, float)) or not math.isfinite(value):
+                    continue
+                key = name if row.kind == "validation" else f"training {name}"
+                xs, ys = series.setdefault(key, {}).setdefault(trial_id, ([], []))
+                xs.append(row.batches_trained)
+                ys.append(value)
+    return series
+
+
+def curves(db: StateDB, trial_ids: list[int], best_trial: int | None = None,
+           title: str = "") -> dict[str, Any]:
+    """One panel per metric, one line per trial; the best trial drawn bold in red."""
+    series = _series(db, trial_ids)
+    names = sorted(series, key=lambda n: (n.startswith("training"), n))
+    if not names:
+        return _empty("no metrics recorded yet")
+    columns = min(2, len(names))
+    rows = math.ceil(len(names) / columns)
+    figure = make_subplots(rows=rows, cols=columns, subplot_titles=names,
+                           horizontal_spacing=0.08, vertical_spacing=0.12)
+    for index, name in enumerate(names):
+        row, column = index // columns + 1, index % columns + 1
+        # The best trial last, so that it is drawn on top.
+        for trial_id in sorted(series[name], key=lambda t: t == best_trial):
+            xs, ys = series[name][trial_id]
+            best = trial_id == best_trial
+            figure.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines+markers" if len(xs) < 30 else "lines",
+                name=f"trial {trial_id}" + (" (best)" if best else ""),
+                legendgroup=str(trial_id), showlegend=index == 0,
+                line={"color": BEST if best else OTHERS, "width": 3 if best else 1.2},
+                opacity=1.0 if best or best_trial is None else 0.55,
+                hovertemplate=f"trial {trial_id}<br>batches %{{x}}<br>{name} %{{y:.4g}}"
+                              "<extra></extra>"), row=row, col=column)
+        figure.update_xaxes(title_text="batches", row=row, col=column)
+    figure.update_layout(title=title or None, height=300 * rows + 80, margin=_MARGIN,
+                         uirevision="keep", legend={"orientation": "h", "y": -0.12})
+    return _plain(figure)
+
+
+def hyperparameters(experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
+    """Parallel coordinates: one axis per hyperparameter that varies, then the searcher
+    metric (each trial's best value); lines coloured by the metric."""
+    scored = [t for t in trials if (t.get("best_validation") or {}).get(experiment.metric)
+              is not None]
+    if not scored:
+        return _empty("no validation metrics yet")
+    dimensions = []
+    for name in sorted({k for t in scored for k in flat_hparams(t["hparams"])}):
+        values = [flat_hparams(t["hparams"]).get(name) for t in scored]
+        if len({repr(v) for v in values}) < 2:
+            continue  # a constant says nothing here
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            dimensions.append({"label": name, "values": values})
+        else:  # categories: positions with their names as ticks
+            labels = sorted({str(v) for v in values})
+            dimensions.append({"label": name, "values": [labels.index(str(v)) for v in values],
+                               "tickvals": list(range(len(labels))), "ticktext": labels})
+    metric = [t["best_validation"][experiment.metric] for t in scored]
+    dimensions.append({"label": experiment.metric, "values": metric})
+    figure = go.Figure(go.Parcoords(
+        line={"color": metric, "colorscale": "Viridis", "showscale": True,
+              "reversescale": bool(experiment.smaller_is_better)},
+        dimensions=dimensions))
+    figure.update_layout(height=360, margin={"l": 60, "r": 60, "t": 50, "b": 30},
+                         uirevision="keep")
+    return _plain(figure)
+
+
+_MARGIN = {"l": 50, "r": 20, "t": 60, "b": 40}
+
+
+def _plain(figure: go.Figure) -> dict[str, Any]:
+    # Plotly's own encoder turns NumPy values into JSON; the API then sends plain data.
+    return json.loads(figure.to_json())
+
+
+def _empty(message: str) -> dict[str, Any]:
+    figure = go.Figure()
+    figure.update_layout(height=200, xaxis={"visible": False}, yaxis={"visible": False},
+                         annotations=[{"text": message, "showarrow": False,
+                                       "font": {"size": 16}}])
+    return _plain(figure)
