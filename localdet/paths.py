@@ -15,11 +15,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from determined.core._reporting import HOME_VAR
+
 
 def default_home() -> Path:
     """`$LOCALDET_HOME`, else `${XDG_DATA_HOME:-~/.local/share}/localdet`."""
-    if os.environ.get("LOCALDET_HOME"):
-        return Path(os.environ["LOCALDET_HOME"]).expanduser()
+    if os.environ.get(HOME_VAR):
+        return Path(os.environ[HOME_VAR]).expanduser()
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home).expanduser() / "localdet"
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from determined.core._reporting import TENSORBOARD_DIR_VAR
 from determined.keras import callbacks
 from determined.keras.callbacks import tensorboard as tensorboard_module
-from determined.keras.callbacks.tensorboard import TENSORBOARD_DIR_ENV
 
 KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
 
@@ -287,7 +287,7 @@ def test_tensorboard_writes_into_the_trial_folder_whatever_log_dir(tmp_path, mon
                                                                    caplog, how):
     trial_dir = tmp_path / "trial" / "tensorboard"
     elsewhere = tmp_path / "elsewhere"
-    monkeypatch.setenv(TENSORBOARD_DIR_ENV, str(trial_dir))
+    monkeypatch.setenv(TENSORBOARD_DIR_VAR, str(trial_dir))
     monkeypatch.chdir(tmp_path)
     args, kwargs = {"keyword": ((), {"log_dir": str(elsewhere)}),
                     "positional": ((str(elsewhere),), {}), "none": ((), {})}[how]
@@ -306,14 +306,14 @@ def test_tensorboard_writes_into_the_trial_folder_whatever_log_dir(tmp_path, mon
 
 @needs_tensorboard
 def test_tensorboard_falls_back_to_a_local_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv(TENSORBOARD_DIR_ENV, raising=False)
+    monkeypatch.delenv(TENSORBOARD_DIR_VAR, raising=False)
     assert callbacks.TensorBoard().log_dir == "tensorboard"
 
 
 @needs_tensorboard
 def test_tensorboard_writes_workload_and_validation_scalars_at_batches_trained(
         tmp_path, monkeypatch):
-    monkeypatch.setenv(TENSORBOARD_DIR_ENV, str(tmp_path / "tb"))
+    monkeypatch.setenv(TENSORBOARD_DIR_VAR, str(tmp_path / "tb"))
     model = tiny_model()
 
     def validate(board, val_loss):

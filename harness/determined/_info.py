@@ -72,8 +72,8 @@ class ResourcesInfo:
 
 def get_cluster_info() -> Optional[ClusterInfo]:
     """The ClusterInfo of a process localdet started (LOCALDET_TRIAL_ID set), else None."""
-    from determined.core._distributed_env import RANK_VAR
     from determined.core._reporting import (
+        RANK_VAR,
         SLOTS_VAR,
         TRIAL_ID_VAR,
         reporter_factory,

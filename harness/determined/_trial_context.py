@@ -11,6 +11,7 @@ from typing import Any, Dict
 
 from determined._env_context import EnvContext, _global_batch_size
 from determined.core import DistributedContext, TrialInfo
+from determined.core._reporting import TENSORBOARD_DIR_VAR
 
 logger = logging.getLogger("determined")
 
@@ -93,7 +94,7 @@ class TrialContext:
 
     def get_tensorboard_path(self) -> Path:
         """The folder whose files `localdet tensorboard` shows for this trial."""
-        managed = self.env.managed_training and os.environ.get("LOCALDET_TENSORBOARD_DIR")
+        managed = self.env.managed_training and os.environ.get(TENSORBOARD_DIR_VAR)
         return Path(managed or self._info.trial_dir / "tensorboard")
 
     def get_stop_requested(self) -> bool:

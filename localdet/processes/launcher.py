@@ -17,6 +17,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from determined.core._reporting import (
+    ENGINE_VAR,
+    HOME_VAR,
+    KERAS_LINE_REASON_VAR,
+    MODEL_DIR_VAR,
+    SLOTS_VAR,
+    TRIAL_DIR_VAR,
+    TRIAL_ID_VAR,
+)
 from localdet.config import engines, keras_choice
 from localdet.paths import Layout
 from localdet.processes import capped_log
@@ -65,22 +74,22 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 experiment.config["environment"]["environment_variables"].items()}
     line, reason = keras_choice.choose(Path(experiment.model_dir), user_env, experiment.config)
     env = experiment_environment(layout, user_env, line, reserve)
-    env["LOCALDET_KERAS_LINE_REASON"] = reason
-    env.update({"LOCALDET_TRIAL_ID": str(trial.id), "LOCALDET_SLOTS": ",".join(map(str, slots))})
+    env[KERAS_LINE_REASON_VAR] = reason
+    env.update({TRIAL_ID_VAR: str(trial.id), SLOTS_VAR: ",".join(map(str, slots))})
     if report_url is not None:
         from localdet.reporting.report_server import trial_environment
 
         env.update(trial_environment(layout, trial.id, trial.restarts + 1, report_url,
                                      local=report_local))
         # Where a remote trial's folders would be its node's: here, the daemon's own.
-        env["LOCALDET_MODEL_DIR"] = experiment.model_dir
-        env["LOCALDET_TRIAL_DIR"] = str(layout.trial_dir(experiment.id, trial.id))
+        env[MODEL_DIR_VAR] = experiment.model_dir
+        env[TRIAL_DIR_VAR] = str(layout.trial_dir(experiment.id, trial.id))
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     engine = _engine(experiment)
-    env["LOCALDET_ENGINE"] = engine
+    env[ENGINE_VAR] = engine
     return LaunchSpec(
         argv=supervised_argv(argv_for(experiment.config), engine, len(slots)),
         env=env,
@@ -110,7 +119,7 @@ def experiment_environment(layout: Layout, user_env: dict[str, str], line: str,
         env.pop("TF_USE_LEGACY_KERAS", None)
     else:
         env["TF_USE_LEGACY_KERAS"] = "1" if line == "keras2" else "0"
-    env.update({"LOCALDET_HOME": str(layout.home), "PYTHONUNBUFFERED": "1"})
+    env.update({HOME_VAR: str(layout.home), "PYTHONUNBUFFERED": "1"})
     env.update((reserve or disk_space.Reserve()).env())  # checked before each checkpoint
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env

@@ -39,6 +39,7 @@ import threading
 import time
 
 from determined.core import distributed_environments
+from determined.core._reporting import CHIEF_ADDR_VAR, SLOTS_VAR
 
 _PR_SET_PDEATHSIG = 1
 _MAX_LINE = 64 * 1024  # a line without a newline (a progress bar) is copied at this size
@@ -48,7 +49,7 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
                       ) -> list[dict[str, str]]:
     """The full environment of each rank, rank 0's first. ValueError for a launcher bug."""
     envs = [{**base, **ranked} for ranked in distributed_environments(size)]
-    slots = base.get("LOCALDET_SLOTS", "").split(",")
+    slots = base.get(SLOTS_VAR, "").split(",")
     if slots != [""] and len(slots) != size:
         raise ValueError(f"LOCALDET_SLOTS={base['LOCALDET_SLOTS']} lists {len(slots)} slots "
                          f"but --size is {size}; give one slot per rank")
@@ -57,9 +58,9 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
     for env, device in zip(envs, devices if len(devices) == size else []):
         env["CUDA_VISIBLE_DEVICES"] = device
     for env, slot in zip(envs, slots if slots != [""] else []):
-        env["LOCALDET_SLOTS"] = slot
+        env[SLOTS_VAR] = slot
     if tf_config:
-        chief_port = int(envs[0]["LOCALDET_CHIEF_ADDR"].rsplit(":", 1)[1])
+        chief_port = int(envs[0][CHIEF_ADDR_VAR].rsplit(":", 1)[1])
         workers = [f"127.0.0.1:{port}" for port in _free_ports(size, chief_port)]
         for index, env in enumerate(envs):
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
@@ -82,7 +83,7 @@ def cluster_rank_environments(base: dict[str, str], addresses: list[dict],
         f"{chief}:{addresses[0]['ports'][0]}"
     workers = [f"{a['host']}:{a['ports'][-1]}" for a in addresses]
     for index, env in enumerate(envs):
-        env["LOCALDET_CHIEF_ADDR"] = chief
+        env[CHIEF_ADDR_VAR] = chief
         if tf_config:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                            "task": {"type": "worker", "index": index}})

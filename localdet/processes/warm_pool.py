@@ -27,17 +27,29 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from determined.core._reporting import (
+    ENGINE_VAR,
+    KERAS_LINE_REASON_VAR,
+    LAUNCH_VAR,
+    MODEL_DIR_VAR,
+    REPORT_CHECK_PGRP_VAR,
+    REPORT_TOKEN_VAR,
+    REPORT_URL_VAR,
+    SLOTS_VAR,
+    TRIAL_DIR_VAR,
+    TRIAL_ID_VAR,
+)
 from localdet.config import engines
 from localdet.paths import Layout
 from localdet.processes.pids import alive
 from localdet.processes.warm_process import is_warm_command
 
 # What a launch sets for its trial alone; everything else must match for a process to fit.
-TRIAL_OWN = ("LOCALDET_TRIAL_ID", "LOCALDET_SLOTS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-             "LOCALDET_KERAS_LINE_REASON", "LOCALDET_ENGINE",
+TRIAL_OWN = (TRIAL_ID_VAR, SLOTS_VAR, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+             KERAS_LINE_REASON_VAR, ENGINE_VAR,
              # reporting over HTTP (localdet/reporting/report_server.py): the launch's URL and token
-             "LOCALDET_REPORT_URL", "LOCALDET_REPORT_TOKEN", "LOCALDET_LAUNCH",
-             "LOCALDET_REPORT_CHECK_PGRP", "LOCALDET_MODEL_DIR", "LOCALDET_TRIAL_DIR")
+             REPORT_URL_VAR, REPORT_TOKEN_VAR, LAUNCH_VAR,
+             REPORT_CHECK_PGRP_VAR, MODEL_DIR_VAR, TRIAL_DIR_VAR)
 ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
 
 

@@ -34,6 +34,16 @@ from typing import Any, Callable, Dict, Optional
 from urllib.parse import urlsplit
 
 from determined.core import TrialInfo
+from determined.core._reporting import (
+    LAUNCH_VAR,
+    MODEL_DIR_VAR,
+    REPORT_CHECK_PGRP_VAR,
+    REPORT_RETRY_SECONDS_VAR,
+    REPORT_TOKEN_VAR,
+    REPORT_URL_VAR,
+    TRIAL_DIR_VAR,
+    TRIAL_ID_VAR,
+)
 
 # The wire: every request names its launch and carries that launch's token.
 API = "/v1/trials"
@@ -138,22 +148,22 @@ class HTTPReporter:
     def from_environment(cls) -> "HTTPReporter":
         env = os.environ
         try:
-            trial_id, launch = int(env["LOCALDET_TRIAL_ID"]), int(env["LOCALDET_LAUNCH"])
-            token = env["LOCALDET_REPORT_TOKEN"]
+            trial_id, launch = int(env[TRIAL_ID_VAR]), int(env[LAUNCH_VAR])
+            token = env[REPORT_TOKEN_VAR]
         except (KeyError, ValueError):
             raise ReportError("LOCALDET_REPORT_URL is set but LOCALDET_TRIAL_ID, "
                               "LOCALDET_LAUNCH or LOCALDET_REPORT_TOKEN is missing or not a "
                               "number; launch trials with localdet's `trial_environment`") \
                 from None
         try:
-            retry = float(env.get("LOCALDET_REPORT_RETRY_SECONDS", DEFAULT_RETRY_SECONDS))
+            retry = float(env.get(REPORT_RETRY_SECONDS_VAR, DEFAULT_RETRY_SECONDS))
         except ValueError:
             raise ReportError("LOCALDET_REPORT_RETRY_SECONDS must be a number of seconds") \
                 from None
-        reporter = cls(env["LOCALDET_REPORT_URL"], trial_id, launch, token,
-                       model_dir=env.get("LOCALDET_MODEL_DIR") or None,
-                       trial_dir=env.get("LOCALDET_TRIAL_DIR") or None, retry_seconds=retry,
-                       pgrp=os.getpgrp() if env.get("LOCALDET_REPORT_CHECK_PGRP") == "1"
+        reporter = cls(env[REPORT_URL_VAR], trial_id, launch, token,
+                       model_dir=env.get(MODEL_DIR_VAR) or None,
+                       trial_dir=env.get(TRIAL_DIR_VAR) or None, retry_seconds=retry,
+                       pgrp=os.getpgrp() if env.get(REPORT_CHECK_PGRP_VAR) == "1"
                        else None)
         reporter.start()
         return reporter

@@ -51,6 +51,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
+from determined.core._reporting import (
+    LAUNCH_VAR,
+    REPORT_CHECK_PGRP_VAR,
+    REPORT_TOKEN_VAR,
+    REPORT_URL_VAR,
+    TRIAL_ID_VAR,
+)
 from localdet.checkpoints.manifest import files_of
 from localdet.checkpoints.store import FileEntry, Lease, Store, StoreError
 from localdet.paths import Layout
@@ -105,11 +112,11 @@ def trial_environment(layout: Layout, trial_id: int, launch: int, url: str, *,
     """What a launch puts in its trial's environment to report over HTTP to `url`.
     `launch` is the trial's restarts + 1; `local`: the process runs on the daemon's machine,
     in a process group the daemon records (its launch record is checked as SQLite's is)."""
-    env = {"LOCALDET_REPORT_URL": url, "LOCALDET_TRIAL_ID": str(trial_id),
-           "LOCALDET_LAUNCH": str(launch),
-           "LOCALDET_REPORT_TOKEN": launch_token(daemon_secret(layout), trial_id, launch)}
+    env = {REPORT_URL_VAR: url, TRIAL_ID_VAR: str(trial_id),
+           LAUNCH_VAR: str(launch),
+           REPORT_TOKEN_VAR: launch_token(daemon_secret(layout), trial_id, launch)}
     if local:
-        env["LOCALDET_REPORT_CHECK_PGRP"] = "1"
+        env[REPORT_CHECK_PGRP_VAR] = "1"
     return env
 
 

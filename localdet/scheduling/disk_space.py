@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from determined.core._reporting import MIN_FREE_BYTES_VAR, MIN_FREE_PERCENT_VAR
 from localdet.config.sizes import gigabytes
 
 DEFAULT_MIN_BYTES = 2 * 10**9
@@ -82,14 +83,14 @@ class Reserve:
                            "trial carries on from its previous one when space returns")
 
     def env(self) -> dict[str, str]:
-        return {"LOCALDET_MIN_FREE_BYTES": str(self.min_bytes),
-                "LOCALDET_MIN_FREE_PERCENT": str(self.min_percent)}
+        return {MIN_FREE_BYTES_VAR: str(self.min_bytes),
+                MIN_FREE_PERCENT_VAR: str(self.min_percent)}
 
     @classmethod
     def from_environment(cls) -> "Reserve":
         try:
-            return cls(int(os.environ.get("LOCALDET_MIN_FREE_BYTES", DEFAULT_MIN_BYTES)),
-                       float(os.environ.get("LOCALDET_MIN_FREE_PERCENT", DEFAULT_MIN_PERCENT)))
+            return cls(int(os.environ.get(MIN_FREE_BYTES_VAR, DEFAULT_MIN_BYTES)),
+                       float(os.environ.get(MIN_FREE_PERCENT_VAR, DEFAULT_MIN_PERCENT)))
         except ValueError:
             return cls()
 

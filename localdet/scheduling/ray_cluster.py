@@ -38,6 +38,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from determined.core._reporting import MODEL_DIR_VAR, TRIAL_DIR_VAR
 from localdet.paths import Layout
 from localdet.processes.capped_log import CappedLog
 from localdet.records.db import Trial
@@ -97,11 +98,11 @@ class TrialActor:
         for key in unset:
             environment.pop(key, None)
         environment.update(env)
-        environment["LOCALDET_MODEL_DIR"] = str(folder)
-        trial_dir = environment.get("LOCALDET_TRIAL_DIR")
+        environment[MODEL_DIR_VAR] = str(folder)
+        trial_dir = environment.get(TRIAL_DIR_VAR)
         if not trial_dir or not os.path.isdir(os.path.dirname(trial_dir)):
             # The daemon's folders are not on this node (no shared file system).
-            environment["LOCALDET_TRIAL_DIR"] = tempfile.mkdtemp(prefix="localdet-trial-")
+            environment[TRIAL_DIR_VAR] = tempfile.mkdtemp(prefix="localdet-trial-")
         if argv and argv[0] == "python":  # the node's interpreter: the same localdet on each
             argv = [sys.executable, *argv[1:]]
         # One thread starts the child and waits for it: PR_SET_PDEATHSIG fires when the

@@ -32,12 +32,9 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from determined.core._distributed_env import (
-    AUTHKEY_VAR,
-    read_distributed_environment,
-    read_rendezvous,
-)
+from determined.core._distributed_env import read_distributed_environment, read_rendezvous
 from determined.core._process_group import ProcessGroup
+from determined.core._reporting import AUTHKEY_VAR
 
 
 class DistributedContext:

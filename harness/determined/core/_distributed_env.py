@@ -26,10 +26,7 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-RANK_VAR = "LOCALDET_RANK"
-SIZE_VAR = "LOCALDET_SIZE"
-CHIEF_ADDR_VAR = "LOCALDET_CHIEF_ADDR"
-AUTHKEY_VAR = "LOCALDET_DIST_AUTHKEY"
+from determined.core._reporting import AUTHKEY_VAR, CHIEF_ADDR_VAR, RANK_VAR, SIZE_VAR
 
 _MIN_KEY_BYTES = 16  # a key an outsider cannot guess (the launcher makes 32 bytes)
 

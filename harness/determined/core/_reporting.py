@@ -10,27 +10,43 @@ over HTTP for a trial on another machine), and `reporter_factory()` finds it:
     reporter = reporter_from_environment()    # a process the launcher started
     reporter.report_training_metrics(100, {"loss": 0.3})
 
-The environment names below are how the launcher tells a process what it runs; the ranks of a
-multi-process trial have theirs in `_distributed_env`.
+The environment names below are how the launcher tells a process what it runs.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Protocol
 
-from determined.core._distributed_env import RANK_VAR
-
+# The environment a launcher gives a training process: every LOCALDET_* name the two sides
+# share is here, so neither spells one by hand.
 TRIAL_ID_VAR = "LOCALDET_TRIAL_ID"      # the trial (or job) this process runs; set by the launcher
-REPORT_URL_VAR = "LOCALDET_REPORT_URL"  # report over HTTP to the daemon, not into its files
 HOME_VAR = "LOCALDET_HOME"              # the state folder: the database and the store
 SLOTS_VAR = "LOCALDET_SLOTS"            # the slots this process may use, e.g. "0,1"
+ENGINE_VAR = "LOCALDET_ENGINE"          # how it trains on its slots (localdet/config/engines.py)
+KERAS_LINE_REASON_VAR = "LOCALDET_KERAS_LINE_REASON"  # why this Keras line (the log says)
+MODEL_DIR_VAR = "LOCALDET_MODEL_DIR"    # the model folder when it is not the working directory
+TRIAL_DIR_VAR = "LOCALDET_TRIAL_DIR"    # the trial's own folder (logs, TensorBoard files)
+TENSORBOARD_DIR_VAR = "LOCALDET_TENSORBOARD_DIR"  # where determined.keras's TensorBoard writes
 CONFIG_VAR = "LOCALDET_CONFIG"          # a script run on its own: its experiment config file
 RECORD_VAR = "LOCALDET_RECORD"          # a script run on its own: "0" records nothing
+# Reporting over HTTP (a trial on another machine, or `localdet daemon --report http`).
+REPORT_URL_VAR = "LOCALDET_REPORT_URL"  # report to the daemon there, not into its files
+REPORT_TOKEN_VAR = "LOCALDET_REPORT_TOKEN"  # this launch's token for the report server
+LAUNCH_VAR = "LOCALDET_LAUNCH"          # which launch of the trial this process is
+REPORT_CHECK_PGRP_VAR = "LOCALDET_REPORT_CHECK_PGRP"  # "1": the server checks the process group
+REPORT_RETRY_SECONDS_VAR = "LOCALDET_REPORT_RETRY_SECONDS"  # how long to retry the server
+# The ranks of a multi-process trial (read by `_distributed_env`).
+RANK_VAR = "LOCALDET_RANK"              # this process's rank: 0 .. size-1 (rank 0 is the chief)
+SIZE_VAR = "LOCALDET_SIZE"              # how many processes the trial has
+CHIEF_ADDR_VAR = "LOCALDET_CHIEF_ADDR"  # "127.0.0.1:PORT": where rank 0 listens for the others
+AUTHKEY_VAR = "LOCALDET_DIST_AUTHKEY"   # the key the trial's ranks share
+# The disk reserve the daemon holds checkpoints to (localdet/scheduling/disk_space.py).
+MIN_FREE_BYTES_VAR = "LOCALDET_MIN_FREE_BYTES"
+MIN_FREE_PERCENT_VAR = "LOCALDET_MIN_FREE_PERCENT"
 
 REPORTER_GROUP = "determined.reporters"
 
@@ -121,6 +137,8 @@ class ReporterFactory(Protocol):
 @functools.lru_cache(maxsize=1)
 def reporter_factory() -> ReporterFactory:
     """The installed daemon side's factory, looked up once per process."""
+    import importlib.metadata  # here: the daemon side imports this module for its names only
+
     found = {ep.name: ep for ep in importlib.metadata.entry_points(group=REPORTER_GROUP)}
     if not found:
         raise RuntimeError(f"no daemon side is installed to record this run (nothing in the "

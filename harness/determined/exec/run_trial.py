@@ -17,6 +17,8 @@ import traceback
 import types
 from typing import Optional
 
+from determined.core._reporting import KERAS_LINE_REASON_VAR
+
 
 def load_trial_class(entrypoint: str) -> type:
     module_name, _, class_name = entrypoint.partition(":")
@@ -78,7 +80,7 @@ def keras_version_hint(error: BaseException, line: str) -> str:
     message = exception_line(error)
     if not about_keras_line(error):
         return message
-    reason = os.environ.get("LOCALDET_KERAS_LINE_REASON", "the default")
+    reason = os.environ.get(KERAS_LINE_REASON_VAR, "the default")
     other, value = ("Keras 3", "0") if line == "keras2" else ("Keras 2", "1")
     return (f"{message} (the trial ran under {line}, chosen because: {reason}; if it was "
             f"written for {other}, set TF_USE_LEGACY_KERAS={value} in "

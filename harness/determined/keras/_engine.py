@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import DistributedContext
-from determined.core._reporting import SLOTS_VAR
+from determined.core._reporting import ENGINE_VAR, SLOTS_VAR
 
 _current: Optional["Single"] = None
 
@@ -50,7 +50,7 @@ def start(keras_line: str) -> "Single":
     """This process's engine, made once; later calls return the same one."""
     global _current
     if _current is None:
-        name = os.environ.get("LOCALDET_ENGINE") or (
+        name = os.environ.get(ENGINE_VAR) or (
             "mirrored" if slots_in_this_process() > 1 else "single")
         kinds = {"single": Single, "mirrored": Mirrored,
                  "multi_worker_mirrored": MultiWorkerMirrored, "horovod": Horovod}

@@ -25,6 +25,7 @@ import tensorflow as tf
 import yaml
 
 from determined.core import TrialInfo, TrialReporter
+from determined.core._reporting import TENSORBOARD_DIR_VAR
 from determined.keras import _data, _engine, _sharding, _state
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
@@ -79,7 +80,7 @@ def prepare_process(info: TrialInfo) -> None:
     """What every training process needs before the model is built: folders, TensorBoard's
     place, and seeded random generators."""
     info.trial_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["LOCALDET_TENSORBOARD_DIR"] = str(info.trial_dir / "tensorboard")
+    os.environ[TENSORBOARD_DIR_VAR] = str(info.trial_dir / "tensorboard")
     try:  # before anything starts TensorFlow's runtime: it may add logical devices
         engine = _engine.start(keras_line())
     except _engine.EngineError as error:

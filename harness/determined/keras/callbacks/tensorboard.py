@@ -19,9 +19,9 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from determined.core._reporting import TENSORBOARD_DIR_VAR
 from determined.keras.callbacks.callback import Callback
 
-TENSORBOARD_DIR_ENV = "LOCALDET_TENSORBOARD_DIR"
 FALLBACK_DIR = "tensorboard"
 
 _KerasTensorBoard = tf.keras.callbacks.TensorBoard
@@ -31,7 +31,7 @@ log = logging.getLogger("determined.keras")
 def trial_tensorboard_dir() -> str:
     """The trial's TensorBoard folder: `$LOCALDET_TENSORBOARD_DIR`, set by the trial runner,
     or `./tensorboard` outside one."""
-    return os.environ.get(TENSORBOARD_DIR_ENV) or FALLBACK_DIR
+    return os.environ.get(TENSORBOARD_DIR_VAR) or FALLBACK_DIR
 
 
 class TensorBoard(_KerasTensorBoard, Callback):
