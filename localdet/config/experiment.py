@@ -10,14 +10,16 @@ Usage::
         raise SystemExit(f"error: {e}")          # e.path is the dotted key path
     for warning in parsed.warnings:
         print("warning:", warning)
-    cfg = parsed.config
+    cfg = parsed.config                  # the dict stored in SQLite
     total = length_to_batches(cfg["searcher"]["max_length"], cfg, "searcher.max_length")
     # (max_length is None for a script that leaves its length to its own epochs)
+    parsed.settings.searcher.max_trials  # the same config as frozen dataclasses (typed.py)
     job = load_job_config_file("job.yaml").config   # a batch job, in the same canonical form
 
-The schema holds the structure and the defaults (plus the extension keywords ``x-ignored``,
-``x-messages`` and ``x-supported``); this module turns schema errors into one-sentence
-messages and does the checks a schema cannot express.
+The schema holds the structure and every default (plus the extension keywords ``x-ignored``,
+``x-messages``, ``x-supported`` and ``x-defaults-by-name``); this module turns schema errors
+into one-sentence messages and does the checks a schema cannot express. `with_defaults`
+fills a stored config from the same schema, for `typed.ExperimentConfig.from_dict`.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
 from localdet.config.sizes import parse_memory_limit
+from localdet.config.typed import ExperimentConfig
 from localdet.paths import state_formats_dir
 
 LENGTH_UNITS = ("batches", "records", "epochs")
@@ -67,7 +70,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class ParsedConfig:
-    config: dict[str, Any]  # validated, every default filled in, ignored keys removed
+    config: dict[str, Any]  # validated, every default filled in, ignored keys removed: stored as is
+    settings: ExperimentConfig  # the same, typed (localdet/config/typed.py)
     warnings: list[str] = field(default_factory=list)  # one sentence each
 
 
@@ -180,6 +184,30 @@ def _fill_defaults(instance: dict[str, Any], schema: dict[str, Any], path: str, 
         if isinstance(instance.get(key), dict):
             _fill_defaults(instance[key], sub, _join(path, key), warnings)
     warnings.extend(f"ignoring {', '.join(keys)}: {reason}" for reason, keys in ignored.items())
+
+
+def _fill_searcher_defaults(searcher: dict[str, Any]) -> None:
+    """The defaults that depend on the searcher's name (x-defaults-by-name), in place."""
+    defaults = _schema()["$defs"]["searcher"]["x-defaults-by-name"].get(searcher["name"], {})
+    for key, value in defaults.items():
+        searcher.setdefault(key, copy.deepcopy(value))
+
+
+def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an experiment config, already validated (a stored one included), with
+    every default of the schema that it lacks filled in: a config stored before a key had
+    a default reads as if filled today. `config` itself is left unchanged."""
+    config = copy.deepcopy(dict(config))
+    _fill_defaults(config, _schema(), "", [])
+    _fill_searcher_defaults(config["searcher"])
+    return config
+
+
+def section_with_defaults(section: Mapping[str, Any], definition: str) -> dict[str, Any]:
+    """A copy of one section (such as "checkpoint_storage") with its schema defaults filled."""
+    section = copy.deepcopy(dict(section))
+    _fill_defaults(section, {"$ref": f"#/$defs/{definition}"}, definition, [])
+    return section
 
 
 def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, Any]:
@@ -345,16 +373,15 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             resources["max_memory"] = parse_memory_limit(resources["max_memory"])
         except ValueError as e:
             raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
-    return ParsedConfig(config=config, warnings=warnings)
+    return ParsedConfig(config=config, settings=ExperimentConfig.from_dict(config),
+                        warnings=warnings)
 
 
 def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
     """Fill the named searcher's own defaults and check what it needs beyond the schema."""
     searcher = config["searcher"]
     name = searcher["name"]
-    defaults = _schema()["$defs"]["searcher"]["x-defaults-by-name"].get(name, {})
-    for key, value in defaults.items():
-        searcher.setdefault(key, copy.deepcopy(value))
+    _fill_searcher_defaults(searcher)
     if name in ("random", "adaptive_asha") and searcher.get("max_trials") is None:
         raise ConfigError(f"missing required key 'searcher.max_trials'; the {name} searcher needs "
                           f"it to know how many trials to run", "searcher.max_trials")
@@ -434,7 +461,8 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
     job["resources"] = {"slots_per_trial": resources["slots"], "priority": resources["priority"],
                         "max_memory": resources["max_memory"]}
     parsed = parse_config(job)
-    return ParsedConfig(config=parsed.config, warnings=warnings + parsed.warnings)
+    return ParsedConfig(config=parsed.config, settings=parsed.settings,
+                        warnings=warnings + parsed.warnings)
 
 
 class _Loader(yaml.SafeLoader):
