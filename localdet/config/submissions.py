@@ -414,7 +414,7 @@ class Intake:
                 continue
             if claimed is None:
                 claimed = {e["payload"].get("staged"): e["experiment_id"]
-                           for e in self.db.events() if e["kind"] == "submission_ingested"}
+                           for e in self.db.events(kinds=("submission_ingested",))}
             for staged in staging.iterdir():
                 if staged.name in claimed:
                     model_dir = self.layout.model_dir(claimed[staged.name])

@@ -22,8 +22,7 @@ SAME_WAY = "every trial failed the same way before training"
 
 def events(db: StateDB, experiment_id: int, trial_id: int | None,
            kinds: tuple[str, ...]) -> list[dict]:
-    return [e for e in db.events(experiment_id) if e["kind"] in kinds
-            and (trial_id is None or e["trial_id"] == trial_id)]
+    return db.events(experiment_id, kinds=kinds, trial_id=trial_id)
 
 
 def record(db: StateDB, layout: Layout, trial: Trial) -> launcher.Failure | None:

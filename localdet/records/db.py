@@ -5,10 +5,10 @@ and the busy timeout makes a writer wait for another instead of failing.
 
 Example:
 
-    db = StateDB.open(Layout.from_environment().db)
-    exp_id = db.create_experiment(...)
-    for trial in db.trials(exp_id):
-        print(trial.id, trial.state)
+    with StateDB.open(Layout.from_environment().db) as db:   # closed at the end
+        exp_id = db.create_experiment(...)
+        for trial in db.trials(exp_id, states=("RUNNING",)):
+            print(trial.id, trial.state)
 """
 
 from __future__ import annotations
@@ -60,6 +60,23 @@ class NotFound(LookupError):
 
 class CheckpointDeleted(NotFound):
     """A user named a checkpoint that retention deleted: its row is kept, its files are not."""
+
+
+def _filters(**columns: Any) -> tuple[str | None, list[Any] | None]:
+    """A WHERE clause and its arguments for rows_where: `column = value` for a single
+    value, `column IN (...)` for an iterable (a str is a single value); None skips it."""
+    clauses, args = [], []
+    for column, value in columns.items():
+        if value is None:
+            continue
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            clauses.append(f"{column} = ?")
+            args.append(value)
+        else:
+            values = list(value)
+            clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
+            args.extend(values)
+    return (" AND ".join(clauses), args) if clauses else (None, None)
 
 
 def _from_row(cls, row: dict, json_fields: Iterable[str] = ()):
@@ -207,6 +224,12 @@ class StateDB:
     def close(self) -> None:
         self.db.close()
 
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     @contextlib.contextmanager
     def atomic(self):
         """One write transaction. IMMEDIATE takes the write lock up front: a deferred one
@@ -234,9 +257,13 @@ class StateDB:
             "kind": kind, "payload": json.dumps(payload, default=str),
         })
 
-    def events(self, experiment_id: int | None = None) -> list[dict]:
-        where, args = ("experiment_id = ?", [experiment_id]) if experiment_id else (None, None)
-        rows = self.db["events"].rows_where(where, args, order_by="id")
+    def events(self, experiment_id: int | None = None, *, kinds: Iterable[str] | None = None,
+               trial_id: int | None = None) -> list[dict]:
+        """The events, oldest first: of one experiment, of these kinds, of one trial, when
+        given."""
+        clauses, args = _filters(experiment_id=experiment_id or None, kind=kinds,
+                                 trial_id=trial_id)
+        rows = self.db["events"].rows_where(clauses, args, order_by="id")
         return [{**row, "payload": json.loads(row["payload"])} for row in rows]
 
     def last_event(self, kinds: Iterable[str]) -> dict | None:
@@ -272,10 +299,13 @@ class StateDB:
             raise NotFound(f"there is no experiment {experiment_id}; `localdet status` lists them")
         return Experiment.from_row(rows[0])
 
-    def experiments(self, states: Iterable[str] | None = None) -> list[Experiment]:
-        rows = self.db["experiments"].rows_where(order_by="id")
-        result = [Experiment.from_row(row) for row in rows]
-        return [e for e in result if states is None or e.state in states]
+    def experiments(self, states: Iterable[str] | None = None,
+                    kind: str | None = None) -> list[Experiment]:
+        """The experiments and jobs, oldest first: those in these states, of this kind
+        ("experiment" or "job"), when given."""
+        clauses, args = _filters(state=states, kind=kind)
+        rows = self.db["experiments"].rows_where(clauses, args, order_by="id")
+        return [Experiment.from_row(row) for row in rows]
 
     def set_experiment_state(self, experiment_id: int, state: str, error: str | None = None) -> None:
         assert state in EXPERIMENT_STATES, state
@@ -319,9 +349,8 @@ class StateDB:
 
     def trials(self, experiment_id: int | None = None,
                states: Iterable[str] | None = None) -> list[Trial]:
-        where, args = ("experiment_id = ?", [experiment_id]) if experiment_id else (None, None)
-        result = [Trial.from_row(r) for r in self.db["trials"].rows_where(where, args, order_by="id")]
-        return [t for t in result if states is None or t.state in states]
+        clauses, args = _filters(experiment_id=experiment_id or None, state=states)
+        return [Trial.from_row(r) for r in self.db["trials"].rows_where(clauses, args, order_by="id")]
 
     def update_trial(self, trial_id: int, **changes: Any) -> None:
         """Update a trial's columns; a state change is also written to the event log."""

@@ -239,10 +239,15 @@ def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def status(experiment_id: int | None, as_json: bool) -> None:
     """Experiments and jobs, or one experiment's trials (one job's log)."""
+    layout = Layout.from_environment()
+    with _open_db(layout) as db:
+        _status(layout, db, experiment_id, as_json)
+
+
+def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool) -> None:
+    """`localdet status` over the open database."""
     from localdet.processes.pids import DaemonLock
 
-    layout = Layout.from_environment()
-    db = _open_db(layout)
     try:
         if experiment_id is None:
             facts = [_facts(layout, db, e) for e in db.experiments()]
@@ -339,16 +344,16 @@ def kill(experiment_id: int | None, trial_id: int | None) -> None:
               help="Also the checkpoints deleted by retention, with their state.")
 def checkpoints(experiment_id: int, as_json: bool, best: bool, show_all: bool) -> None:
     """The checkpoints of an experiment (those kept by checkpoint_storage; --all for all)."""
-    db = _open_db(Layout.from_environment())
-    try:
-        experiment = db.experiment(experiment_id)
-    except NotFound as error:
-        _fail(str(error))
-    if best:
-        found = views.best_checkpoint(db, experiment)
-        chosen = [found] if found else []
-    else:
-        chosen = db.checkpoints(experiment_id, include_deleted=show_all)
+    with _open_db(Layout.from_environment()) as db:
+        try:
+            experiment = db.experiment(experiment_id)
+        except NotFound as error:
+            _fail(str(error))
+        if best:
+            found = views.best_checkpoint(db, experiment)
+            chosen = [found] if found else []
+        else:
+            chosen = db.checkpoints(experiment_id, include_deleted=show_all)
     facts = [views.checkpoint_facts(c) for c in chosen]
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -391,11 +396,12 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
     from localdet.checkpoints.gc import collect
 
     layout = Layout.from_environment()
-    db = _open_db(layout)
-    try:
-        report = collect(layout, db, experiment_id, dry_run=dry_run, writer_wait_seconds=10)
-    except (NotFound, StoreError) as error:  # StoreError: an S3 store it cannot reach
-        _fail(str(error))
+    with _open_db(layout) as db:
+        try:
+            report = collect(layout, db, experiment_id, dry_run=dry_run,
+                             writer_wait_seconds=10)
+        except (NotFound, StoreError) as error:  # StoreError: an S3 store it cannot reach
+            _fail(str(error))
     if dry_run:
         for c in report.deleted:
             click.echo(f"would delete checkpoint {c.uuid} (experiment {c.experiment_id}, "

@@ -173,8 +173,8 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         if not layout.db.exists():
             return []  # nothing submitted yet
         with database() as db:
-            return [_summary(views.experiment_facts(db, e)) for e in db.experiments()
-                    if e.kind != "job"]
+            return [_summary(views.experiment_facts(db, e))
+                    for e in db.experiments(kind="experiment")]
 
     def daemon(request: Request) -> dict:
         """Whether a daemon runs, and what it holds back and why."""
@@ -215,8 +215,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         if not layout.db.exists():
             return []
         with database() as db:
-            return [_summary(views.job_facts(db, layout, e)) for e in db.experiments()
-                    if e.kind == "job"]
+            return [_summary(views.job_facts(db, layout, e)) for e in db.experiments(kind="job")]
 
     def act(request: Request) -> dict:
         target = {"experiments": "experiment_id",
