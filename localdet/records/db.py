@@ -26,7 +26,21 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from localdet.paths import state_formats_dir
-from localdet.records.states import EXPERIMENT_STATES, TERMINAL_STATES, TRIAL_STATES  # noqa: F401
+from localdet.records.states import (  # noqa: F401  (the groupings: imported from here too)
+    EXPERIMENT_INITIAL_STATE,
+    EXPERIMENT_STATES,
+    TERMINAL_STATES,
+    TRIAL_INITIAL_STATES,
+    TRIAL_STATES,
+    CheckpointState,
+    ExperimentKind,
+    Runner,
+    TrialState,
+    UnknownValue,
+    check_experiment_change,
+    check_trial_change,
+    member,
+)
 
 
 def now() -> str:
@@ -102,13 +116,13 @@ class Experiment:
     submitted_at: str
     ended_at: str | None
     error: str | None
-    kind: str = "experiment"   # or "job"
-    runner: str = "daemon"     # or "foreground" (`localdet run`), "script" (laptop mode)
+    kind: str = ExperimentKind.EXPERIMENT   # or JOB
+    runner: str = Runner.DAEMON     # or FOREGROUND (`localdet run`), SCRIPT (laptop mode)
 
     @property
     def managed(self) -> bool:
         """Whether the daemon schedules it."""
-        return self.runner == "daemon"
+        return self.runner == Runner.DAEMON
 
     @classmethod
     def from_row(cls, row: dict) -> "Experiment":
@@ -277,11 +291,13 @@ class StateDB:
     def create_experiment(self, *, name: str, description: str, config: dict,
                           original_config: str, searcher: str, metric: str,
                           smaller_is_better: bool, experiment_seed: int,
-                          model_dir: str, kind: str = "experiment",
-                          runner: str = "daemon") -> int:
+                          model_dir: str, kind: str = ExperimentKind.EXPERIMENT,
+                          runner: str = Runner.DAEMON) -> int:
+        kind = member(ExperimentKind, kind, "an experiment kind")
+        runner = member(Runner, runner, "a runner")
         with self.atomic():
             table = self.db["experiments"].insert({
-                "name": name, "description": description, "state": "ACTIVE",
+                "name": name, "description": description, "state": EXPERIMENT_INITIAL_STATE,
                 "config": json.dumps(config), "original_config": original_config,
                 "searcher": searcher, "metric": metric,
                 "smaller_is_better": int(smaller_is_better),
@@ -308,8 +324,16 @@ class StateDB:
         return [Experiment.from_row(row) for row in rows]
 
     def set_experiment_state(self, experiment_id: int, state: str, error: str | None = None) -> None:
-        assert state in EXPERIMENT_STATES, state
+        """Raises IllegalTransition for a change `states.EXPERIMENT_TRANSITIONS` does not
+        list (UnknownValue for no experiment state at all)."""
         with self.atomic():
+            # Read in the write transaction: the state the change starts from is current.
+            row = self.db.execute("SELECT state FROM experiments WHERE id = ?",
+                                  [experiment_id]).fetchone()
+            if row is None:
+                raise NotFound(f"there is no experiment {experiment_id}; `localdet status` "
+                               "lists them")
+            state = check_experiment_change(experiment_id, row[0], state)
             update = {"state": state, "error": error}
             if state in TERMINAL_STATES:
                 update["ended_at"] = now()
@@ -319,13 +343,17 @@ class StateDB:
 
     def set_runner(self, experiment_id: int, runner: str) -> None:
         """Hand an experiment to another runner (a daemon takes over from `localdet run`)."""
+        runner = member(Runner, runner, "a runner")
         with self.atomic():
             self.db["experiments"].update(experiment_id, {"runner": runner})
             self.log_event("experiment_runner", experiment_id=experiment_id, runner=runner)
 
     # -- trials -------------------------------------------------------------------------
     def create_trial(self, *, experiment_id: int, request_id: int, hparams: dict, seed: int,
-                     target_batches: int, state: str = "QUEUED") -> int:
+                     target_batches: int, state: str = TrialState.QUEUED) -> int:
+        if state not in TRIAL_INITIAL_STATES:
+            raise UnknownValue(f"a trial starts {' or '.join(sorted(TRIAL_INITIAL_STATES))}, "
+                               f"not {state}")
         with self.atomic():
             trial_id = self.db["trials"].insert({
                 "experiment_id": experiment_id, "request_id": request_id, "state": state,
@@ -353,13 +381,15 @@ class StateDB:
         return [Trial.from_row(r) for r in self.db["trials"].rows_where(clauses, args, order_by="id")]
 
     def update_trial(self, trial_id: int, **changes: Any) -> None:
-        """Update a trial's columns; a state change is also written to the event log."""
+        """Update a trial's columns; a state change is also written to the event log.
+        Raises IllegalTransition for a change `states.TRIAL_TRANSITIONS` does not list
+        (UnknownValue for no trial state at all)."""
         with self.atomic():
             if "state" in changes:
-                assert changes["state"] in TRIAL_STATES, changes["state"]
+                trial = self.trial(trial_id)  # in the write transaction: its current state
+                changes["state"] = check_trial_change(trial_id, trial.state, changes["state"])
                 if changes["state"] in TERMINAL_STATES:
                     changes.setdefault("ended_at", now())
-                trial = self.trial(trial_id)
                 self.log_event("trial_state", experiment_id=trial.experiment_id,
                                trial_id=trial_id, state=changes["state"],
                                error=changes.get("error"))
@@ -430,10 +460,10 @@ class StateDB:
         the only match."""
         where = "substr(uuid, 1, length(:prefix)) = :prefix AND state = :state"
         rows = list(self.db["checkpoints"].rows_where(
-            where, {"prefix": uuid_or_prefix, "state": "COMPLETED"}, limit=2))
+            where, {"prefix": uuid_or_prefix, "state": CheckpointState.COMPLETED}, limit=2))
         if not rows:
             deleted = list(self.db["checkpoints"].rows_where(
-                where, {"prefix": uuid_or_prefix, "state": "DELETED"}, limit=2))
+                where, {"prefix": uuid_or_prefix, "state": CheckpointState.DELETED}, limit=2))
             if len(deleted) == 1:
                 raise CheckpointDeleted(self._deleted_message(Checkpoint.from_row(deleted[0])))
         if len(rows) != 1:
@@ -455,10 +485,11 @@ class StateDB:
         log why; False if it was not live."""
         with self.atomic():
             rows = list(self.db["checkpoints"].rows_where(
-                "uuid = ? AND state = 'COMPLETED'", [uuid]))
+                "uuid = ? AND state = ?", [uuid, CheckpointState.COMPLETED]))
             if not rows:
                 return False
-            self.db.execute("UPDATE checkpoints SET state = 'DELETED' WHERE uuid = ?", [uuid])
+            self.db.execute("UPDATE checkpoints SET state = ? WHERE uuid = ?",
+                            [CheckpointState.DELETED, uuid])
             self.log_event("checkpoint_deleted", experiment_id=rows[0]["experiment_id"],
                            trial_id=rows[0]["trial_id"], uuid=uuid,
                            batches_trained=rows[0]["batches_trained"], reason=reason)
@@ -470,8 +501,8 @@ class StateDB:
         `deleted`, of the DELETED ones), optionally of one experiment."""
         sql = ("SELECT c.uuid, json_extract(f.value, '$.sha256'), json_extract(f.value, '$.size') "
                "FROM checkpoints c, json_each(c.manifest, '$.files') f WHERE c.state "
-               + ("= 'DELETED'" if deleted else "!= 'DELETED'"))
-        args: list[Any] = []
+               + ("= ?" if deleted else "!= ?"))
+        args: list[Any] = [CheckpointState.DELETED]
         if experiment_id is not None:
             sql += " AND c.experiment_id = ?"
             args.append(experiment_id)
@@ -480,7 +511,8 @@ class StateDB:
     def checkpoints(self, experiment_id: int | None = None, trial_id: int | None = None,
                     include_deleted: bool = False) -> list[Checkpoint]:
         """Live checkpoints (with `include_deleted`, the DELETED ones too), oldest first."""
-        clauses, args = ([] if include_deleted else ["state = 'COMPLETED'"]), []
+        clauses, args = ([], []) if include_deleted else (["state = ?"],
+                                                          [CheckpointState.COMPLETED])
         if experiment_id is not None:
             clauses.append("experiment_id = ?"); args.append(experiment_id)
         if trial_id is not None:
