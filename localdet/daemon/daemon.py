@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ class Daemon:
     layout: Layout
     slots: int = 1             # CPU slots, when the machine has no GPU
     poll_seconds: float = 0.25
-    log: callable = print
+    log: Callable[[str], None] = print
     only: int | None = None  # drive this one experiment (`localdet run`), nothing else
     trial_memory_fraction: float | None = None  # trials' memory limit with no max_memory
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
@@ -131,11 +132,10 @@ class Daemon:
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
-    _waiters: "_Waiters" = None  # made with the daemon: they wake its loop (_wake)
+    _waiters: _Waiters = field(init=False)  # made with the daemon: they wake its loop (_wake)
 
     def __post_init__(self) -> None:
-        if self._waiters is None:
-            self._waiters = _Waiters(self._wake)
+        self._waiters = _Waiters(self._wake)
 
     def open(self, db: StateDB | None = None) -> "Daemon":
         """Find the machine's slots and connect to the state (`run` does this itself;
@@ -197,6 +197,7 @@ class Daemon:
                                          self.reserve, self.log).start()
                 # Our write transactions and the report writer's alternate, instead of each
                 # sleeping in SQLite's busy handler while the other holds the lock.
+                assert reporting.writer is not None  # start() made it
                 self.db.turns = reporting.writer.turns
                 self.report_url = reporting.url
                 self.log(f"trials report over HTTP to {reporting.url}")
@@ -439,7 +440,9 @@ class Daemon:
                 if slot.index not in busy_slots and slot.index in usable]
         if not free:
             return
-        waiting, busy, max_slots = [], {}, {}
+        waiting: list[placement.Waiting] = []
+        busy: dict[int, int] = {}            # experiment id -> slots its trials hold
+        max_slots: dict[int, int | None] = {}  # experiment id -> resources.max_slots
         # One query for the running trials' experiments, not one read per trial a pass.
         experiment_of = self._experiments_of(list(self._slots_of))
         for trial_id, slots in self._slots_of.items():
@@ -686,8 +689,8 @@ class Daemon:
             if trial.state != "RUNNING":
                 return  # killed meanwhile: already settled
             experiment = self.db.experiment(trial.experiment_id)
-            reached_end = (trial.batches_trained >= trial.target_batches
-                           and trial.latest_checkpoint)
+            reached_end = bool(trial.batches_trained >= trial.target_batches
+                               and trial.latest_checkpoint)
             if experiment.kind == "job" and returncode is None:
                 # A job leaves no records to judge by, and its exit status went to no one.
                 self.db.update_trial(trial.id, state="ERROR", error=(

@@ -220,7 +220,7 @@ class StateDB:
         # A context manager shared with this process's other writers of the file (the
         # daemon's and its report server's, `report_server.WriteTurns`): atomic() waits its
         # turn there before SQLite's lock. None: SQLite's lock alone.
-        self.turns = None
+        self.turns: contextlib.AbstractContextManager[Any] | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> "StateDB":
