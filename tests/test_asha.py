@@ -171,7 +171,7 @@ def test_search_from_config_splits_into_brackets():
     assert [c.request_id for c in creates] == list(range(1, 17))  # one counter for all brackets
     assert [op.length for op in ops if isinstance(op, ValidateAfter)] == [15] * 6 + [62] * 5 + [250] * 5
     for c in creates:
-        assert c.hparams == sample(search.config["hyperparameters"], np.random.default_rng([0, c.request_id]))
+        assert c.hparams == sample(search.settings.hyperparameters, np.random.default_rng([0, c.request_id]))
         assert c.seed == derive_seed(0, c.request_id)
     explicit = AdaptiveASHASearch(asha_config(max_trials=10, max_length=64, bracket_rungs=[1, 3]), 0)
     assert [len(b.rungs) for b in explicit.brackets] == [3, 1]

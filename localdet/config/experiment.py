@@ -197,17 +197,17 @@ def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of an experiment config, already validated (a stored one included), with
     every default of the schema that it lacks filled in: a config stored before a key had
     a default reads as if filled today. `config` itself is left unchanged."""
-    config = copy.deepcopy(dict(config))
-    _fill_defaults(config, _schema(), "", [])
-    _fill_searcher_defaults(config["searcher"])
-    return config
+    filled = copy.deepcopy(dict(config))
+    _fill_defaults(filled, _schema(), "", [])
+    _fill_searcher_defaults(filled["searcher"])
+    return filled
 
 
 def section_with_defaults(section: Mapping[str, Any], definition: str) -> dict[str, Any]:
     """A copy of one section (such as "checkpoint_storage") with its schema defaults filled."""
-    section = copy.deepcopy(dict(section))
-    _fill_defaults(section, {"$ref": f"#/$defs/{definition}"}, definition, [])
-    return section
+    filled = copy.deepcopy(dict(section))
+    _fill_defaults(filled, {"$ref": f"#/$defs/{definition}"}, definition, [])
+    return filled
 
 
 def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, Any]:
@@ -219,8 +219,8 @@ def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, An
             out[name] = _normalize_hyperparameters(hp, here)
             continue
         leaf = dict(hp) if isinstance(hp, dict) else {"type": "const", "val": hp}
-        if leaf["type"] == "log":
-            leaf.setdefault("base", 10)
+        if leaf["type"] == "log":  # the one leaf default: the schema's base
+            leaf.setdefault("base", _schema()["$defs"]["hp_log"]["properties"]["base"]["default"])
         if leaf["type"] in ("int", "double", "log") and leaf["minval"] > leaf["maxval"]:
             raise ConfigError(f"{here}.minval: must be <= maxval ({_shown(leaf['maxval'])}), got {_shown(leaf['minval'])}",
                               f"{here}.minval")

@@ -118,8 +118,14 @@ class CheckpointStorage:
         """From a `checkpoint_storage` section, stored or partial: the schema fills the rest."""
         from localdet.config.experiment import section_with_defaults  # it imports this module
 
-        section = section_with_defaults(section, "checkpoint_storage")
-        return cls(**{name: section.get(name) for name in cls.__dataclass_fields__})
+        filled = section_with_defaults(section, "checkpoint_storage")
+        return cls(save_experiment_best=filled["save_experiment_best"],
+                   save_trial_best=filled["save_trial_best"],
+                   save_trial_latest=filled["save_trial_latest"], type=filled.get("type"),
+                   host_path=filled.get("host_path"), storage_path=filled.get("storage_path"),
+                   bucket=filled.get("bucket"), prefix=filled.get("prefix"),
+                   endpoint_url=filled.get("endpoint_url"), access_key=filled.get("access_key"),
+                   secret_key=filled.get("secret_key"))
 
     @classmethod
     def of(cls, config: Any) -> CheckpointStorage:

@@ -15,8 +15,6 @@ into a search that makes exactly the decisions it would have made uninterrupted.
 
 from __future__ import annotations
 
-import math
-
 from localdet.records.db import TERMINAL_STATES, Experiment, StateDB, Trial
 from localdet.search.methods import (
     Close,
@@ -25,6 +23,7 @@ from localdet.search.methods import (
     Shutdown,
     ValidateAfter,
     make_search_method,
+    worst_if_nan,
 )
 
 
@@ -76,8 +75,9 @@ class Search:
         self._event(experiment, {"kind": "initialized"})
 
     def validation_completed(self, experiment: Experiment, trial: Trial, metric: float) -> None:
-        if math.isnan(metric):  # NaN ranks nowhere: count it as the worst possible result
-            metric = math.inf if experiment.smaller_is_better else -math.inf
+        # Recorded as the worst number, not NaN: SQLite stores NaN as NULL, which replays as
+        # no metric at all.
+        metric = worst_if_nan(metric, experiment.smaller_is_better)
         with self.db.atomic():
             self.db.update_trial(trial.id, state="WAITING", stop_requested=None)
             self._event(experiment, {"kind": "validation_completed", "request_id":

@@ -1,7 +1,11 @@
 """Searchers decide which trials to create and how long each trains.
 
 Each is a pure function of (config, experiment seed, recorded events) that returns
-operations; the daemon carries them out and records what happened.
+operations; the daemon carries them out and records what happened. As in Ray Tune, which
+hyperparameters a trial gets (sources.py: random draws, grid points) is kept apart from how
+long it trains (full_length.py for single, random and grid; asha.py's rungs); what every
+search shares (a metric's ranking with NaN the worst, the pacing of max_concurrent_trials) is
+in base.py.
 
     method = make_search_method(config, experiment_seed)
     for op in method.initial_operations(): ...
@@ -10,6 +14,10 @@ operations; the daemon carries them out and records what happened.
     method.rungs()                                # ASHA's rungs, for status ([] otherwise)
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from localdet.config.typed import ExperimentConfig
 from localdet.search.methods.asha import AdaptiveASHASearch
 from localdet.search.methods.base import (
     Close,
@@ -18,12 +26,14 @@ from localdet.search.methods.base import (
     SearchMethod,
     Shutdown,
     ValidateAfter,
+    ranked,
+    worst_if_nan,
 )
 from localdet.search.methods.grid import GridSearch
 from localdet.search.methods.random import RandomSearch
 from localdet.search.methods.single import SingleSearch
 
-SEARCH_METHODS = {
+SEARCH_METHODS: dict[str, Callable[[ExperimentConfig, int], SearchMethod]] = {
     "single": SingleSearch,
     "grid": GridSearch,
     "random": RandomSearch,
@@ -31,8 +41,11 @@ SEARCH_METHODS = {
 }
 
 
-def make_search_method(config: dict, experiment_seed: int) -> SearchMethod:
-    return SEARCH_METHODS[config["searcher"]["name"]](config, experiment_seed)
+def make_search_method(config: ExperimentConfig | Mapping[str, Any],
+                       experiment_seed: int) -> SearchMethod:
+    """The method the config's searcher names, from a typed config or a (stored) dict."""
+    settings = ExperimentConfig.of(config)
+    return SEARCH_METHODS[settings.searcher.name](settings, experiment_seed)
 
 
 __all__ = [
@@ -48,4 +61,6 @@ __all__ = [
     "SingleSearch",
     "ValidateAfter",
     "make_search_method",
+    "ranked",
+    "worst_if_nan",
 ]

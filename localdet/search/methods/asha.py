@@ -22,27 +22,31 @@ that exits while waiting keeps its result; should it be promoted later, it count
 worst result at the next rung). Only promotion-based ASHA is implemented (Determined's
 `stop_once: false`). Which trials are promoted depends on the order results arrive in, as
 in any asynchronous successive halving.
+
+This is the scheduler half (how long each trial trains); which hyperparameters a trial gets
+is sources.RandomDraws', as for `random`. Results reach a bracket already `base.ranked`
+(smaller wins, NaN the worst), and a bracket paces its trials with `base.Pacing`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
-
-from localdet.config.experiment import ConfigError, length_to_batches
+from localdet.config.experiment import ConfigError
+from localdet.config.typed import ExperimentConfig, Length
 from localdet.search.methods.base import (
     Close,
-    Create,
     Operation,
+    Pacing,
     Shutdown,
     ValidateAfter,
-    derive_seed,
+    ranked,
 )
-from localdet.search.methods.hparams import sample
+from localdet.search.methods.sources import RandomDraws
 
 # Ranks below every real result (metrics are negated when larger is better, so smaller wins).
 WORST = math.inf
@@ -110,7 +114,8 @@ class Rung:
 
 
 class Bracket:
-    """One ASHA. `create(bracket)` makes a new trial (with the next request id) for it."""
+    """One ASHA. `create(bracket)` makes a new trial (with the next request id) for it.
+    Metrics come in ranked (`base.ranked`): smaller wins, NaN is already +inf."""
 
     def __init__(self, index: int, rung_lengths: list[int], max_trials: int,
                  max_concurrent_trials: int, divisor: float,
@@ -119,6 +124,7 @@ class Bracket:
         self.rungs = [Rung(length) for length in rung_lengths]
         self.max_trials = max_trials
         self.max_concurrent_trials = max_concurrent_trials
+        self.pacing = Pacing(max_trials, max_concurrent_trials)
         self.divisor = divisor
         self._create = create
         self.trials: list[int] = []      # request ids, in creation order
@@ -134,11 +140,12 @@ class Bracket:
 
     def initial_operations(self) -> list[Operation]:
         ops: list[Operation] = []
-        for _ in range(min(self.max_concurrent_trials, self.max_trials)):
+        for _ in range(self.pacing.first()):
             ops += self._create(self)
         return ops
 
     def trial_created(self, request_id: int) -> None:
+        self.pacing.count()
         self.trials.append(request_id)
         self.rung_of[request_id] = 0
         self.training.add(request_id)
@@ -147,7 +154,7 @@ class Bracket:
                                 length: int) -> list[Operation]:
         if request_id not in self.training or length < self.rungs[self.rung_of[request_id]].length:
             return []  # not the validation its rung waits for (or a duplicate)
-        return self._report(request_id, WORST if math.isnan(metric) else metric)
+        return self._report(request_id, metric)
 
     def on_trial_exited_early(self, request_id: int) -> list[Operation]:
         if request_id in self.exited or request_id in self.closed:
@@ -203,7 +210,7 @@ class Bracket:
             training_added = True
             break
         # Keep the bracket busy: what did not go on training is replaced by a new trial.
-        if not training_added and len(self.trials) < self.max_trials:
+        if not training_added and self.pacing.more():
             ops += self._create(self)
         if len(self.rungs[0].results) == self.max_trials:
             ops += self._close_out()
@@ -249,32 +256,39 @@ class Bracket:
 # -- the search ---------------------------------------------------------------------------
 
 class AdaptiveASHASearch:
-    def __init__(self, config: dict, experiment_seed: int):
-        self.config = config
+    def __init__(self, config: ExperimentConfig | Mapping[str, Any], experiment_seed: int):
+        self.settings = settings = ExperimentConfig.of(config)
         self.experiment_seed = experiment_seed
-        searcher = config["searcher"]
-        if searcher.get("max_length") is None:
+        searcher = settings.searcher
+        if searcher.max_length is None:
             raise ConfigError("missing required key 'searcher.max_length'; adaptive_asha needs "
                               "it to size its rungs", "searcher.max_length")
-        length = searcher["max_length"]
-        unit, units = next(iter(length.items())) if isinstance(length, dict) else ("batches", length)
-        divisor = float(searcher.get("divisor", 4))
-        max_trials = searcher["max_trials"]
-        counts = searcher.get("bracket_rungs") or bracket_rung_counts(
-            searcher.get("max_rungs", 5), units, max_trials, divisor,
-            searcher.get("mode", "standard"))
+        if searcher.max_trials is None:  # parse_config refuses this: only a hand-made dict
+            raise ConfigError("missing required key 'searcher.max_trials'; the adaptive_asha "
+                              "searcher needs it to know how many trials to run",
+                              "searcher.max_trials")
+        # adaptive_asha's own settings are always filled (x-defaults-by-name in the schema)
+        assert searcher.divisor is not None and searcher.max_rungs is not None
+        assert searcher.mode is not None
+        unit, units = searcher.max_length.unit, searcher.max_length.count
+        divisor = searcher.divisor
+        max_trials = searcher.max_trials
+        counts = list(searcher.bracket_rungs or bracket_rung_counts(
+            searcher.max_rungs, units, max_trials, divisor, searcher.mode))
         counts = sorted(counts, reverse=True)  # most early stopping first
         trials = bracket_max_trials(max_trials, divisor, counts)
-        concurrency = bracket_max_concurrent_trials(
-            searcher.get("max_concurrent_trials", 16), divisor, trials)
+        concurrency = bracket_max_concurrent_trials(searcher.max_concurrent_trials, divisor,
+                                                    trials)
         self.brackets = []
         for index, rungs in enumerate(counts):
-            lengths = [length_to_batches({unit: n}, config, "searcher.max_length")
+            lengths = [settings.batches(Length(unit, n), "searcher.max_length")
                        for n in rung_units(units, rungs, divisor)]
             self.brackets.append(Bracket(index, lengths, trials[index], concurrency[index],
                                          divisor, self._create))
+        # Which hyperparameters: drawn as `random` draws them, one counter for all brackets.
+        self.source = RandomDraws(settings.hyperparameters, experiment_seed, max_trials)
         self.bracket_of: dict[int, Bracket] = {}
-        self.smaller_is_better = searcher.get("smaller_is_better", True)
+        self.smaller_is_better = searcher.smaller_is_better
         self.shut_down = False
 
     def initial_operations(self) -> list[Operation]:
@@ -288,8 +302,9 @@ class AdaptiveASHASearch:
         bracket = self.bracket_of.get(request_id)
         if bracket is None:
             return []
-        ranked = metric if self.smaller_is_better else -metric
-        return bracket.on_validation_completed(request_id, ranked, length) + self._shutdown_if_done()
+        return (bracket.on_validation_completed(request_id, ranked(metric, self.smaller_is_better),
+                                                length)
+                + self._shutdown_if_done())
 
     def on_trial_closed(self, request_id: int) -> list[Operation]:
         bracket = self.bracket_of.get(request_id)
@@ -316,10 +331,7 @@ class AdaptiveASHASearch:
         request_id = len(self.bracket_of) + 1  # one counter for all brackets
         self.bracket_of[request_id] = bracket
         bracket.trial_created(request_id)
-        rng = np.random.default_rng([self.experiment_seed, request_id])
-        return [Create(request_id, sample(self.config["hyperparameters"], rng),
-                       derive_seed(self.experiment_seed, request_id)),
-                ValidateAfter(request_id, bracket.rungs[0].length)]
+        return [self.source.create(request_id), ValidateAfter(request_id, bracket.rungs[0].length)]
 
     def _shutdown_if_done(self) -> list[Operation]:
         if self.shut_down or not all(b.finished for b in self.brackets):

@@ -1,8 +1,11 @@
-"""The operations searchers emit, and the interface they implement."""
+"""The operations searchers emit, the interface they implement, and what every search
+shares: how a metric ranks (NaN the worst: `ranked`, `worst_if_nan`) and how many trials are
+in flight (`Pacing`)."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Protocol, Union
 
@@ -72,3 +75,44 @@ def derive_seed(experiment_seed: int, request_id: int) -> int:
     """A trial's seed: stable for (experiment seed, request), independent across requests."""
     digest = hashlib.sha256(f"{experiment_seed}:{request_id}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % (2**31)
+
+
+# -- what every search shares ---------------------------------------------------------------
+
+def worst_if_nan(metric: float, smaller_is_better: bool) -> float:
+    """A NaN metric (a diverged trial) ranks nowhere: it counts as the worst possible result,
+    infinity in the metric's own direction. Anything else is left as it is."""
+    if math.isnan(metric):
+        return math.inf if smaller_is_better else -math.inf
+    return metric
+
+
+def ranked(metric: float, smaller_is_better: bool) -> float:
+    """The metric as searches compare results: smaller wins (negated when larger is better),
+    and NaN loses to every number (+inf)."""
+    metric = worst_if_nan(metric, smaller_is_better)
+    return metric if smaller_is_better else -metric
+
+
+@dataclass
+class Pacing:
+    """How many trials a search (or one ASHA bracket) creates: `total` in all, `first()` at
+    the start (all of them when `limit` is 0), then one more each time `more()` says so. When
+    a trial counts as gone (closed, or no longer training) is the scheduler's to say."""
+
+    total: int
+    limit: int   # trials in flight at most (the searcher's max_concurrent_trials); 0: no limit
+    created: int = 0
+
+    def first(self) -> int:
+        """How many trials to create at the start."""
+        return min(self.total, self.limit) if self.limit else self.total
+
+    def more(self) -> bool:
+        """Whether a trial may be created in place of one that is gone (never without a
+        limit: all were created at the start)."""
+        return self.created < self.total
+
+    def count(self) -> None:
+        """A trial was created."""
+        self.created += 1

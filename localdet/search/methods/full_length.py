@@ -1,63 +1,60 @@
-"""Searches whose trials each train once, straight to `max_length`, then close: the common
-part of `single`, `random` and `grid`. A subclass says how many trials and their
-hyperparameters; this class paces their creation and says when the search is over.
+"""Searches whose trials each train once, straight to `max_length`, then close: the
+scheduler of `single`, `random` and `grid`. A subclass names the source of its trials'
+hyperparameters (sources.py, which also says how many); this class paces their creation and
+says when the search is over.
 
     class RandomSearch(FullLengthSearch):
-        def trial_count(self):
-            return self.config["searcher"]["max_trials"]
-
-        def hparams(self, request_id):
-            rng = np.random.default_rng([self.experiment_seed, request_id])
-            return sample(self.config["hyperparameters"], rng)
+        def hparam_source(self):
+            return RandomDraws(self.settings.hyperparameters, self.experiment_seed,
+                               self.settings.searcher.max_trials)
 
 `searcher.max_concurrent_trials` (0: no limit) caps the trials created and not yet closed or
-exited: that many are created at first, one more each time one closes or exits early.
+exited (base.Pacing): that many are created at first, one more each time one closes or
+exits early.
 A script's run may leave max_length out: its target is then 0 batches, meaning the script's
 own epochs decide, and its first completed validation closes it.
 """
 
 from __future__ import annotations
 
-from localdet.config.experiment import length_to_batches
+from collections.abc import Mapping
+from typing import Any
+
+from localdet.config.typed import ExperimentConfig
 from localdet.search.methods.base import (
     Close,
-    Create,
     Operation,
+    Pacing,
     Shutdown,
     ValidateAfter,
-    derive_seed,
 )
+from localdet.search.methods.sources import HparamSource
 
 
 class FullLengthSearch:
-    def __init__(self, config: dict, experiment_seed: int):
-        self.config = config
+    def __init__(self, config: ExperimentConfig | Mapping[str, Any], experiment_seed: int):
+        self.settings = ExperimentConfig.of(config)
         self.experiment_seed = experiment_seed
-        length = config["searcher"]["max_length"]
-        self.max_length = (0 if length is None  # 0: the script decides
-                           else length_to_batches(length, config, "searcher.max_length"))
-        self.max_concurrent_trials = config["searcher"].get("max_concurrent_trials") or 0
-        self.total_trials = self.trial_count()
-        self.created = 0
+        searcher = self.settings.searcher
+        self.max_length = (0 if searcher.max_length is None  # 0: the script decides
+                           else self.settings.batches(searcher.max_length, "searcher.max_length"))
+        self.source = self.hparam_source()
+        self.total_trials = self.source.count
+        self.pacing = Pacing(self.total_trials, searcher.max_concurrent_trials)
         self.finished: set[int] = set()  # closed by us or exited early
         self.closed: set[int] = set()    # the daemon confirmed the Close
         self.exited: set[int] = set()
         self.shut_down = False
 
     # -- what a subclass says ---------------------------------------------------------
-    def trial_count(self) -> int:
-        raise NotImplementedError
-
-    def hparams(self, request_id: int) -> dict:
+    def hparam_source(self) -> HparamSource:
+        """Which hyperparameters each trial gets, and how many trials."""
         raise NotImplementedError
 
     # -- the SearchMethod protocol ----------------------------------------------------
     def initial_operations(self) -> list[Operation]:
-        first = self.total_trials
-        if self.max_concurrent_trials:
-            first = min(first, self.max_concurrent_trials)
         ops: list[Operation] = []
-        for _ in range(first):
+        for _ in range(self.pacing.first()):
             ops += self._create()
         return ops + self._shutdown_if_done()
 
@@ -96,25 +93,21 @@ class FullLengthSearch:
 
     # -- pacing ---------------------------------------------------------------------
     def _running(self, request_id: int) -> bool:
-        return 1 <= request_id <= self.created and request_id not in self.finished
+        return 1 <= request_id <= self.pacing.created and request_id not in self.finished
 
     def _create(self) -> list[Operation]:
-        self.created += 1
-        request_id = self.created
-        return [Create(request_id, self.hparams(request_id),
-                       derive_seed(self.experiment_seed, request_id)),
-                ValidateAfter(request_id, self.max_length)]
+        self.pacing.count()
+        request_id = self.pacing.created  # request ids are 1, 2, 3... in creation order
+        return [self.source.create(request_id), ValidateAfter(request_id, self.max_length)]
 
     def _create_next(self) -> list[Operation]:
-        """A trial left: one more may start (all were started at first without a limit)."""
-        if self.max_concurrent_trials and self.created < self.total_trials:
-            return self._create()
-        return []
+        """A trial left: one more may start."""
+        return self._create() if self.pacing.more() else []
 
     def _shutdown_if_done(self) -> list[Operation]:
-        if self.shut_down or self.created < self.total_trials:
+        if self.shut_down or self.pacing.more():
             return []
-        if len(self.finished) < self.created:
+        if len(self.finished) < self.pacing.created:
             return []
         self.shut_down = True
         return [Shutdown()]

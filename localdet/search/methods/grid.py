@@ -11,19 +11,17 @@ Trial r gets point r-1. Seeds still come from the experiment seed, one per trial
 
 from __future__ import annotations
 
-import copy
+from typing import Any
 
 from localdet.search.methods.full_length import FullLengthSearch
-from localdet.search.methods.hparams import grid_points
+from localdet.search.methods.sources import GridPoints, HparamSource
 
 
 class GridSearch(FullLengthSearch):
-    def __init__(self, config: dict, experiment_seed: int):
-        self.points = grid_points(config["hyperparameters"])
-        super().__init__(config, experiment_seed)
+    def hparam_source(self) -> HparamSource:
+        return GridPoints(self.settings.hyperparameters, self.experiment_seed)
 
-    def trial_count(self) -> int:
-        return len(self.points)
-
-    def hparams(self, request_id: int) -> dict:
-        return copy.deepcopy(self.points[request_id - 1])  # each trial its own values
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        assert isinstance(self.source, GridPoints)
+        return self.source.points

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ class MissingCount(ValueError):
         self.path = path
 
 
-def sample(space: dict, rng: np.random.Generator) -> dict[str, Any]:
+def sample(space: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """One value per hyperparameter of a validated config's `hyperparameters` section."""
     values: dict[str, Any] = {}
     for name in sorted(space):  # sorted: the draws must not depend on YAML key order
@@ -52,7 +52,8 @@ def sample(space: dict, rng: np.random.Generator) -> dict[str, Any]:
         elif kind == "double":
             values[name] = float(rng.uniform(spec["minval"], spec["maxval"]))
         elif kind == "log":
-            values[name] = float(spec.get("base", 10) ** rng.uniform(spec["minval"], spec["maxval"]))
+            # base: always there, the config fills the schema's default
+            values[name] = float(spec["base"] ** rng.uniform(spec["minval"], spec["maxval"]))
         elif kind == "categorical":
             values[name] = spec["vals"][int(rng.integers(len(spec["vals"])))]
         else:
@@ -83,7 +84,7 @@ def grid_axis(spec: dict, path: str) -> list[Any]:
         return [_round_half_away(x) for x in points]
     if kind == "double":
         return [float(x) for x in points]
-    return [float(spec.get("base", 10) ** x) for x in points]
+    return [float(spec["base"] ** x) for x in points]
 
 
 def _axis_size(spec: dict, path: str) -> int:
@@ -101,7 +102,7 @@ def _axis_size(spec: dict, path: str) -> int:
     return spec["count"]
 
 
-def _leaves(space: dict, path: str) -> Iterator[tuple[dict, str]]:
+def _leaves(space: Mapping[str, Any], path: str) -> Iterator[tuple[dict, str]]:
     """(spec, dotted path) per hyperparameter, depth first in sorted-name order."""
     for name in sorted(space):
         spec, here = space[name], f"{path}.{name}"
@@ -111,12 +112,12 @@ def _leaves(space: dict, path: str) -> Iterator[tuple[dict, str]]:
             yield from _leaves(spec, here)
 
 
-def grid_size(space: dict, path: str = "hyperparameters") -> int:
+def grid_size(space: Mapping[str, Any], path: str = "hyperparameters") -> int:
     """How many points `grid_points(space)` makes."""
     return math.prod(_axis_size(spec, here) for spec, here in _leaves(space, path))
 
 
-def grid_points(space: dict, path: str = "hyperparameters") -> list[dict[str, Any]]:
+def grid_points(space: Mapping[str, Any], path: str = "hyperparameters") -> list[dict[str, Any]]:
     """The cartesian product of every hyperparameter's grid values, each point nested like
     the space. Order: leaves in sorted-name order (depth first), the first varying slowest.
     A space with no hyperparameters is one empty point."""
@@ -124,7 +125,7 @@ def grid_points(space: dict, path: str = "hyperparameters") -> list[dict[str, An
     return [_nest(space, iter(combination)) for combination in itertools.product(*axes)]
 
 
-def _nest(space: dict, values: Iterator[Any]) -> dict[str, Any]:
+def _nest(space: Mapping[str, Any], values: Iterator[Any]) -> dict[str, Any]:
     # Walks the space in the order `_leaves` does, so the values come in the same order.
     point: dict[str, Any] = {}
     for name in sorted(space):

@@ -4,22 +4,22 @@ from their ranges, each trained to `max_length`, then closed.
     search = RandomSearch(config, experiment_seed)   # config["searcher"]["max_trials"] == 8
     search.initial_operations()   # Create/ValidateAfter pairs, max_concurrent_trials of them
 
-Trial r's hyperparameters come from `np.random.default_rng([experiment_seed, r])`, so the
-same seed always makes the same trials, whatever order they are created or replayed in.
+Trial r's hyperparameters come from `np.random.default_rng([experiment_seed, r])`
+(sources.RandomDraws), so the same seed always makes the same trials, whatever order they
+are created or replayed in.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
+from localdet.config.experiment import ConfigError
 from localdet.search.methods.full_length import FullLengthSearch
-from localdet.search.methods.hparams import sample
+from localdet.search.methods.sources import HparamSource, RandomDraws
 
 
 class RandomSearch(FullLengthSearch):
-    def trial_count(self) -> int:
-        return self.config["searcher"]["max_trials"]
-
-    def hparams(self, request_id: int) -> dict:
-        rng = np.random.default_rng([self.experiment_seed, request_id])
-        return sample(self.config["hyperparameters"], rng)
+    def hparam_source(self) -> HparamSource:
+        max_trials = self.settings.searcher.max_trials
+        if max_trials is None:  # parse_config refuses this: only a hand-made dict gets here
+            raise ConfigError("missing required key 'searcher.max_trials'; the random searcher "
+                              "needs it to know how many trials to run", "searcher.max_trials")
+        return RandomDraws(self.settings.hyperparameters, self.experiment_seed, max_trials)

@@ -11,18 +11,12 @@ batches, meaning the script's own epochs decide (the harness records the real ta
 
 from __future__ import annotations
 
-import numpy as np
-
 from localdet.search.methods.full_length import FullLengthSearch
-from localdet.search.methods.hparams import sample
+from localdet.search.methods.sources import HparamSource, RandomDraws
 
 REQUEST_ID = 1
 
 
 class SingleSearch(FullLengthSearch):
-    def trial_count(self) -> int:
-        return 1
-
-    def hparams(self, request_id: int) -> dict:
-        rng = np.random.default_rng([self.experiment_seed, request_id])
-        return sample(self.config["hyperparameters"], rng)
+    def hparam_source(self) -> HparamSource:
+        return RandomDraws(self.settings.hyperparameters, self.experiment_seed, count=1)
