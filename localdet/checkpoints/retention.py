@@ -1,7 +1,8 @@
 """Which checkpoints an experiment keeps: Determined's `checkpoint_storage` rules, as a pure
 function of plain data (no database, no store).
 
-A checkpoint is kept if any rule keeps it:
+A checkpoint is kept if any rule keeps it (the defaults are the schema's, filled in by
+`config.typed.CheckpointStorage`):
 
 - ``save_trial_latest`` (default 1): each trial's N latest checkpoints (most batches);
 - ``save_trial_best`` (default 1): each trial's N best checkpoints;
@@ -37,9 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
+from localdet.config.typed import CheckpointStorage, ExperimentConfig
 from localdet.records.states import TERMINAL_STATES
-
-DEFAULTS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
 
 
 class _Checkpoint(Protocol):
@@ -57,19 +57,14 @@ class CheckpointRef:
     batches_trained: int
 
 
-def storage_settings(config: Mapping[str, Any]) -> dict[str, int]:
-    """The three retention settings, defaults filled, from an experiment config (or from its
-    `checkpoint_storage` section itself)."""
-    section = config.get("checkpoint_storage", config) if isinstance(config, Mapping) else {}
-    section = section if isinstance(section, Mapping) else {}
-    return {key: int(section.get(key, default) or 0) for key, default in DEFAULTS.items()}
+Config = ExperimentConfig | CheckpointStorage | Mapping[str, Any]
 
 
-def describe(config: Mapping[str, Any]) -> str:
+def describe(config: Config) -> str:
     """``checkpoint_storage.save_trial_best: 1, save_trial_latest: 1, save_experiment_best: 0``"""
-    s = storage_settings(config)
-    return (f"checkpoint_storage.save_trial_best: {s['save_trial_best']}, save_trial_latest: "
-            f"{s['save_trial_latest']}, save_experiment_best: {s['save_experiment_best']}")
+    s = CheckpointStorage.of(config)
+    return (f"checkpoint_storage.save_trial_best: {s.save_trial_best}, save_trial_latest: "
+            f"{s.save_trial_latest}, save_experiment_best: {s.save_experiment_best}")
 
 
 def _score(metrics: Mapping[str, Any] | None, metric: str) -> float | None:
@@ -82,7 +77,7 @@ def _score(metrics: Mapping[str, Any] | None, metric: str) -> float | None:
     return value if math.isfinite(value) else None  # a diverged trial's NaN is never best
 
 
-def checkpoints_to_keep(config: Mapping[str, Any], metric: str, smaller_is_better: bool,
+def checkpoints_to_keep(config: Config, metric: str, smaller_is_better: bool,
                         checkpoints: Iterable[_Checkpoint],
                         validations: Mapping[tuple[int, int], Mapping[str, Any]],
                         trial_states: Mapping[int, str],
@@ -90,7 +85,8 @@ def checkpoints_to_keep(config: Mapping[str, Any], metric: str, smaller_is_bette
     """The uuids of `checkpoints` that the experiment keeps.
 
     Args:
-        config: the experiment config (or its `checkpoint_storage` section).
+        config: the experiment config, typed or a dict (or its `checkpoint_storage`
+            section).
         metric, smaller_is_better: the searcher metric and its direction.
         checkpoints: the experiment's live checkpoints.
         validations: ``{(trial_id, batches_trained): {"val_loss": 0.2, ...}}``.
@@ -98,7 +94,7 @@ def checkpoints_to_keep(config: Mapping[str, Any], metric: str, smaller_is_bette
         resume_from: ``{trial_id: uuid}`` (`trials.latest_checkpoint`), also kept while the
             trial is not in a terminal state.
     """
-    settings = storage_settings(config)
+    settings = CheckpointStorage.of(config)
     checkpoints = list(checkpoints)
     by_trial: dict[int, list[_Checkpoint]] = {}
     for checkpoint in checkpoints:
@@ -121,13 +117,13 @@ def checkpoints_to_keep(config: Mapping[str, Any], metric: str, smaller_is_bette
     keep: set[str] = set()
     for trial_id, own in by_trial.items():
         ordered = sorted(own, key=latest_first)
-        keep.update(c.uuid for c in ordered[:settings["save_trial_latest"]])
-        keep.update(c.uuid for c in best(own, settings["save_trial_best"]))
+        keep.update(c.uuid for c in ordered[:settings.save_trial_latest])
+        keep.update(c.uuid for c in best(own, settings.save_trial_best))
         if trial_states.get(trial_id) not in TERMINAL_STATES:
             keep.add(ordered[0].uuid)  # it resumes from its latest checkpoint
     uuids = {c.uuid for c in checkpoints}
     for trial_id, resumes in (resume_from or {}).items():
         if resumes in uuids and trial_states.get(trial_id) not in TERMINAL_STATES:
             keep.add(resumes)
-    keep.update(c.uuid for c in best(checkpoints, settings["save_experiment_best"]))
+    keep.update(c.uuid for c in best(checkpoints, settings.save_experiment_best))
     return keep
