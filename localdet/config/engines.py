@@ -26,6 +26,7 @@ import importlib.util
 from pathlib import Path
 
 from localdet.config import keras_choice
+from localdet.config.typed import ExperimentConfig
 
 SINGLE, MIRRORED = "single", "mirrored"
 MULTI_WORKER_MIRRORED, HOROVOD = "multi_worker_mirrored", "horovod"
@@ -58,12 +59,12 @@ def processes(engine: str, slots: int) -> int:
 
 
 def choose(config: dict, model_dir: Path) -> tuple[str, str]:
-    slots = config["resources"]["slots_per_trial"]
-    wanted = config["resources"].get("engine", "auto")
+    settings = ExperimentConfig.from_dict(config)  # engine "auto" when stored without one
+    slots = settings.resources.slots_per_trial
+    wanted = settings.resources.engine
     if slots <= 1:
         return SINGLE, "one slot"
-    environment = {str(k): str(v) for k, v in
-                   config["environment"]["environment_variables"].items()}
+    environment = {str(k): str(v) for k, v in settings.environment_variables.items()}
     line, why = keras_choice.choose(Path(model_dir), environment, config)
     keras = "Keras 2" if line == "keras2" else "Keras 3"
     if wanted == "auto":
