@@ -197,7 +197,8 @@ def test_a_search_started_over_a_trial_recorded_before_it_takes_that_trial(db):
         "searcher": {"name": "single", "metric": "loss", "max_length": 10}}).config
     experiment_id = new_experiment(db, config)
     trial_id = db.create_trial(experiment_id=experiment_id, request_id=1, hparams={"x": 0.5},
-                               seed=1, target_batches=10, state="RUNNING")
+                               seed=1, target_batches=10)
+    db.update_trial(trial_id, state="RUNNING")  # a trial starts QUEUED (or PAUSED)
     search = Search(db, log=lambda message: None)
     search.start(db.experiment(experiment_id))
     assert [t.id for t in db.trials(experiment_id)] == [trial_id]
