@@ -36,6 +36,7 @@ from watchdog.observers import Observer
 from localdet.checkpoints import gc
 from localdet.config import engines, keras_choice
 from localdet.config.submissions import Intake
+from localdet.config.typed import ExperimentConfig
 from localdet.paths import Layout
 from localdet.processes import capped_log, failures, launcher, memory_limit
 from localdet.processes.pids import DaemonLock, alive, exit_description, process_start
@@ -451,9 +452,9 @@ class Daemon:
         for experiment in self.db.experiments(states=("ACTIVE",)):
             if not self._mine(experiment):
                 continue
-            resources = experiment.config["resources"]
-            per_trial = resources["slots_per_trial"]
-            max_slots[experiment.id] = resources.get("max_slots")
+            resources = ExperimentConfig.from_dict(experiment.config).resources
+            per_trial = resources.slots_per_trial
+            max_slots[experiment.id] = resources.max_slots
             spans = per_trial > 1 and self._spans_nodes(experiment)
             for trial in self._queued(experiment.id):
                 if per_trial > (len(self.machine) if spans else most):
@@ -474,7 +475,7 @@ class Daemon:
                     self._settle_experiment(experiment.id)
                     continue
                 waiting.append(placement.Waiting(trial.id, experiment.id, per_trial,
-                                                 resources.get("priority"), trial.id, spans))
+                                                 resources.priority, trial.id, spans))
         for trial_id, slots in placement.assign(waiting, free, busy, max_slots, node_of):
             self._launch(self.db.trial(trial_id), slots)
 
