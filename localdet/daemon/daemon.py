@@ -42,7 +42,14 @@ from localdet.processes import capped_log, failures, launcher, memory_limit
 from localdet.processes.pids import DaemonLock, alive, exit_description, process_start
 from localdet.processes.warm_pool import WarmPool, environment_kind
 from localdet.records import lifecycle
-from localdet.records.db import TERMINAL_STATES, Experiment, NotFound, StateDB, Trial, now
+from localdet.records.db import Experiment, NotFound, StateDB, Trial, now
+from localdet.records.states import (
+    TERMINAL_STATES,
+    ExperimentKind,
+    ExperimentState,
+    Runner,
+    TrialState,
+)
 from localdet.scheduling import disk_space, placement
 from localdet.scheduling.local_machine import LocalMachine
 from localdet.scheduling.ray_cluster import RayCluster
@@ -314,9 +321,9 @@ class Daemon:
 
     # -- searcher -----------------------------------------------------------------------
     def _search(self) -> None:
-        for experiment in self.db.experiments(states=("ACTIVE",)):
+        for experiment in self.db.experiments(states=(ExperimentState.ACTIVE,)):
             # A job's one trial is made with it; it has no searcher.
-            if not self._mine(experiment) or experiment.kind == "job":
+            if not self._mine(experiment) or experiment.kind == ExperimentKind.JOB:
                 continue
             if not self.search.started(experiment):
                 self._searching(experiment, self.search.start, experiment)
@@ -329,7 +336,7 @@ class Daemon:
             for trial in self.db.trials(experiment.id):
                 if trial.state not in TERMINAL_STATES:
                     self._kill(trial)
-            self.db.set_experiment_state(experiment.id, "ERROR", error=str(error))
+            self.db.set_experiment_state(experiment.id, ExperimentState.ERROR, error=str(error))
             self.log(f"experiment {experiment.id}: {error}")
 
     # -- pause, resume, kill ------------------------------------------------------------
@@ -355,7 +362,7 @@ class Daemon:
 
     def _take(self, experiment: Experiment, request: dict) -> bool:
         """Whether the daemon acts on a request for an experiment it does not run."""
-        if experiment.runner == "script":
+        if experiment.runner == Runner.SCRIPT:
             self.db.mark_request_handled(request["id"], (
                 f"experiment {experiment.id} is a script running outside the daemon; "
                 "ignored"))
@@ -363,7 +370,7 @@ class Daemon:
         if DaemonLock.holder(self.layout.run_lock(experiment.id)) is not None:
             return False  # its `localdet run` is alive and carries the request out
         # `localdet run` ended (paused, interrupted or killed): the daemon takes over.
-        self.db.set_runner(experiment.id, "daemon")
+        self.db.set_runner(experiment.id, Runner.DAEMON)
         self.log(f"experiment {experiment.id} handed over from `localdet run` to the daemon")
         self._adopt_running_trials(experiment.id)
         return True
@@ -374,7 +381,7 @@ class Daemon:
         action, whole_experiment = request["action"], request["trial_id"] is None
         target = (f"{experiment.kind} {experiment.id}" if whole_experiment
                   else f"trial {request['trial_id']}")
-        if experiment.kind == "job" and action in ("pause", "resume"):
+        if experiment.kind == ExperimentKind.JOB and action in ("pause", "resume"):
             return f"{action} job {experiment.id}: jobs cannot be paused or resumed"
         with self.db.atomic():
             experiment = self.db.experiment(experiment.id)
@@ -402,7 +409,7 @@ class Daemon:
 
     def _kill(self, trial: Trial) -> None:
         self._end_process(trial.id)
-        self.db.update_trial(trial.id, state="CANCELED", stop_requested=None)
+        self.db.update_trial(trial.id, state=TrialState.CANCELED, stop_requested=None)
 
     def _end_process(self, trial_id: int) -> None:
         """Kill the trial's process group, if one runs, and free its slots."""
@@ -449,7 +456,7 @@ class Daemon:
         for trial_id, slots in self._slots_of.items():
             experiment_id = experiment_of[trial_id]
             busy[experiment_id] = busy.get(experiment_id, 0) + len(slots)
-        for experiment in self.db.experiments(states=("ACTIVE",)):
+        for experiment in self.db.experiments(states=(ExperimentState.ACTIVE,)):
             if not self._mine(experiment):
                 continue
             resources = ExperimentConfig.from_dict(experiment.config).resources
@@ -459,7 +466,7 @@ class Daemon:
             for trial in self._queued(experiment.id):
                 if per_trial > (len(self.machine) if spans else most):
                     # would wait forever and block the queue
-                    key = "slots" if experiment.kind == "job" else "slots_per_trial"
+                    key = "slots" if experiment.kind == ExperimentKind.JOB else "slots_per_trial"
                     where = (f"`localdet run --slots {per_trial}`" if self.only is not None
                              else f"`localdet daemon --slots {per_trial}`")
                     error = (f"resources.{key} is {per_trial} but only {most} slot(s) are "
@@ -471,7 +478,7 @@ class Daemon:
                         error = (f"resources.{key} is {per_trial} but no node of the Ray "
                                  f"cluster has more than {most} slot(s), and a trial runs "
                                  "within one node; lower it or add a bigger node")
-                    self.db.update_trial(trial.id, state="ERROR", error=error)
+                    self.db.update_trial(trial.id, state=TrialState.ERROR, error=error)
                     self._settle_experiment(experiment.id)
                     continue
                 waiting.append(placement.Waiting(trial.id, experiment.id, per_trial,
@@ -482,7 +489,7 @@ class Daemon:
     def _spans_nodes(self, experiment: Experiment) -> bool:
         """Whether the experiment's trials may have their ranks on several nodes of the
         cluster (decided once per experiment: it reads the model folder)."""
-        if self.local or experiment.kind == "job":
+        if self.local or experiment.kind == ExperimentKind.JOB:
             return False
         if experiment.id not in self._spanning:
             try:
@@ -503,7 +510,8 @@ class Daemon:
         """Its QUEUED trials, filtered in SQL: every pass reads them, and an experiment may
         have thousands of trials that are not."""
         return [Trial.from_row(row) for row in self.db.db["trials"].rows_where(
-            "experiment_id = ? AND state = 'QUEUED'", [experiment_id], order_by="id")]
+            "experiment_id = ? AND state = ?", [experiment_id, TrialState.QUEUED],
+            order_by="id")]
 
     def _usable_slots(self) -> tuple[set[int], dict[int, tuple], int]:
         """The slots trials may start on now, which machine each is on, and the most slots
@@ -535,7 +543,7 @@ class Daemon:
                 spec, dataclasses.replace(trial, started_at=launched_at), slots)
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
-                self.db.update_trial(trial.id, state="ERROR", error=str(error))
+                self.db.update_trial(trial.id, state=TrialState.ERROR, error=str(error))
                 self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
                 self._searching(experiment, self.search.exited_early, experiment, trial)
                 self._settle_experiment(experiment.id)
@@ -545,7 +553,7 @@ class Daemon:
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
         with self.db.atomic():  # one commit a launch: the write lock is shared with trials
-            self.db.update_trial(trial.id, state="RUNNING", pid=process.pid,
+            self.db.update_trial(trial.id, state=TrialState.RUNNING, pid=process.pid,
                                  started_at=launched_at, process_start=process_start(process.pid),
                                  slots=json.dumps(slots))
             self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
@@ -568,7 +576,7 @@ class Daemon:
     def _adopt_running_trials(self, experiment_id: int | None = None) -> None:
         """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
         mine = {e.id for e in self.db.experiments() if self._mine(e)}
-        for trial in self.db.trials(experiment_id, states=("RUNNING",)):
+        for trial in self.db.trials(experiment_id, states=(TrialState.RUNNING,)):
             if trial.experiment_id not in mine and experiment_id is None:
                 continue
             if not self.local:
@@ -611,8 +619,9 @@ class Daemon:
         for experiment_id in list(self._to_collect):
             if time.monotonic() < self._collect_due.get(experiment_id, 0.0) and \
                     self.db.db.execute(
-                        "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ("
-                        "'QUEUED', 'RUNNING') LIMIT 1", [experiment_id]).fetchone():
+                        "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?) "
+                        "LIMIT 1", [experiment_id, TrialState.QUEUED, TrialState.RUNNING]
+                    ).fetchone():
                 continue
             self._to_collect.discard(experiment_id)
             begun = time.monotonic()
@@ -655,8 +664,8 @@ class Daemon:
             chunk = trial_ids[start:start + 500]
             found.update(trial_id for (trial_id,) in self.db.db.execute(
                 f"SELECT id FROM trials WHERE id IN ({', '.join('?' for _ in chunk)}) "
-                "AND state = 'RUNNING' AND latest_checkpoint IS NOT NULL "
-                "AND batches_trained >= target_batches", chunk))
+                "AND state = ? AND latest_checkpoint IS NOT NULL "
+                "AND batches_trained >= target_batches", [*chunk, TrialState.RUNNING]))
         return found
 
     def _work_done(self, trial_id: int) -> bool:
@@ -664,11 +673,12 @@ class Daemon:
         checkpointed there and validated there. (A script may go on after `fit`, so only its
         exit tells.)"""
         trial = self.db.trial(trial_id)
-        if trial.state != "RUNNING" or not trial.latest_checkpoint \
+        if trial.state != TrialState.RUNNING or not trial.latest_checkpoint \
                 or trial.batches_trained < trial.target_batches:
             return False
         experiment = self.db.experiment(trial.experiment_id)
-        if experiment.kind == "job" or experiment.config.get("entrypoint_kind") != "trial_class":
+        if experiment.kind == ExperimentKind.JOB \
+                or experiment.config.get("entrypoint_kind") != "trial_class":
             return False
         checkpoint = self.db.checkpoint(trial.latest_checkpoint)
         validations = self.db.metrics(trial_id, "validation")
@@ -687,14 +697,14 @@ class Daemon:
             launcher.wait_for_log(process, self.layout.trial_log(trial.experiment_id, trial_id))
         with self.db.atomic():
             trial = self.db.trial(trial_id)
-            if trial.state != "RUNNING":
+            if trial.state != TrialState.RUNNING:
                 return  # killed meanwhile: already settled
             experiment = self.db.experiment(trial.experiment_id)
             reached_end = bool(trial.batches_trained >= trial.target_batches
                                and trial.latest_checkpoint)
-            if experiment.kind == "job" and returncode is None:
+            if experiment.kind == ExperimentKind.JOB and returncode is None:
                 # A job leaves no records to judge by, and its exit status went to no one.
-                self.db.update_trial(trial.id, state="ERROR", error=(
+                self.db.update_trial(trial.id, state=TrialState.ERROR, error=(
                     "the job's process ended while no daemon watched it, so whether it "
                     f"succeeded is unknown; see {self.layout.trial_log(experiment.id, trial.id)}"))
             else:
@@ -709,7 +719,7 @@ class Daemon:
                 elif outcome.phase is not None:
                     self.db.update_trial(trial.id, state=outcome.phase.state,
                                          stop_requested=outcome.phase.stop)
-                    how = ("paused" if outcome.phase.state == "PAUSED"
+                    how = ("paused" if outcome.phase.state == TrialState.PAUSED
                            else "paused, and is queued again as resumed")
                     self.log(f"trial {trial.id} {how} at {trial.batches_trained} batches")
                 elif outcome.judge == "complete":
@@ -742,7 +752,7 @@ class Daemon:
             self.log(f"experiment {experiment_id}: {report.summary()}")
 
     def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None,
-                restart_to: str = "QUEUED") -> None:
+                restart_to: str = TrialState.QUEUED) -> None:
         log_path = self.layout.trial_log(experiment.id, trial.id)
         how = exit_description(returncode)
         self.memory.settle(trial, experiment.config)  # a stop for memory is in the log first
@@ -751,21 +761,22 @@ class Daemon:
             self._out_of_space(trial, experiment, restart_to)
             return
         if failure and memory_limit.exceeded(failure):  # a restart would reach it again
-            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+            self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=(
                 f"{failure.told}\na restart would only reach the limit again, so it was not "
                 f"restarted; see {log_path}"))
             self._searching(experiment, self.search.exited_early, experiment, trial)
             return
-        if failure and experiment.kind != "job" and failures.invalid_hparams(failure):
+        if failure and experiment.kind != ExperimentKind.JOB and failures.invalid_hparams(failure):
             # Determined closed such a trial at once and let the search go on.
-            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+            self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=(
                 f"{failure.told}\nthe trial raised InvalidHP: its hyperparameters cannot "
                 f"work, so it was not restarted; see {log_path}"))
             self.log(f"trial {trial.id} raised InvalidHP: {failure.signature}")
             self._searching(experiment, self.search.exited_early, experiment, trial)
             return
         # A job trains no batches, so its failures would all look alike: it keeps its restarts.
-        if failure and experiment.kind != "job" and failures.repeats(self.db, trial, failure):
+        if failure and experiment.kind != ExperimentKind.JOB \
+                and failures.repeats(self.db, trial, failure):
             self._fail_fast(trial, experiment, failure, how)
             return
         if trial.restarts < experiment.config["max_restarts"]:
@@ -778,7 +789,7 @@ class Daemon:
         error = f"{how}; the end of its log:\n{tail}" if tail else how
         if failure:  # the exception's own line first: what status shows at a glance
             error = f"{failure.told}\n{error}"
-        self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=error)
+        self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=error)
         self.log(f"trial {trial.id} failed ({how}); see {log_path}")
         self._searching(experiment, self.search.exited_early, experiment, trial)
 
@@ -788,7 +799,7 @@ class Daemon:
         """End the trial without its remaining restarts. A failure at import is the model
         folder's, the same for every trial: when no trial has trained, end them all."""
         log_path = self.layout.trial_log(experiment.id, trial.id)
-        self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+        self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=(
             f"{failure.told}\nit failed before training a batch, the same way as before "
             f"({how}); a restart would only repeat it, so it was not restarted; see "
             f"{log_path}"))
@@ -805,30 +816,31 @@ class Daemon:
             if not live or self.db.experiment(experiment.id).state in TERMINAL_STATES:
                 break
             for sibling in live:
-                if sibling.state == "RUNNING":
+                if sibling.state == TrialState.RUNNING:
                     self._kill(sibling)
-                self.db.update_trial(sibling.id, state="ERROR", stop_requested=None, error=(
-                    f"{failure.told}\nnot run further: the model folder fails at import, "
-                    f"the same way for every trial (trial {trial.id}'s log: {log_path})"))
+                self.db.update_trial(
+                    sibling.id, state=TrialState.ERROR, stop_requested=None, error=(
+                        f"{failure.told}\nnot run further: the model folder fails at import, "
+                        f"the same way for every trial (trial {trial.id}'s log: {log_path})"))
                 self._searching(experiment, self.search.exited_early,
                                 self.db.experiment(experiment.id), sibling)
         if self.db.experiment(experiment.id).state not in TERMINAL_STATES:
-            self.db.set_experiment_state(experiment.id, "ERROR", error=(
+            self.db.set_experiment_state(experiment.id, ExperimentState.ERROR, error=(
                 f"{failures.SAME_WAY}: {failure.signature}"))
             self.log(f"experiment {experiment.id}: {failures.SAME_WAY}: {failure.signature}")
 
     def _complete(self, trial: Trial, experiment: Experiment) -> None:
         """The trial trained to its searcher length and exited: the searcher decides what
         next (train it further, close it, start others)."""
-        if experiment.kind == "job":  # a job reports no metric: exit 0 is success
-            self.db.update_trial(trial.id, state="COMPLETED", stop_requested=None)
+        if experiment.kind == ExperimentKind.JOB:  # a job reports no metric: exit 0 is success
+            self.db.update_trial(trial.id, state=TrialState.COMPLETED, stop_requested=None)
             self.log(f"job {experiment.id} completed")
             return
         validations = self.db.metrics(trial.id, "validation")
         last = validations[-1].metrics if validations else {}
         if experiment.metric not in last:
             reported = ", ".join(sorted(last)) or "none"
-            self.db.update_trial(trial.id, state="ERROR", stop_requested=None, error=(
+            self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=(
                 f"the searcher metric '{experiment.metric}' was never reported; validation "
                 f"metrics reported: {reported}; fix searcher.metric in the config"))
             self._searching(experiment, self.search.exited_early, experiment, trial)
@@ -846,26 +858,26 @@ class Daemon:
         # An ACTIVE experiment with a trial queued or running has nothing to settle (none
         # is held, and it is not all paused): skip reading all its trials, often under the
         # write lock, after every exit.
-        if experiment.state == "ACTIVE" and self.db.db.execute(
-                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ('QUEUED', "
-                "'RUNNING') LIMIT 1", [experiment_id]).fetchone():
+        if experiment.state == ExperimentState.ACTIVE and self.db.db.execute(
+                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?) LIMIT 1",
+                [experiment_id, TrialState.QUEUED, TrialState.RUNNING]).fetchone():
             return
         trials = self.db.trials(experiment_id)
         if trials and all(t.state in TERMINAL_STATES for t in trials):
-            failed = [t for t in trials if t.state == "ERROR"]
-            if any(t.state == "COMPLETED" for t in trials):
-                self.db.set_experiment_state(experiment_id, "COMPLETED")
-            elif all(t.state == "CANCELED" for t in trials):
-                self.db.set_experiment_state(experiment_id, "CANCELED")
+            failed = [t for t in trials if t.state == TrialState.ERROR]
+            if any(t.state == TrialState.COMPLETED for t in trials):
+                self.db.set_experiment_state(experiment_id, ExperimentState.COMPLETED)
+            elif all(t.state == TrialState.CANCELED for t in trials):
+                self.db.set_experiment_state(experiment_id, ExperimentState.CANCELED)
             else:
                 error = failures.experiment_error(self.db, experiment_id, failed)
-                self.db.set_experiment_state(experiment_id, "ERROR", error=error)
+                self.db.set_experiment_state(experiment_id, ExperimentState.ERROR, error=error)
             settled = self.db.experiment(experiment_id)
             self.log(f"{settled.kind} {experiment_id} {settled.state}")
             return
         for trial in trials:
             if lifecycle.held(experiment.state, trial.state):
-                self.db.update_trial(trial.id, state="PAUSED")
+                self.db.update_trial(trial.id, state=TrialState.PAUSED)
         state = lifecycle.settle(experiment.state, [t.state for t in trials])
         if state is not None:
             self.db.set_experiment_state(experiment_id, state)
@@ -875,11 +887,12 @@ class Daemon:
     # -- scripts run on their own (laptop mode) -------------------------------------------
     def _watch_scripts(self) -> None:
         """A script records its own end; one killed outright cannot, so mark it here."""
-        for experiment in self.db.experiments(states=("ACTIVE",)):
-            if experiment.runner != "script":
+        for experiment in self.db.experiments(states=(ExperimentState.ACTIVE,)):
+            if experiment.runner != Runner.SCRIPT:
                 continue
-            for trial in self.db.trials(experiment.id, states=("RUNNING",)):
+            for trial in self.db.trials(experiment.id, states=(TrialState.RUNNING,)):
                 if trial.pid and not alive(trial.pid):
-                    self.db.update_trial(trial.id, state="ERROR", error=SCRIPT_GONE)
-                    self.db.set_experiment_state(experiment.id, "ERROR", error=SCRIPT_GONE)
+                    self.db.update_trial(trial.id, state=TrialState.ERROR, error=SCRIPT_GONE)
+                    self.db.set_experiment_state(experiment.id, ExperimentState.ERROR,
+                                                 error=SCRIPT_GONE)
                     self.log(f"experiment {experiment.id}: {SCRIPT_GONE}")
