@@ -165,6 +165,7 @@ def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:
     `warm`: a warm process (localdet/processes/warm_pool.py) to run the trial in, skipping start-up;
     `process.warm` tells which it was."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    log: int | None
     log, writer = _log_writer(spec)
     try:
         if spec.header:  # which Keras and why, before anything the trial prints
@@ -185,7 +186,8 @@ def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:
             process = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-            process.log_writer, process.warm = writer, False
+            # The daemon's notes, kept on the Popen itself.
+            process.log_writer, process.warm = writer, False  # type: ignore[attr-defined]
             return process
         except OSError as error:
             if not spec.cwd.is_dir():

@@ -462,6 +462,7 @@ def _probe(base: Path) -> str | None:
         process = subprocess.Popen([sys.executable, "-S", "-c", _PROBE], stdin=subprocess.PIPE,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _join(path, [process.pid])
+        assert process.stdin is not None  # stdin=PIPE
         process.stdin.write(b"go\n")  # only now, inside the cgroup, does it fill memory
         process.stdin.close()
         code = process.wait(timeout=30)

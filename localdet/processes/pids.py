@@ -13,6 +13,7 @@ import fcntl
 import os
 import signal
 from pathlib import Path
+from typing import TextIO
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -24,7 +25,7 @@ class DaemonLock:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file = None
+        self._file: TextIO | None = None
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

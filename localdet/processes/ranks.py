@@ -263,6 +263,7 @@ class Supervisor:
             except OSError as error:
                 return self.cannot_start(argv[0], error)
             self.procs.append(proc)
+            assert proc.stdout is not None  # stdout=PIPE
             os.set_blocking(proc.stdout.fileno(), False)
             self.selector.register(proc.stdout, selectors.EVENT_READ, _Pipe(rank, proc.stdout))
         if self.serving is not None:

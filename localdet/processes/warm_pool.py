@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from determined.core._reporting import (
@@ -179,7 +180,7 @@ class Warm:
 class WarmPool:
     layout: Layout
     size: int = 1            # warm processes at most, all kinds together
-    log: callable = print
+    log: Callable[[str], None] = print
     _warm: list = field(default_factory=list)
 
     def keep(self, spec) -> None:
@@ -198,7 +199,8 @@ class WarmPool:
         log = self._warm_log()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "localdet.processes.warm_process"], stdin=theirs,
+                [sys.executable, "-P", "-m", "localdet.processes.warm_process"],
+                stdin=theirs.fileno(),  # the socket's descriptor, as Popen takes it from a file
                 stdout=log, stderr=subprocess.STDOUT, env=dict(kind), cwd=self.layout.home,
                 start_new_session=True)
         except OSError as error:
