@@ -41,6 +41,7 @@ from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+from localdet.records.states import CheckpointState
 
 # An unreferenced blob younger than this may still be in flight (put before its manifest
 # commits) from a writer outside the writers lock; left alone by the orphan sweep.
@@ -127,7 +128,8 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
     and the settings that decided it."""
     live = [CheckpointRef(*row) for row in db.db.execute(
         "SELECT uuid, trial_id, batches_trained FROM checkpoints "
-        "WHERE experiment_id = ? AND state = 'COMPLETED'", [experiment_id]).fetchall()]
+        "WHERE experiment_id = ? AND state = ?",
+        [experiment_id, CheckpointState.COMPLETED]).fetchall()]
     if not live:
         return [], ""
     experiment = db.experiment(experiment_id)
@@ -138,8 +140,8 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
                        "SELECT m.trial_id, m.batches_trained, m.metrics FROM metrics m "
                        "JOIN checkpoints c ON c.trial_id = m.trial_id "
                        "AND c.batches_trained = m.batches_trained "
-                       "WHERE c.experiment_id = ? AND c.state = 'COMPLETED' "
-                       "AND m.kind = 'validation'", [experiment_id]).fetchall()}
+                       "WHERE c.experiment_id = ? AND c.state = ? AND m.kind = 'validation'",
+                       [experiment_id, CheckpointState.COMPLETED]).fetchall()}
     keep = checkpoints_to_keep(
         experiment.config, experiment.metric, experiment.smaller_is_better, live, validations,
         trial_states={t[0]: t[1] for t in trials}, resume_from={t[0]: t[2] for t in trials})

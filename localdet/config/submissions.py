@@ -45,12 +45,13 @@ from localdet.config.experiment import (
 from localdet.paths import Layout
 from localdet.processes.pids import DaemonLock
 from localdet.records.db import StateDB
+from localdet.records.states import ExperimentKind, Runner
 from localdet.scheduling.slots import GPU, Slot, cpu_only, describe, read_slot_file
 
 SETTLE_SECONDS = 1.0
 CONFIG_SUFFIXES = (".yaml", ".yml")
 SUBMITTED_CONFIG = "experiment.yaml"  # the name `submit` gives the config it copies
-EXPERIMENT, JOB = "experiment", "job"  # the kinds of submission
+EXPERIMENT, JOB = ExperimentKind.EXPERIMENT, ExperimentKind.JOB  # the kinds of submission
 JOB_SEARCHER = "none"  # the searcher column of a job's row: it has no search
 
 
@@ -343,7 +344,7 @@ class Intake:
                 f"{_quoted(str(error))}); check its files, and report this if they look right"),
                 detail=traceback.format_exc())
             return None
-        return self._commit(staged, path.name, text, parsed, kind=kind, runner="daemon")
+        return self._commit(staged, path.name, text, parsed, kind=kind, runner=Runner.DAEMON)
 
     def check(self, staged: Path, source: str, kind: str = EXPERIMENT) -> tuple[str, ParsedConfig]:
         """The config text and parsed config of a staged submission folder; raises
@@ -357,7 +358,7 @@ class Intake:
         return text, parsed
 
     def record(self, staged: Path, source: str, *, kind: str = EXPERIMENT,
-               runner: str = "daemon") -> int:
+               runner: str = Runner.DAEMON) -> int:
         """Record a staged submission folder as an experiment (or a job and its one trial)
         and move it to the experiment's model folder. Raises SubmissionError or ConfigError,
         having recorded nothing."""

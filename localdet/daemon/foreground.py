@@ -32,7 +32,9 @@ from localdet.daemon.daemon import Daemon
 from localdet.paths import Layout
 from localdet.processes import capped_log
 from localdet.processes.pids import DaemonLock
-from localdet.records.db import TERMINAL_STATES, StateDB
+from localdet.records import lifecycle
+from localdet.records.db import StateDB
+from localdet.records.states import TERMINAL_STATES, ExperimentState, Runner, TrialState
 from localdet.ui import views
 
 POLL_SECONDS = 0.5
@@ -53,7 +55,7 @@ def record(layout: Layout, config_path: Path, model_dir: Path) -> tuple[int, lis
         copy_submission(text, model_dir, staged)
         try:
             experiment_id = intake.record(staged, f"localdet run {Path(config_path).name}",
-                                          runner="foreground")
+                                          runner=Runner.FOREGROUND)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -161,14 +163,11 @@ def _done(db: StateDB, experiment_id: int, daemon: Daemon) -> bool:
     if daemon.running():
         return False
     experiment = db.experiment(experiment_id)
-    if experiment.state in TERMINAL_STATES or experiment.state == "PAUSED":
+    if experiment.state in TERMINAL_STATES or experiment.state == ExperimentState.PAUSED:
         return True
-    trials = db.trials(experiment_id)
     # Every trial paused one by one (`localdet pause --trial`), the rest waiting on the
     # searcher or ended: nothing left to drive.
-    return (any(t.state == "PAUSED" for t in trials)
-            and all(t.state in ("PAUSED", "WAITING") or t.state in TERMINAL_STATES
-                    for t in trials))
+    return lifecycle.all_paused(t.state for t in db.trials(experiment_id))
 
 
 def _show(db: StateDB, experiment_id: int, progress: Progress, tasks: dict,
@@ -180,7 +179,7 @@ def _show(db: StateDB, experiment_id: int, progress: Progress, tasks: dict,
                 named = line.startswith(f"[trial {trial.id}]")
                 prefix = Text("" if named else f"trial {trial.id} | ", style="dim")
                 progress.console.print(prefix + Text(line))
-        if trial.state == "QUEUED" and trial.id not in tasks:
+        if trial.state == TrialState.QUEUED and trial.id not in tasks:
             continue  # a bar appears once the trial starts
         # 0 batches to go is a script that has not said its length yet: an indeterminate bar.
         total = trial.target_batches or None
@@ -194,7 +193,7 @@ def _show(db: StateDB, experiment_id: int, progress: Progress, tasks: dict,
         progress.update(tasks[trial.id], description=description, total=total,
                         completed=min(trial.batches_trained, total or trial.batches_trained),
                         batches=batches)
-        if trial.state in TERMINAL_STATES or trial.state == "PAUSED":
+        if trial.state in TERMINAL_STATES or trial.state == TrialState.PAUSED:
             progress.stop_task(tasks[trial.id])
 
 
@@ -221,10 +220,10 @@ def _summary(layout: Layout, experiment_id: int, console: Console) -> int:
     if best is not None:
         console.print(f"best checkpoint: {best.uuid} (trial {best.trial_id}, "
                       f"{best.batches_trained} batches)")
-    if experiment.state == "PAUSED":
+    if experiment.state == ExperimentState.PAUSED:
         console.print(f"`localdet resume {experiment_id}` continues it under the daemon "
                       "(start one with `localdet daemon`)")
-    elif experiment.state != "COMPLETED":
+    elif experiment.state != ExperimentState.COMPLETED:
         error = experiment.error or f"experiment {experiment_id} was {experiment.state}"
         print(f"error: {error}", file=sys.stderr, flush=True)
-    return 0 if experiment.state == "COMPLETED" else 1
+    return 0 if experiment.state == ExperimentState.COMPLETED else 1

@@ -30,6 +30,7 @@ from localdet.config import engines, keras_choice
 from localdet.paths import Layout
 from localdet.processes import capped_log
 from localdet.records.db import Experiment, Trial
+from localdet.records.states import ExperimentKind
 from localdet.scheduling import disk_space
 
 
@@ -145,7 +146,7 @@ def unsupervised_argv(argv: list[str]) -> list[str]:
 
 
 def _engine(experiment: Experiment) -> str:
-    if experiment.kind == "job":
+    if experiment.kind == ExperimentKind.JOB:
         return engines.SINGLE  # a job's slots are only reserved for it
     try:
         return engines.choose(experiment.config, Path(experiment.model_dir))[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from localdet.paths import Layout
 from localdet.records import lifecycle
 from localdet.records.db import NotFound, StateDB
+from localdet.records.states import ExperimentKind, Runner
 
 
 class ActionError(ValueError):
@@ -38,10 +39,10 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
             what, trials = f"{experiment.kind} {experiment_id}", db.trials(experiment_id)
     except NotFound as error:
         raise ActionError(str(error)) from None
-    if experiment.runner == "script":
+    if experiment.runner == Runner.SCRIPT:
         raise ActionError(f"experiment {experiment.id} is a script running outside the "
                           "daemon; stop it with Ctrl-C in its terminal")
-    if experiment.kind == "job" and action != "kill":
+    if experiment.kind == ExperimentKind.JOB and action != "kill":
         raise ActionError(f"job {experiment.id} cannot be {action}d, since jobs keep no "
                           f"checkpoints to resume from; `localdet kill {experiment.id}` "
                           "stops it")
@@ -53,7 +54,7 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
         raise ActionError(f"{what} is {state}; there is nothing to {action}")
     db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
     message = f"{action} requested for {what}"
-    if (experiment.runner == "foreground"
+    if (experiment.runner == Runner.FOREGROUND
             and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
         return message  # its `localdet run` carries it out
     if DaemonLock.holder(layout.daemon_lock) is None:

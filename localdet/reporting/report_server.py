@@ -61,7 +61,8 @@ from determined.core._reporting import (
 from localdet.checkpoints.manifest import files_of
 from localdet.checkpoints.store import FileEntry, Lease, Store, StoreError
 from localdet.paths import Layout
-from localdet.records.db import TERMINAL_STATES, NotFound, StateDB
+from localdet.records.db import NotFound, StateDB
+from localdet.records.states import TERMINAL_STATES, TrialState
 from localdet.reporting import http_reporter as wire
 from localdet.reporting.sqlite_reporter import SQLiteReporter
 from localdet.scheduling.disk_space import DiskFull, Reserve
@@ -780,7 +781,7 @@ def _check_launch(db: StateDB, trial_id: int, launch: int, pgrp: str | None) -> 
         raise _Refused(wire.STALE, f"launch {launch} of trial {trial_id} is over (the "
                                    f"trial is {now}); this process exits so that only "
                                    "one process trains the trial")
-    if launch > current or state != "RUNNING":
+    if launch > current or state != TrialState.RUNNING:
         raise _Refused(wire.NOT_RUNNING, f"trial {trial_id} is not running launch "
                                          f"{launch} (it is {state}, launch "
                                          f"{current}); this process exits")

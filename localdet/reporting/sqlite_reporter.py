@@ -25,6 +25,7 @@ from localdet.config.experiment import length_to_batches
 from localdet.paths import Layout
 from localdet.records import lifecycle
 from localdet.records.db import Checkpoint, NotFound, StateDB, now
+from localdet.records.states import TrialState
 from localdet.scheduling.disk_space import DiskFull, Reserve
 
 
@@ -55,7 +56,7 @@ class SQLiteReporter:
         deadline = time.monotonic() + seconds
         while True:
             trial = self.db.trial(self.trial_id)
-            if trial.state == "RUNNING" and trial.pid == os.getpgrp():
+            if trial.state == TrialState.RUNNING and trial.pid == os.getpgrp():
                 return
             if time.monotonic() > deadline:
                 raise SystemExit(

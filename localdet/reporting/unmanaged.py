@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional
 from localdet.config.experiment import ConfigError, load_config_file, parse_config
 from localdet.paths import Layout
 from localdet.records.db import StateDB, now
+from localdet.records.states import ExperimentState, Runner, TrialState
 from localdet.reporting.sqlite_reporter import SQLiteReporter
 from localdet.search.methods import Create, make_search_method
 
@@ -122,12 +123,12 @@ def record_script_run(script: Path, hparams: Optional[Dict[str, Any]],
                 original_config=text, searcher=config["searcher"]["name"],
                 metric=config["searcher"]["metric"],
                 smaller_is_better=config["searcher"]["smaller_is_better"],
-                experiment_seed=seed, model_dir="", runner="script")
+                experiment_seed=seed, model_dir="", runner=Runner.SCRIPT)
             model_dir = layout.model_dir(experiment_id)
             db.db["experiments"].update(experiment_id, {"model_dir": str(model_dir)})
             trial_id = db.create_trial(experiment_id=experiment_id, request_id=create.request_id,
                                        hparams=chosen, seed=create.seed, target_batches=0)
-            db.update_trial(trial_id, state="RUNNING", pid=os.getpid(), started_at=now())
+            db.update_trial(trial_id, state=TrialState.RUNNING, pid=os.getpid(), started_at=now())
             db.log_event("script_run_started", experiment_id=experiment_id, trial_id=trial_id,
                          script=str(script), argv=sys.argv)
     finally:
@@ -157,11 +158,11 @@ def _end_with_the_process(reporter: SQLiteReporter, experiment_id: int) -> None:
             failure.setdefault("kind", type(error))
             failure.setdefault("value", error)
         if "kind" not in failure:
-            state, error = "COMPLETED", None
+            state, error = ExperimentState.COMPLETED, None
         elif issubclass(failure["kind"], KeyboardInterrupt):
-            state, error = "CANCELED", "interrupted (Ctrl-C)"
+            state, error = ExperimentState.CANCELED, "interrupted (Ctrl-C)"
         else:
-            state, error = "ERROR", f"{failure['kind'].__name__}: {failure['value']}"
+            state, error = ExperimentState.ERROR, f"{failure['kind'].__name__}: {failure['value']}"
         reporter.db.update_trial(reporter.trial_id, state=state, error=error,
                                  stop_requested=None)
         reporter.db.set_experiment_state(experiment_id, state, error=error)

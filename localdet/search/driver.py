@@ -15,7 +15,8 @@ into a search that makes exactly the decisions it would have made uninterrupted.
 
 from __future__ import annotations
 
-from localdet.records.db import TERMINAL_STATES, Experiment, StateDB, Trial
+from localdet.records.db import Experiment, StateDB, Trial
+from localdet.records.states import TERMINAL_STATES, ExperimentState, TrialState
 from localdet.search.methods import (
     Close,
     Create,
@@ -79,7 +80,7 @@ class Search:
         # no metric at all.
         metric = worst_if_nan(metric, experiment.smaller_is_better)
         with self.db.atomic():
-            self.db.update_trial(trial.id, state="WAITING", stop_requested=None)
+            self.db.update_trial(trial.id, state=TrialState.WAITING, stop_requested=None)
             self._event(experiment, {"kind": "validation_completed", "request_id":
                                      trial.request_id, "metric": metric,
                                      "length": trial.batches_trained})
@@ -130,14 +131,14 @@ class Search:
 
     def _carry_out(self, experiment: Experiment, operations: list) -> list[dict]:
         """Apply the operations; returns the events they cause (trials closed)."""
-        paused = self.db.experiment(experiment.id).state == "PAUSED"
+        paused = self.db.experiment(experiment.id).state == ExperimentState.PAUSED
         created: dict[int, Create] = {}
         caused = []
         for op in operations:
             if isinstance(op, Create):
                 created[op.request_id] = op
             elif isinstance(op, ValidateAfter):
-                state = "PAUSED" if paused else "QUEUED"
+                state = TrialState.PAUSED if paused else TrialState.QUEUED
                 existing = self.db.trial_by_request(experiment.id, op.request_id)
                 if op.request_id in created and existing is not None:
                     # Recorded before the search was (an experiment from before searcher
@@ -158,7 +159,7 @@ class Search:
             elif isinstance(op, Close):
                 trial = self.db.trial_by_request(experiment.id, op.request_id)
                 if trial.state not in TERMINAL_STATES:
-                    self.db.update_trial(trial.id, state="COMPLETED")
+                    self.db.update_trial(trial.id, state=TrialState.COMPLETED)
                 caused.append({"kind": "trial_closed", "request_id": op.request_id})
             elif isinstance(op, Shutdown):
                 self.db.log_event("searcher_shutdown", experiment_id=experiment.id)
@@ -169,11 +170,12 @@ class Search:
         Filtered in SQL, the newest trials first (the ones most likely still to run): this
         runs after every searcher event."""
         if self.db.db.execute(
-                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN ('QUEUED', "
-                "'RUNNING', 'PAUSED') ORDER BY id DESC LIMIT 1",
-                [experiment.id]).fetchone() is not None:
+                "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?, ?) "
+                "ORDER BY id DESC LIMIT 1", [experiment.id, TrialState.QUEUED,
+                                             TrialState.RUNNING, TrialState.PAUSED]
+        ).fetchone() is not None:
             return
         for (trial_id,) in self.db.db.execute(
-                "SELECT id FROM trials WHERE experiment_id = ? AND state = 'WAITING' "
-                "ORDER BY id", [experiment.id]).fetchall():
-            self.db.update_trial(trial_id, state="COMPLETED")
+                "SELECT id FROM trials WHERE experiment_id = ? AND state = ? ORDER BY id",
+                [experiment.id, TrialState.WAITING]).fetchall():
+            self.db.update_trial(trial_id, state=TrialState.COMPLETED)

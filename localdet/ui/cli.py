@@ -25,6 +25,7 @@ from localdet.checkpoints.store import StoreError
 from localdet.config.experiment import ConfigError
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
+from localdet.records.states import ExperimentKind, ExperimentState
 from localdet.ui import views
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
@@ -229,7 +230,7 @@ def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
 
 
 def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict:
-    if experiment.kind == "job":
+    if experiment.kind == ExperimentKind.JOB:
         return views.job_facts(db, layout, experiment, tail_lines)
     return views.experiment_facts(db, experiment)
 
@@ -265,13 +266,13 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
     if notice:
         console.print(f"[yellow]{escape(notice)}[/]")
     if experiment_id is None:
-        jobs = [f for f in facts if f["kind"] == "job"]
-        experiments = [f for f in facts if f["kind"] != "job"]
+        jobs = [f for f in facts if f["kind"] == ExperimentKind.JOB]
+        experiments = [f for f in facts if f["kind"] != ExperimentKind.JOB]
         if experiments or not jobs:
             console.print(views.experiments_table(experiments))
         if jobs:
             console.print(views.jobs_table(jobs))
-    elif facts["kind"] == "job":
+    elif facts["kind"] == ExperimentKind.JOB:
         console.print(views.job_table(facts))
         if facts["error"] and facts["error"] not in facts["log_tail"]:  # else shown below
             console.print(f"[red]error:[/] {escape(facts['error'])}")
@@ -279,7 +280,7 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
             console.print("[bold]log tail[/]")
             console.print(Text(facts["log_tail"]))
     else:
-        if facts["state"] == "ERROR" and facts["error"]:
+        if facts["state"] == ExperimentState.ERROR and facts["error"]:
             console.print(f"[red]error:[/] {escape(facts['error'].splitlines()[0])}")
         console.print(views.search_summary(facts))
         if facts["rungs"]:

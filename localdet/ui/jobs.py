@@ -16,7 +16,8 @@ from localdet.config.submissions import ingested_as
 from localdet.paths import Layout
 from localdet.processes import capped_log
 from localdet.processes.pids import DaemonLock
-from localdet.records.db import TERMINAL_STATES, StateDB
+from localdet.records.db import StateDB
+from localdet.records.states import TERMINAL_STATES, ExperimentState
 from localdet.ui.trial_logs import copy_new
 
 POLL_SECONDS = 0.3
@@ -64,13 +65,14 @@ def follow(layout: Layout, queued_name: str) -> int:
                                   f"daemon takes it up again (`localdet status {job_id}`)")
             time.sleep(POLL_SECONDS)
         job = db.experiment(job_id)
-        if job.state == "ERROR" and offset == 0:  # it never ran: the reason is not in a log
+        # Failed with no log written: it never ran, so the reason is not in a log.
+        if job.state == ExperimentState.ERROR and offset == 0:
             click.echo(f"error: job {job_id} failed: {job.error}", err=True)
-        elif job.state == "ERROR":
+        elif job.state == ExperimentState.ERROR:
             click.echo(f"error: job {job_id} failed; its log is above and in {log_path}",
                        err=True)
-        elif job.state != "COMPLETED":
+        elif job.state != ExperimentState.COMPLETED:
             click.echo(f"error: job {job_id} was {job.state}", err=True)
-        return 0 if job.state == "COMPLETED" else 1
+        return 0 if job.state == ExperimentState.COMPLETED else 1
     finally:
         db.close()

@@ -15,9 +15,11 @@ from typing import BinaryIO
 from localdet.paths import Layout
 from localdet.processes import capped_log
 from localdet.records.db import NotFound, StateDB
+from localdet.records.states import TrialState
 
 POLL_SECONDS = 0.5
-ACTIVE_STATES = ("RUNNING", "QUEUED", "WAITING")  # a trial that may still write to its log
+# A trial that may still write to its log.
+ACTIVE_STATES = frozenset({TrialState.RUNNING, TrialState.QUEUED, TrialState.WAITING})
 
 
 class LogError(Exception):

@@ -15,7 +15,15 @@ from localdet.config.sizes import gigabytes
 from localdet.paths import Layout
 from localdet.processes.launcher import log_tail
 from localdet.records.db import Checkpoint, Experiment, StateDB, Trial
-from localdet.records.lifecycle import TrialPhase
+from localdet.records.lifecycle import PAUSING, REQUEUING, TrialPhase
+from localdet.records.states import (
+    TERMINAL_STATES,
+    CheckpointState,
+    ExperimentKind,
+    ExperimentState,
+    Runner,
+    TrialState,
+)
 from localdet.search.driver import replay
 
 
@@ -89,15 +97,15 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
 def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
     """Progress and ASHA rungs, from the search method replayed from its events."""
     events = db.searcher_events(experiment.id)
-    if experiment.kind == "job" or not events:
+    if experiment.kind == ExperimentKind.JOB or not events:
         targets = sum(t["target_batches"] for t in trials)
         progress = (sum(min(t["batches_trained"], t["target_batches"]) for t in trials)
                     / targets) if targets else 0.0
         return {"progress": progress, "rungs": []}
     method = replay(experiment, events)
-    done = experiment.state == "COMPLETED"
+    done = experiment.state == ExperimentState.COMPLETED
     progress = method.progress({t["request_id"]: t["batches_trained"] for t in trials})
-    if experiment.state == "ERROR":
+    if experiment.state == ExperimentState.ERROR:
         # The searcher counts a trial that exited early as done; an experiment that failed
         # shows what was trained, so one that failed before training shows 0 %.
         targets = sum(t["target_batches"] for t in trials)
@@ -168,7 +176,7 @@ def job_facts(db: StateDB, layout: Layout, experiment: Experiment,
     trial = facts["trials"][0] if facts["trials"] else None
     started = _time(db.trial(trial["id"]).started_at) if trial else None
     ended = _time(experiment.ended_at)
-    if started and not ended and experiment.state not in ("COMPLETED", "CANCELED", "ERROR"):
+    if started and not ended and experiment.state not in TERMINAL_STATES:
         ended = datetime.datetime.now(datetime.timezone.utc)
     log = layout.trial_log(experiment.id, trial["id"]) if trial else None
     facts.update({
@@ -212,9 +220,13 @@ def checkpoint_facts(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
-STATE_STYLES = {"ACTIVE": "cyan", "RUNNING": "cyan", "QUEUED": "white", "PAUSED": "yellow",
-                "WAITING": "blue", "PAUSING": "yellow", "REQUEUING": "cyan",
-                "COMPLETED": "green", "CANCELED": "magenta", "ERROR": "red", "DELETED": "dim"}
+# Experiment, trial and checkpoint states share their strings (PAUSED, COMPLETED), and so
+# their styles; PAUSING and REQUEUING are a running trial's phases (TrialPhase.describe).
+STATE_STYLES = {ExperimentState.ACTIVE: "cyan", TrialState.RUNNING: "cyan",
+                TrialState.QUEUED: "white", TrialState.PAUSED: "yellow",
+                TrialState.WAITING: "blue", PAUSING: "yellow", REQUEUING: "cyan",
+                TrialState.COMPLETED: "green", TrialState.CANCELED: "magenta",
+                TrialState.ERROR: "red", CheckpointState.DELETED: "dim"}
 
 
 def _state(state: str) -> str:
@@ -239,8 +251,8 @@ def flat_hparams(hparams: dict, prefix: str = "") -> dict:
 def _name(facts: dict) -> str:
     # Who runs it, beside the name, when it is not the daemon: `localdet pause` and friends
     # do not reach a script, and reach a foreground run only while it lives.
-    runner = facts.get("runner", "daemon")
-    return escape(facts["name"]) + (f" [dim]({runner})[/]" if runner != "daemon" else "")
+    runner = facts.get("runner", Runner.DAEMON)
+    return escape(facts["name"]) + (f" [dim]({runner})[/]" if runner != Runner.DAEMON else "")
 
 
 def _when(text: str | None) -> str:
@@ -359,7 +371,7 @@ def checkpoints_table(facts: list[dict], experiment_id: int, show_state: bool = 
     for c in facts:
         user = {k: v for k, v in c["metadata"].items()
                 if k not in ("experiment_id", "trial_id", "batches_trained", "format")}
-        state = (_state(c.get("state", "COMPLETED")),) if show_state else ()
+        state = (_state(c.get("state", CheckpointState.COMPLETED)),) if show_state else ()
         table.add_row(c["uuid"], str(c["trial_id"]), str(c["batches_trained"]), *state,
                       f"{c['size_bytes'] / 1e6:.2f} MB",
                       escape(", ".join(f"{k}={v}" for k, v in user.items())))

@@ -56,6 +56,7 @@ from localdet.processes.launcher import log_tail
 from localdet.processes.pids import DaemonLock
 from localdet.records import actions
 from localdet.records.db import NotFound, StateDB
+from localdet.records.states import ExperimentKind
 from localdet.ui import views
 from localdet.ui.web import figures
 
@@ -174,7 +175,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             return []  # nothing submitted yet
         with database() as db:
             return [_summary(views.experiment_facts(db, e))
-                    for e in db.experiments(kind="experiment")]
+                    for e in db.experiments(kind=ExperimentKind.EXPERIMENT)]
 
     def daemon(request: Request) -> dict:
         """Whether a daemon runs, and what it holds back and why."""
@@ -215,7 +216,8 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         if not layout.db.exists():
             return []
         with database() as db:
-            return [_summary(views.job_facts(db, layout, e)) for e in db.experiments(kind="job")]
+            return [_summary(views.job_facts(db, layout, e))
+                    for e in db.experiments(kind=ExperimentKind.JOB)]
 
     def act(request: Request) -> dict:
         target = {"experiments": "experiment_id",
