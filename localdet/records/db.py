@@ -7,7 +7,7 @@ Example:
 
     with StateDB.open(Layout.from_environment().db) as db:   # closed at the end
         exp_id = db.create_experiment(...)
-        for trial in db.trials(exp_id, states=("RUNNING",)):
+        for trial in db.trials(exp_id, states=(TrialState.RUNNING,)):
             print(trial.id, trial.state)
 """
 

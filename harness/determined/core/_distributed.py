@@ -273,7 +273,10 @@ class DistributedContext:
                     "same secret key (hex) in every process of the trial, which localdet's "
                     "launcher sets; to set it yourself: "
                     "python3 -c 'import secrets; print(secrets.token_hex(32))'")
-            assert self._chief_addr is not None
+            if self._chief_addr is None:  # set in __init__ whenever size > 1
+                raise RuntimeError(
+                    f"{operation}() across {self.size} processes needs rank 0's address: "
+                    "LOCALDET_CHIEF_ADDR, or chief_ip (DET_CHIEF_IP) and pub_port")
             self._group = ProcessGroup(self.rank, self.size, self._chief_addr, self._authkey)
         return self._group
 
