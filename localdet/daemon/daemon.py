@@ -205,7 +205,8 @@ class Daemon:
                                          self.reserve, self.log).start()
                 # Our write transactions and the report writer's alternate, instead of each
                 # sleeping in SQLite's busy handler while the other holds the lock.
-                assert reporting.writer is not None  # start() made it
+                if reporting.writer is None:  # start() makes it
+                    raise RuntimeError("the report server started without its writer")
                 self.db.turns = reporting.writer.turns
                 self.report_url = reporting.url
                 self.log(f"trials report over HTTP to {reporting.url}")

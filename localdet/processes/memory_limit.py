@@ -462,7 +462,8 @@ def _probe(base: Path) -> str | None:
         process = subprocess.Popen([sys.executable, "-S", "-c", _PROBE], stdin=subprocess.PIPE,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _join(path, [process.pid])
-        assert process.stdin is not None  # stdin=PIPE
+        if process.stdin is None:  # stdin=PIPE makes it
+            raise RuntimeError("the memory probe has no stdin pipe")
         process.stdin.write(b"go\n")  # only now, inside the cgroup, does it fill memory
         process.stdin.close()
         code = process.wait(timeout=30)

@@ -263,7 +263,8 @@ class Supervisor:
             except OSError as error:
                 return self.cannot_start(argv[0], error)
             self.procs.append(proc)
-            assert proc.stdout is not None  # stdout=PIPE
+            if proc.stdout is None:  # stdout=PIPE makes it
+                raise RuntimeError(f"rank {rank}'s process has no stdout pipe")
             os.set_blocking(proc.stdout.fileno(), False)
             self.selector.register(proc.stdout, selectors.EVENT_READ, _Pipe(rank, proc.stdout))
         if self.serving is not None:

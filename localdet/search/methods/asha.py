@@ -268,8 +268,10 @@ class AdaptiveASHASearch:
                               "searcher needs it to know how many trials to run",
                               "searcher.max_trials")
         # adaptive_asha's own settings are always filled (x-defaults-by-name in the schema)
-        assert searcher.divisor is not None and searcher.max_rungs is not None
-        assert searcher.mode is not None
+        if searcher.divisor is None or searcher.max_rungs is None or searcher.mode is None:
+            raise ConfigError("searcher.divisor, max_rungs and mode are unset; adaptive_asha "
+                              "needs the config with the schema's defaults filled in",
+                              "searcher")
         unit, units = searcher.max_length.unit, searcher.max_length.count
         divisor = searcher.divisor
         max_trials = searcher.max_trials

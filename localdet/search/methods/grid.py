@@ -23,5 +23,7 @@ class GridSearch(FullLengthSearch):
 
     @property
     def points(self) -> list[dict[str, Any]]:
-        assert isinstance(self.source, GridPoints)
+        if not isinstance(self.source, GridPoints):  # hparam_source() makes one
+            raise TypeError(f"a grid search draws its points from GridPoints, not from "
+                            f"{type(self.source).__name__}")
         return self.source.points
