@@ -35,12 +35,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep, describe
 from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+
+if TYPE_CHECKING:
+    from localdet.checkpoints.s3_store import S3Lease
 from localdet.records.states import CheckpointState
 
 # An unreferenced blob younger than this may still be in flight (put before its manifest
@@ -165,7 +169,7 @@ def _retain(db: StateDB, store: CheckpointStore, experiment_id: int, dry_run: bo
                 report.deleted.append(Deleted(c.uuid, experiment_id, c.trial_id,
                                               c.batches_trained))
         return
-    leases: list[Lease] = []
+    leases: list[Lease | S3Lease] = []
     committed = False
     try:
         with db.atomic():
@@ -240,7 +244,7 @@ def _free_blobs(db: StateDB, store: CheckpointStore, experiment_ids: list[int], 
     report.bytes_freed += sum(gone.values())
 
 
-def _try_sweeping(store: CheckpointStore, wait_seconds: float) -> Lease | None:
+def _try_sweeping(store: CheckpointStore, wait_seconds: float) -> Lease | S3Lease | None:
     deadline = time.monotonic() + wait_seconds
     while True:
         lease = store.try_sweeping()

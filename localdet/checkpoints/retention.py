@@ -43,9 +43,13 @@ from localdet.records.states import TERMINAL_STATES
 
 
 class _Checkpoint(Protocol):
-    uuid: str
-    trial_id: int
-    batches_trained: int
+    # Read-only: a frozen CheckpointRef is one too.
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def trial_id(self) -> int: ...
+    @property
+    def batches_trained(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,9 @@ def checkpoints_to_keep(config: Config, metric: str, smaller_is_better: bool,
               for c in checkpoints}
 
     def best_first(c: _Checkpoint) -> tuple:
-        return (sign * scores[c.uuid], -c.batches_trained, c.uuid)
+        score = scores[c.uuid]
+        assert score is not None  # only scored checkpoints are ranked
+        return (sign * score, -c.batches_trained, c.uuid)
 
     def best(candidates: list[_Checkpoint], n: int) -> list[_Checkpoint]:
         scored = [c for c in candidates if scores[c.uuid] is not None]

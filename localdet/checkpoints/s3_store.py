@@ -124,7 +124,7 @@ class _WriteSession(S3Lease):
         super().__init__(store, None)
         self.reused: dict[str, Path] = {}
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object = None, *exc: object) -> None:
         try:
             if exc_type is None:
                 for sha256, path in self.reused.items():

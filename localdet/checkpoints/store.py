@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator, Mapping
+from typing import BinaryIO, Iterator, Mapping, Protocol
 
 CHUNK_SIZE = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -51,8 +51,8 @@ class CorruptBlobError(StoreError):
 class MissingBlobError(StoreError):
     """A blob that a checkpoint refers to is no longer in the store."""
 
-    def __init__(self, sha256: str, path: Path, name: str = "") -> None:
-        self.sha256, self.path, self.name = sha256, path, name
+    def __init__(self, sha256: str, path: Path | str, name: str = "") -> None:
+        self.sha256, self.path, self.name = sha256, path, name  # path: or an S3 URL
         what = f"checkpoint file {name!r}" if name else "a checkpoint file"
         super().__init__(f"{what} is missing from the store (blob {sha256} not found at "
                          f"{path}); the checkpoint cannot be exported")
@@ -70,6 +70,8 @@ class Lease:
     """An open lock file holding a shared or exclusive `flock`; `release()` (or leaving its
     `with` block) lets it go. flock locks belong to the open file, so two leases conflict
     even inside one process, and a process that dies releases its leases."""
+
+    _fd: int | None  # None once released
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self._fd = path, fd
@@ -125,7 +127,13 @@ def _fsync_dirs(paths: set[Path]) -> None:
             os.close(fd)
 
 
-def _copy_hashing(src: BinaryIO, out: BinaryIO | None) -> tuple[str, int]:
+class _ReadsInto(Protocol):
+    """A binary source read in chunks: a file opened "rb", io.BytesIO, an HTTP body."""
+
+    def readinto(self, buffer: bytearray, /) -> int: ...
+
+
+def _copy_hashing(src: _ReadsInto, out: BinaryIO | None) -> tuple[str, int]:
     """Stream `src` into `out` (if given) in one pass; return (sha256 hex, size)."""
     digest, size = hashlib.sha256(), 0
     buf = bytearray(CHUNK_SIZE)
@@ -225,7 +233,9 @@ class Store:
         a collector is deciding about this checkpoint; look the checkpoint up in the
         database *after* taking the lease, since a collector may have deleted it just
         before."""
-        return Lease.take(self.lease_path(uuid), exclusive=False, wait=True)
+        lease = Lease.take(self.lease_path(uuid), exclusive=False, wait=True)
+        assert lease is not None  # taken waiting: never refused
+        return lease
 
     def try_exclusive(self, uuid: str) -> Lease | None:
         """The collector's hold on checkpoint `uuid`, or None at once if a reader holds it."""
@@ -235,7 +245,9 @@ class Store:
         """``with store.writing(): put the blobs, commit the manifest``: while any writer
         holds this, the collector deletes no blob (an unreferenced blob may be the writer's,
         or one it is about to reuse). Waits only while a collector is deleting blobs."""
-        return Lease.take(self.writers_lock, exclusive=False, wait=True)
+        lease = Lease.take(self.writers_lock, exclusive=False, wait=True)
+        assert lease is not None  # taken waiting: never refused
+        return lease
 
     def try_sweeping(self) -> Lease | None:
         """The collector's exclusive hold on blob deletion, or None at once while a
@@ -243,7 +255,7 @@ class Store:
         return Lease.take(self.writers_lock, exclusive=True, wait=False)
 
     # -- writing ----------------------------------------------------------------------
-    def _put_stream(self, src: BinaryIO, dirty: set[Path] | None) -> FileEntry:
+    def _put_stream(self, src: _ReadsInto, dirty: set[Path] | None) -> FileEntry:
         """Copy `src` to a temp file while hashing, then rename it to its hash.
 
         Directories needing an fsync go into `dirty` (deferred) or are synced now."""
@@ -338,7 +350,7 @@ class Store:
         return result
 
     # -- reading ----------------------------------------------------------------------
-    def _open_blob(self, sha256: str, name: str) -> BinaryIO:
+    def _open_blob(self, sha256: str, name: str) -> io.FileIO:
         path = self.blob_path(sha256)
         try:
             return open(path, "rb", buffering=0)
