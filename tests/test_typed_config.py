@@ -11,7 +11,7 @@ import json
 import pytest
 
 from localdet.checkpoints.retention import describe
-from localdet.config import engines, experiment
+from localdet.config import engines, schema
 from localdet.config.experiment import parse_config, parse_job_config, schema_path
 from localdet.config.typed import CheckpointStorage, ExperimentConfig, Length
 from localdet.search.methods import Create, make_search_method
@@ -83,7 +83,7 @@ def test_every_default_comes_from_the_schema():
 
 def test_a_default_changed_in_the_schema_reaches_every_consumer(monkeypatch):
     # No consumer keeps a copy of its own: patch the schema's defaults and they all follow.
-    defs = experiment._schema()["$defs"]
+    defs = schema.schema()["$defs"]
     monkeypatch.setitem(defs["searcher"]["properties"]["max_concurrent_trials"], "default", 3)
     monkeypatch.setitem(defs["searcher"]["x-defaults-by-name"]["adaptive_asha"], "divisor", 2)
     monkeypatch.setitem(defs["checkpoint_storage"]["properties"]["save_trial_best"], "default", 2)

@@ -18,54 +18,44 @@ Usage::
 
 The schema holds the structure and every default (plus the extension keywords ``x-ignored``,
 ``x-messages``, ``x-supported`` and ``x-defaults-by-name``); this module turns schema errors
-into one-sentence messages and does the checks a schema cannot express. `with_defaults`
-fills a stored config from the same schema, for `typed.ExperimentConfig.from_dict`.
+into one-sentence messages and does the checks a schema cannot express. schema.py reads the
+schema and fills its defaults, here and into stored configs (`typed.ExperimentConfig.from_dict`).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import importlib.util
-import json
 import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
+# The schema and its defaults, ConfigError and lengths live in schema.py (typed.py builds on
+# them too); imported here under the names this module has always used and exported.
+from localdet.config.schema import ConfigError as ConfigError
+from localdet.config.schema import fill_defaults as _fill_defaults
+from localdet.config.schema import fill_searcher_defaults as _fill_searcher_defaults
+from localdet.config.schema import global_batch_size as global_batch_size
+from localdet.config.schema import join_path as _join
+from localdet.config.schema import length_to_batches as length_to_batches
+from localdet.config.schema import schema as _schema
+from localdet.config.schema import schema_path as schema_path
+from localdet.config.schema import shown as _shown
+from localdet.config.schema import strict_int as _strict_int
 from localdet.config.sizes import parse_memory_limit
 from localdet.config.typed import ExperimentConfig
-from localdet.paths import state_formats_dir
 
-LENGTH_UNITS = ("batches", "records", "epochs")
 MAX_CONFIG_BYTES = 1_000_000  # a config is a page of settings; data belongs in files
 MAX_CONFIG_VALUES = 50_000    # values once YAML aliases are expanded ("billion laughs")
 MAX_INT = 2**53 - 1           # what JSON readers (the web page's JavaScript) hold exactly
-
-
-def _shown(value: Any, limit: int = 80) -> str:
-    """`repr(value)`, cut short: messages quote what the user wrote, on one line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-class ConfigError(ValueError):
-    """A config problem, as one sentence naming the key path and what to fix, e.g.
-    ``"searcher.max_length: expected one of 'batches', 'records', 'epochs' (got {'steps': 10})"``.
-
-    ``path`` is the dotted key path ("" for the top level), list indexes as ``[i]``.
-    """
-
-    def __init__(self, message: str, path: str = "") -> None:
-        super().__init__(message)
-        self.path = path
 
 
 @dataclass
@@ -73,19 +63,6 @@ class ParsedConfig:
     config: dict[str, Any]  # validated, every default filled in, ignored keys removed: stored as is
     settings: ExperimentConfig  # the same, typed (localdet/config/typed.py)
     warnings: list[str] = field(default_factory=list)  # one sentence each
-
-
-def schema_path() -> Path:
-    return state_formats_dir() / "expconf.schema.json"
-
-
-@functools.cache
-def _schema() -> dict[str, Any]:
-    return json.loads(schema_path().read_text(encoding="utf-8"))
-
-
-def _strict_int(_checker: Any, instance: Any) -> bool:
-    return isinstance(instance, int) and not isinstance(instance, bool)
 
 
 # Plain JSON Schema counts 2.0 as an integer; Determined does not, and neither do we.
@@ -100,15 +77,6 @@ _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a strin
 _TRIAL_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
-def _join(path: str, key: Any) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    key = str(key)
-    if not key.isprintable() or len(key) > 60:
-        key = _shown(key, 60)  # a key holding a newline or a page of text, as one short line
-    return f"{path}.{key}" if path else key
-
-
 def _dotted(parts: Any) -> str:
     path = ""
     for part in parts:
@@ -121,12 +89,6 @@ def _did_you_mean(word: Any, choices: list[Any]) -> str:
     # 'slots_per_trial' where a job has 'slots': a longer name for the same thing
     close = close or [str(c) for c in choices if str(word).startswith(f"{c}_")]
     return f"; did you mean '{close[0]}'?" if close else ""
-
-
-def _resolve(schema: Any) -> Any:
-    while isinstance(schema, dict) and "$ref" in schema:
-        schema = _schema()["$defs"][schema["$ref"].removeprefix("#/$defs/")]
-    return schema
 
 
 def _translate(error: ValidationError) -> ConfigError:
@@ -169,45 +131,6 @@ def _translate(error: ValidationError) -> ConfigError:
     if kind in ("minItems", "minLength"):
         return ConfigError(f"{where}: must not be empty", path)
     return ConfigError(f"{where}: {_one_line(error.message)}", path)
-
-
-def _fill_defaults(instance: dict[str, Any], schema: dict[str, Any], path: str, warnings: list[str]) -> None:
-    """Fill schema defaults in place, recursively; drop x-ignored keys with one warning per reason."""
-    ignored: dict[str, list[str]] = {}
-    for key, sub in _resolve(schema).get("properties", {}).items():
-        if key in instance and isinstance(sub, dict) and "x-ignored" in sub:
-            ignored.setdefault(sub["x-ignored"], []).append(f"'{_join(path, key)}'")
-            del instance[key]
-            continue
-        if key not in instance and isinstance(sub, dict) and "default" in sub:
-            instance[key] = copy.deepcopy(sub["default"])
-        if isinstance(instance.get(key), dict):
-            _fill_defaults(instance[key], sub, _join(path, key), warnings)
-    warnings.extend(f"ignoring {', '.join(keys)}: {reason}" for reason, keys in ignored.items())
-
-
-def _fill_searcher_defaults(searcher: dict[str, Any]) -> None:
-    """The defaults that depend on the searcher's name (x-defaults-by-name), in place."""
-    defaults = _schema()["$defs"]["searcher"]["x-defaults-by-name"].get(searcher["name"], {})
-    for key, value in defaults.items():
-        searcher.setdefault(key, copy.deepcopy(value))
-
-
-def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of an experiment config, already validated (a stored one included), with
-    every default of the schema that it lacks filled in: a config stored before a key had
-    a default reads as if filled today. `config` itself is left unchanged."""
-    filled = copy.deepcopy(dict(config))
-    _fill_defaults(filled, _schema(), "", [])
-    _fill_searcher_defaults(filled["searcher"])
-    return filled
-
-
-def section_with_defaults(section: Mapping[str, Any], definition: str) -> dict[str, Any]:
-    """A copy of one section (such as "checkpoint_storage") with its schema defaults filled."""
-    filled = copy.deepcopy(dict(section))
-    _fill_defaults(filled, {"$ref": f"#/$defs/{definition}"}, definition, [])
-    return filled
 
 
 def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, Any]:
@@ -631,43 +554,3 @@ def load_job_config_file(path: str | Path) -> ParsedConfig:
 
 def _is_const(hp: Any) -> bool:
     return hp is not None and (not isinstance(hp, dict) or hp.get("type") == "const")
-
-
-def global_batch_size(config: dict[str, Any]) -> int:
-    """The constant ``hyperparameters.global_batch_size`` (bare or ``{type: const, val: N}``)."""
-    path = "hyperparameters.global_batch_size"
-    hp = (config.get("hyperparameters") or {}).get("global_batch_size")
-    if hp is None:
-        raise ConfigError(f"missing required key '{path}'", path)
-    value = hp.get("val") if isinstance(hp, dict) and hp.get("type") == "const" else hp
-    if not _strict_int(None, value) or value < 1:
-        raise ConfigError(f"{path}: expected a constant positive integer, got {_shown(hp)}", path)
-    return value
-
-
-def length_to_batches(length: dict[str, int] | int, config: dict[str, Any], what: str) -> int:
-    """Convert ``{"batches"|"records"|"epochs": N}`` (or a bare int of batches) to batches, rounding up.
-
-    >>> cfg = {"records_per_epoch": 1000, "hyperparameters": {"global_batch_size": 64}}
-    >>> length_to_batches({"epochs": 2}, cfg, "searcher.max_length")
-    32
-    """
-    if _strict_int(None, length):
-        return length
-    if not (isinstance(length, dict) and len(length) == 1 and next(iter(length)) in LENGTH_UNITS):
-        raise ConfigError(f"{what}: expected one of 'batches', 'records', 'epochs' (got {_shown(length)})", what)
-    ((unit, n),) = length.items()
-    if unit == "batches":
-        return n
-    records = n
-    if unit == "epochs":
-        per_epoch = config.get("records_per_epoch") or 0
-        if per_epoch <= 0:
-            raise ConfigError(f"{what}: is given in epochs, so set records_per_epoch (training records in "
-                              f"one epoch) at the top level of the config", what)
-        records = n * per_epoch
-    try:
-        batch = global_batch_size(config)
-    except ConfigError as e:
-        raise ConfigError(f"{e}; {what} is given in {unit}, which needs it to count batches", e.path) from None
-    return -(-records // batch)

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from localdet.config.schema import length_to_batches, section_with_defaults, with_defaults
+
 
 @dataclass(frozen=True)
 class Length:
@@ -116,8 +118,6 @@ class CheckpointStorage:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> CheckpointStorage:
         """From a `checkpoint_storage` section, stored or partial: the schema fills the rest."""
-        from localdet.config.experiment import section_with_defaults  # it imports this module
-
         filled = section_with_defaults(section, "checkpoint_storage")
         return cls(save_experiment_best=filled["save_experiment_best"],
                    save_trial_best=filled["save_trial_best"],
@@ -167,8 +167,6 @@ class ExperimentConfig:
     def from_dict(cls, config: Mapping[str, Any]) -> ExperimentConfig:
         """From a config `parse_config` filled, or one stored in SQLite by any localdet: what
         it lacks comes from the schema's defaults (the dict itself is left as it is)."""
-        from localdet.config.experiment import with_defaults  # it imports this module
-
         config = with_defaults(config)
         env = config["environment"]["environment_variables"]
         if not isinstance(env, Mapping):  # a list of KEY=VALUE, as written in the YAML
@@ -198,8 +196,6 @@ class ExperimentConfig:
 
     def batches(self, length: Length, what: str) -> int:
         """`length` in batches (records and epochs rounded up); `what` names it in errors."""
-        from localdet.config.experiment import length_to_batches  # it imports this module
-
         return length_to_batches(length.as_dict(), {"records_per_epoch": self.records_per_epoch,
                                                     "hyperparameters": self.hyperparameters},
                                  what)
