@@ -108,16 +108,17 @@ def checkpoints_to_keep(config: Config, metric: str, smaller_is_better: bool,
         return (-c.batches_trained, c.uuid)
 
     sign = 1.0 if smaller_is_better else -1.0
-    scores = {c.uuid: _score(validations.get((c.trial_id, c.batches_trained)), metric)
-              for c in checkpoints}
+    scores: dict[str, float] = {}  # uuid -> score, of the checkpoints that have one
+    for c in checkpoints:
+        score = _score(validations.get((c.trial_id, c.batches_trained)), metric)
+        if score is not None:
+            scores[c.uuid] = score
 
     def best_first(c: _Checkpoint) -> tuple:
-        score = scores[c.uuid]
-        assert score is not None  # only scored checkpoints are ranked
-        return (sign * score, -c.batches_trained, c.uuid)
+        return (sign * scores[c.uuid], -c.batches_trained, c.uuid)
 
     def best(candidates: list[_Checkpoint], n: int) -> list[_Checkpoint]:
-        scored = [c for c in candidates if scores[c.uuid] is not None]
+        scored = [c for c in candidates if c.uuid in scores]
         return sorted(scored, key=best_first)[:n] if n > 0 else []
 
     keep: set[str] = set()

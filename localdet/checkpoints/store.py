@@ -234,7 +234,8 @@ class Store:
         database *after* taking the lease, since a collector may have deleted it just
         before."""
         lease = Lease.take(self.lease_path(uuid), exclusive=False, wait=True)
-        assert lease is not None  # taken waiting: never refused
+        if lease is None:  # taken waiting: never refused
+            raise StoreError("a reader's lease was refused although it waited")
         return lease
 
     def try_exclusive(self, uuid: str) -> Lease | None:
@@ -246,7 +247,8 @@ class Store:
         holds this, the collector deletes no blob (an unreferenced blob may be the writer's,
         or one it is about to reuse). Waits only while a collector is deleting blobs."""
         lease = Lease.take(self.writers_lock, exclusive=False, wait=True)
-        assert lease is not None  # taken waiting: never refused
+        if lease is None:  # taken waiting: never refused
+            raise StoreError("a writer's lease was refused although it waited")
         return lease
 
     def try_sweeping(self) -> Lease | None:
