@@ -67,6 +67,8 @@ class StaleLaunch(SystemExit):
     """This process's launch is no longer the trial's running one: it exits, so that only
     one process trains the trial."""
 
+    status: int  # the report server's answer: NOT_RUNNING or STALE
+
 
 class _Retry(Exception):
     pass
@@ -118,7 +120,7 @@ class HTTPReporter:
     """
 
     def __init__(self, url: str, trial_id: int, launch: int, token: str, *,
-                 model_dir: Optional[Path] = None, trial_dir: Optional[Path] = None,
+                 model_dir: Optional[Path | str] = None, trial_dir: Optional[Path | str] = None,
                  retry_seconds: float = DEFAULT_RETRY_SECONDS, pgrp: Optional[int] = None):
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or not parts.port:

@@ -36,7 +36,7 @@ class DiskFull(OSError):
         super().__init__(errno.ENOSPC, message)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""  # always the message: __init__ sets it
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from determined.core._reporting import MODEL_DIR_VAR, TRIAL_DIR_VAR
 from localdet.paths import Layout
@@ -112,6 +113,8 @@ class TrialActor:
         self._started.wait()
         if self._error:
             raise RuntimeError(self._error)
+        if self._process is None:  # _run sets it or _error before _started
+            raise RuntimeError("the trial's process did not start on its node, no reason given")
         return {"pid": self._process.pid, "node": ray.get_runtime_context().get_node_id()}
 
     def _run(self, argv: list[str], environment: dict[str, str], folder: Path) -> None:
@@ -125,7 +128,8 @@ class TrialActor:
             self._started.set()
             return
         self._started.set()
-        for chunk in iter(lambda: self._process.stdout.read1(1 << 16), b""):
+        stdout = cast(io.BufferedReader, self._process.stdout)  # stdout=PIPE makes it
+        for chunk in iter(lambda: stdout.read1(1 << 16), b""):
             with self._lock:
                 self._output += chunk
         self._process.wait()
@@ -249,7 +253,7 @@ class RayTrial:
     orphaned = False
 
     def __init__(self, cluster: "RayCluster", actor, name: str, pid: int | None, node: str,
-                 host: str, log: CappedLog):
+                 host: str, log: CappedLog | _RankLog):
         self.cluster, self.actor, self.name = cluster, actor, name
         self.pid, self.node, self.host = pid, node, host
         self.returncode: int | None = None
@@ -286,11 +290,11 @@ class RayTrial:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+        while (code := self.poll()) is None:  # poll() returns the returncode it sets
+            if timeout is not None and deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.name, timeout)
             time.sleep(0.1)
-        return self.returncode
+        return code
 
     def end(self) -> None:
         """Kill the launch: its child's process group, then the actor."""
@@ -392,7 +396,7 @@ class RayRanks:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        return RayTrial.wait(self, timeout)
+        return RayTrial.wait(self, timeout)  # type: ignore[arg-type]  # the same, by its poll()
 
     def end(self) -> None:
         self._close(ended=True)

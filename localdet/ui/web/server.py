@@ -46,11 +46,11 @@ def _server(layout: Layout, host: str, port: int,
         raise WebError(f"--no-token is allowed only on a loopback address such as 127.0.0.1, "
                        f"not on {host}, which others may reach; drop --no-token")
     _check_address(host, port)
-    token = secrets.token_urlsafe(24) if token else None
-    app = create_app(layout, token=token, host=host)
+    secret = secrets.token_urlsafe(24) if token else None
+    app = create_app(layout, token=secret, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    url = f"http://{shown}:{port}/" + (f"?token={secret}" if secret else "")
     return uvicorn.Server(config), url
 
 
