@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "digits_trial"
 TEST_TRIALS = Path(__file__).resolve().parent / "trials"
+ENDED = ("COMPLETED", "CANCELED", "ERROR")
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
@@ -49,19 +52,63 @@ class Home:
     def experiment(self, experiment_id: int) -> dict:
         return self.json("status", experiment_id)
 
+    def rows(self, sql: str, *args) -> list[sqlite3.Row]:
+        """Rows read straight from the state database (none before it exists): cheap to
+        poll, where each `localdet` command costs a Python start on a busy core. The waits
+        below poll it, then take what they return from the command, as before."""
+        path = self.path / "localdet.db"
+        if not path.exists():
+            return []
+        conn = sqlite3.connect(path, timeout=30)
+        try:
+            conn.row_factory = sqlite3.Row
+            return conn.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as error:
+            if "no such table" in str(error):  # the daemon is creating it
+                return []
+            raise
+        finally:
+            conn.close()
+
+    def trials(self, experiment_id: int) -> list[sqlite3.Row]:
+        """The experiment's trial rows, in the order `status` lists them (by id)."""
+        return self.rows("SELECT * FROM trials WHERE experiment_id = ? ORDER BY id",
+                         experiment_id)
+
+    def first_trial(self, experiment_id: int) -> dict:
+        """The experiment's first trial's row ({} before it has one)."""
+        rows = self.trials(experiment_id)
+        return dict(rows[0]) if rows else {}
+
     def wait_until_ended(self, experiment_id: int, timeout: float = 300) -> dict:
         def ended():
+            if not self.rows("SELECT 1 FROM experiments WHERE id = ? AND state IN (?, ?, ?)",
+                             experiment_id, *ENDED):
+                return None
             facts = self.experiment(experiment_id)
-            return facts if facts["state"] in ("COMPLETED", "CANCELED", "ERROR") else None
-        return wait_for(ended, timeout, f"experiment {experiment_id} to end", interval=1)
+            return facts if facts["state"] in ENDED else None
+        return wait_for(ended, timeout, f"experiment {experiment_id} to end", interval=0.1)
 
     def experiment_named(self, name: str, timeout: float = 180) -> dict:
         def find():
+            if not self.rows("SELECT 1 FROM experiments WHERE name = ?", name):
+                return None
             result = self.cli("status", "--json", check=False)
             if result.returncode != 0:
                 return None
             return next((e for e in json.loads(result.stdout) if e["name"] == name), None)
-        return wait_for(find, timeout, f"experiment '{name}' to be ingested")
+        return wait_for(find, timeout, f"experiment '{name}' to be ingested", interval=0.1)
+
+
+def end_running_trials(home: Home) -> None:
+    """Trials run in sessions of their own and outlive the daemon (or `localdet run`) that
+    started them: ends those the home's records say are running."""
+    for row in home.rows("SELECT pid FROM trials WHERE state = 'RUNNING'"):
+        if row["pid"]:
+            try:
+                os.killpg(row["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class Daemon:
@@ -79,26 +126,95 @@ class Daemon:
             args = (*args, "--warm", os.environ["LOCALDET_TEST_WARM"])
         self.process = subprocess.Popen([home.python, "-m", "localdet", "daemon", *args],
                                         env=home.env, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: "watching" in self.log_path.read_text() or self.process.poll() is not None,
-                 180, "the daemon to start")
+        try:
+            wait_for(lambda: "watching" in self.log_path.read_text()
+                     or self.process.poll() is not None, 180, "the daemon to start", 0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
+        """Ends the daemon (SIGTERM) and the trials it left running; harmless to repeat,
+        and after the daemon was killed."""
+        stuck = False
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stuck = True
+                self.process.kill()
+                self.process.wait()
         self.log.close()
-        # Trials run in sessions of their own and outlive the daemon; end them too.
-        from localdet.records.db import StateDB
-        db_path = self.home.path / "localdet.db"
-        if db_path.exists():
-            db = StateDB.open(db_path)
-            for trial in db.trials(states=("RUNNING",)):
-                if trial.pid:
-                    try:
-                        os.killpg(trial.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            db.close()
+        end_running_trials(self.home)
+        if stuck:
+            raise AssertionError("the daemon did not stop within 30 s of SIGTERM (killed)")
+
+
+@contextlib.contextmanager
+def _daemon_starter():
+    started: list[Daemon] = []
+
+    def start(home: Home, *args: str) -> Daemon:
+        daemon = Daemon(home, *args)
+        started.append(daemon)
+        return daemon
+
+    try:
+        yield start
+    finally:
+        errors = []
+        for daemon in reversed(started):  # each one, even when another's stop fails
+            try:
+                daemon.stop()
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def daemons():
+    """`daemons(home, *args)` starts a real daemon for `home`; every daemon started so is
+    stopped at the test's end (passed, failed or interrupted), and the trials it left
+    running are ended. `daemon.stop()` may still be called early (to read a final log)."""
+    with _daemon_starter() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_daemons():
+    """As `daemons`, for daemons shared by the tests of a module (stopped after its last)."""
+    with _daemon_starter() as start:
+        yield start
+
+
+@pytest.fixture
+def processes():
+    """`processes(command, home=None, **popen_arguments)` starts a process (a `localdet
+    run`, a web server, a Ray cluster); each still running at the test's end is terminated
+    (killed after 30 s) and reaped, and with `home`, the trials it left running are ended."""
+    started: list[tuple[subprocess.Popen, Home | None]] = []
+
+    def start(command: list, home: Home | None = None, **kwargs) -> subprocess.Popen:
+        process = subprocess.Popen([str(part) for part in command], **kwargs)
+        started.append((process, home))
+        return process
+
+    yield start
+    for process, home in reversed(started):
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+        if home is not None:
+            end_running_trials(home)
 
 
 @pytest.fixture

@@ -26,16 +26,14 @@ def horovod_python() -> str:
     return setup.stdout.strip().splitlines()[-1]
 
 
-def test_two_horovod_ranks_end_like_one_slot(tmp_path, horovod_python):
+def test_two_horovod_ranks_end_like_one_slot(tmp_path, horovod_python, daemons):
     home = Home(tmp_path / "home", python=horovod_python)
-    one, two, log = one_and_two_slots(home, tmp_path, SHORT)
-    trial = home.experiment(two)["trials"][0]
+    one, two, log = one_and_two_slots(home, tmp_path, SHORT, daemons)
+    one_trial, trial = one["trials"][0], two["trials"][0]
     assert "[rank 0] [trial" in log and "rank 1 of 2: Horovod" in log
     # Chosen because horovod.tensorflow imports here and TensorFlow 2.15 has Keras 2 only.
-    assert (home.experiment(one)["trials"][0]["engine"], trial["engine"]) == ("single",
-                                                                              "horovod")
-    assert_same_weights(home, one, two, tmp_path)
-    one_trial = home.experiment(one)["trials"][0]
+    assert (one_trial["engine"], trial["engine"]) == ("single", "horovod")
+    assert_same_weights(home, one["id"], two["id"], tmp_path)
     assert one_trial["latest_validation"]["val_accuracy"] == pytest.approx(
         trial["latest_validation"]["val_accuracy"], abs=1e-5)
 

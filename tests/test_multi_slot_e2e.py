@@ -10,7 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import EXAMPLE, Daemon, wait_for, write_config
+from conftest import EXAMPLE, wait_for, write_config
 from test_pause_resume_e2e import final_weights, trial_of
 
 pytestmark = pytest.mark.slow
@@ -21,31 +21,32 @@ SHORT = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_b
              environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
-def one_and_two_slots(home, tmp_path, config: dict) -> tuple[int, int, str]:
-    """The same experiment on one slot and on two, under one daemon: (one, two, two's log)."""
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        for name, slots in (("one", 1), ("two", 2)):
-            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **config), EXAMPLE)
-        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
-        assert home.wait_until_ended(one)["state"] == "COMPLETED"
-        assert home.wait_until_ended(two)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
-    log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
+def one_and_two_slots(home, tmp_path, config: dict, daemons) -> tuple[dict, dict, str]:
+    """The same experiment on one slot and on two, under one daemon: (one, two, two's log),
+    each as `localdet status` tells it at the end."""
+    daemon = daemons(home, "--slots", "2")
+    for name, slots in (("one", 1), ("two", 2)):
+        home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                        **config), EXAMPLE)
+    one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+    assert home.wait_until_ended(one)["state"] == "COMPLETED"
+    assert home.wait_until_ended(two)["state"] == "COMPLETED"
+    daemon.stop()
+    one, two = home.experiment(one), home.experiment(two)
+    log = (home.path / "experiments" / str(two["id"]) / "trials" / str(two["trials"][0]["id"])
            / "trial.log").read_text()
     return one, two, log
 
 
-def test_two_slots_under_keras_3_end_like_one(home, tmp_path):
-    one, two, log = one_and_two_slots(home, tmp_path, SHORT)
+def test_two_slots_under_keras_3_end_like_one(home, tmp_path, daemons):
+    one, two, log = one_and_two_slots(home, tmp_path, SHORT, daemons)
     assert "2 slots in this process: MirroredStrategy over" in log
+    one_trial, two_trial = one["trials"][0], two["trials"][0]
     # recorded on each trial's launch
-    assert (trial_of(home, one)["engine"], trial_of(home, two)["engine"]) == ("single", "mirrored")
-    assert_same_weights(home, one, two, tmp_path)
-    one_metrics = trial_of(home, one)["latest_validation"]
-    two_metrics = trial_of(home, two)["latest_validation"]
+    assert (one_trial["engine"], two_trial["engine"]) == ("single", "mirrored")
+    assert_same_weights(home, one["id"], two["id"], tmp_path)
+    one_metrics = one_trial["latest_validation"]
+    two_metrics = two_trial["latest_validation"]
     assert one_metrics["val_accuracy"] == pytest.approx(two_metrics["val_accuracy"], abs=1e-5)
 
 
@@ -84,12 +85,14 @@ def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path
         home.cli("run", config, model, "--slots", "2", "--quiet")
         ids.append(home.experiment_named(f"script{slots}")["id"])
     assert_same_weights(home, ids[0], ids[1], tmp_path)
-    assert trial_of(home, ids[1])["batches_trained"] == trial_of(home, ids[0])["batches_trained"]
+    one, two = trial_of(home, ids[0]), trial_of(home, ids[1])
+    assert two["batches_trained"] == one["batches_trained"]
     # Only the chief records when the launch's first batch ended, however many processes.
     from localdet.records.db import StateDB
-    events = StateDB.open(home.path / "localdet.db").events(ids[1])
+    with StateDB.open(home.path / "localdet.db") as db:
+        events = db.events(ids[1])
     assert [e["kind"] for e in events].count("trial_first_batch") == 1
-    assert trial_of(home, ids[1])["launch_seconds"] > 0
+    assert two["launch_seconds"] > 0
 
 
 KERAS2 = dict(SHORT, environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1",
@@ -133,7 +136,7 @@ def rank_pids(home, trial_id: int) -> list[int]:
 
 
 def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_one(
-        home, tmp_path):
+        home, tmp_path, daemons):
     """Keras 2: two processes (MultiWorkerMirroredStrategy). The 2-slot trial is paused and
     resumed (both ranks stop and start again), and one rank is killed with kill -9 (the
     other is stopped, the trial restarts from its checkpoint); it still ends like one slot."""
@@ -142,43 +145,49 @@ def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_o
                 # machine (at 200, a run beside a warm process once finished first).
                 searcher=dict(KERAS2["searcher"], max_length={"batches": 320}),
                 min_checkpoint_period={"batches": 40})
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        home.cli("submit", write_config(tmp_path, "two", resources={"slots_per_trial": 2},
-                                        **long), EXAMPLE)
-        two = home.experiment_named("two")["id"]
-        wait_for(lambda: trial_of(home, two)["batches_trained"] >= 20, 180, "20 batches")
-        home.cli("pause", two)
-        wait_for(lambda: trial_of(home, two)["state"] == "PAUSED", 120, "the pause")
-        paused_at = trial_of(home, two)["batches_trained"]
-        assert paused_at < 320
-        home.cli("resume", two)
-        wait_for(lambda: trial_of(home, two)["state"] == "RUNNING"
-                 and trial_of(home, two)["batches_trained"] > paused_at, 180, "the resume")
-        wait_for(lambda: any(c["batches_trained"] >= 80 for c in home.json("checkpoints", two)),
-                 180, "a checkpoint after the resume")
-        trial_id = trial_of(home, two)["id"]
-        ranks = wait_for(lambda: len(rank_pids(home, trial_id)) == 2
-                         and rank_pids(home, trial_id), 30, "the ranks")
-        os.kill(ranks[1], signal.SIGKILL)
-        home.cli("submit", write_config(tmp_path, "one", resources={"slots_per_trial": 1},
-                                        **long), EXAMPLE)
-        one = home.experiment_named("one")["id"]
-        assert home.wait_until_ended(two)["state"] == "COMPLETED"
-        assert home.wait_until_ended(one)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
-    log = (home.path / "experiments" / str(two) / "trials" / str(trial_of(home, two)["id"])
+    daemon = daemons(home, "--slots", "2")
+    home.cli("submit", write_config(tmp_path, "two", resources={"slots_per_trial": 2},
+                                    **long), EXAMPLE)
+    two = home.experiment_named("two")["id"]
+    # (The waits read the database: polling `localdet status` would take a core from the
+    # ranks.)
+    wait_for(lambda: home.first_trial(two).get("batches_trained", 0) >= 20, 180, "20 batches",
+             0.1)
+    home.cli("pause", two)
+    wait_for(lambda: home.first_trial(two)["state"] == "PAUSED", 120, "the pause", 0.1)
+    paused_at = trial_of(home, two)["batches_trained"]
+    assert paused_at < 320
+    home.cli("resume", two)
+
+    def resumed() -> bool:
+        trial = home.first_trial(two)
+        return trial["state"] == "RUNNING" and trial["batches_trained"] > paused_at
+
+    wait_for(resumed, 180, "the resume", 0.1)
+    wait_for(lambda: home.rows("SELECT 1 FROM checkpoints WHERE experiment_id = ? AND state = "
+                               "'COMPLETED' AND batches_trained >= 80", two),
+             180, "a checkpoint after the resume", 0.1)
+    trial_id = home.first_trial(two)["id"]
+    ranks = wait_for(lambda: len(rank_pids(home, trial_id)) == 2
+                     and rank_pids(home, trial_id), 30, "the ranks")
+    os.kill(ranks[1], signal.SIGKILL)
+    home.cli("submit", write_config(tmp_path, "one", resources={"slots_per_trial": 1},
+                                    **long), EXAMPLE)
+    one = home.experiment_named("one")["id"]
+    assert home.wait_until_ended(two)["state"] == "COMPLETED"
+    assert home.wait_until_ended(one)["state"] == "COMPLETED"
+    daemon.stop()
+    one_trial, two_trial = trial_of(home, one), trial_of(home, two)
+    log = (home.path / "experiments" / str(two) / "trials" / str(two_trial["id"])
            / "trial.log").read_text()
     assert "[rank 1] " in log and "rank 1 of 2: MultiWorkerMirroredStrategy" in log
     assert "rank 1 was killed by SIGKILL; stopping the other ranks" in log
-    assert trial_of(home, two)["restarts"] == 1
-    assert trial_of(home, one)["engine"] == "single"
-    assert trial_of(home, two)["engine"] == "multi_worker_mirrored"
+    assert two_trial["restarts"] == 1
+    assert one_trial["engine"] == "single"
+    assert two_trial["engine"] == "multi_worker_mirrored"
     assert "multi_worker_mirrored x2" in home.cli("status", two).stdout
     assert_same_weights(home, one, two, tmp_path)
     # Training metrics are the global ones, recorded once (by the chief), as on one slot.
-    one_trial, two_trial = trial_of(home, one), trial_of(home, two)
     for key in ("val_accuracy", "val_loss"):
         assert one_trial["latest_validation"][key] == pytest.approx(
             two_trial["latest_validation"][key], abs=1e-5)
@@ -221,7 +230,7 @@ class DatasetDigits(keras.TFKerasTrial):
                                              (KERAS2, "multi_worker_mirrored")],
                          ids=["keras3", "keras2"])
 def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_run(
-        home, tmp_path, base, engine):
+        home, tmp_path, base, engine, daemons):
     """A distributed tf.data iterator cannot be checkpointed; on several slots the stream
     finds its place again by reading up to it, which ends exactly where a straight run does."""
     model = tmp_path / "dataset_trial"
@@ -230,19 +239,17 @@ def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_ru
     config = dict(base, entrypoint="model_def:DatasetDigits", scheduling_unit=5,
                   resources={"slots_per_trial": 2},
                   searcher=dict(SHORT["searcher"], max_length={"batches": 100}))
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        home.cli("submit", write_config(tmp_path, "paused", **config), model)
-        paused = home.experiment_named("paused")["id"]
-        pause_soon_after(home, paused, 15)
-        wait_for(lambda: trial_of(home, paused)["state"] == "PAUSED", 120, "the pause")
-        assert 15 <= trial_of(home, paused)["batches_trained"] < 100
-        home.cli("resume", paused)
-        home.cli("submit", write_config(tmp_path, "straight", **config), model)
-        straight = home.experiment_named("straight")["id"]
-        assert home.wait_until_ended(paused)["state"] == "COMPLETED"
-        assert home.wait_until_ended(straight)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--slots", "2")
+    home.cli("submit", write_config(tmp_path, "paused", **config), model)
+    paused = home.experiment_named("paused")["id"]
+    pause_soon_after(home, paused, 15)
+    wait_for(lambda: home.first_trial(paused)["state"] == "PAUSED", 120, "the pause", 0.1)
+    assert 15 <= trial_of(home, paused)["batches_trained"] < 100
+    home.cli("resume", paused)
+    home.cli("submit", write_config(tmp_path, "straight", **config), model)
+    straight = home.experiment_named("straight")["id"]
+    assert home.wait_until_ended(paused)["state"] == "COMPLETED"
+    assert home.wait_until_ended(straight)["state"] == "COMPLETED"
+    daemon.stop()
     assert trial_of(home, paused)["engine"] == engine
     assert_same_weights(home, paused, straight, tmp_path)
