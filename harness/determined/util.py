@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Tuple
+from typing import Any, Tuple, cast
 
 
 def calculate_batch_sizes(hparams: dict, slots_per_trial: int,
@@ -24,7 +24,8 @@ def calculate_batch_sizes(hparams: dict, slots_per_trial: int,
 def is_overridden(method: Any, base_class: type) -> bool:
     """Whether a bound method comes from a subclass rather than `base_class`."""
     name = getattr(method, "__name__", None)
-    return getattr(method, "__func__", method) is not getattr(base_class, name, None)
+    # A method has a name; anything else fails in getattr as before.
+    return getattr(method, "__func__", method) is not getattr(base_class, cast(str, name), None)
 
 
 def json_encode(obj: Any, indent: Any = None, sort_keys: bool = False) -> str:

@@ -31,7 +31,7 @@ import weakref
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type, cast
 
 # Module constants rather than arguments so that tests can shorten them.
 CONNECT_TIMEOUT_S = 600.0      # ranks reach their first collective minutes apart (imports, data)
@@ -123,7 +123,7 @@ class ProcessGroup:
                     f"rank 0 waited {COLLECTIVE_TIMEOUT_S:.0f} s in {what} for rank(s) "
                     f"{sorted(pending.values())}; every rank must call the same collectives "
                     "in the same order", TimeoutError)
-            for connection in ready:
+            for connection in cast(List[Connection], ready):  # wait() gives what it was given
                 rank = pending.pop(connection)
                 try:
                     message = connection.recv()

@@ -67,7 +67,7 @@ def about_keras_line(error: BaseException) -> bool:
         if owner is not None:
             return isinstance(owner, types.ModuleType) and _keras_name(owner.__name__)
         match = re.match(r"module '([\w.]+)' has no attribute", text)
-        return bool(match) and _keras_name(match.group(1))
+        return match is not None and _keras_name(match.group(1))
     if isinstance(error, (TypeError, ValueError)):
         return bool(re.search(r"(not recognized|unexpected keyword argument).*'(lr|decay)'",
                               text))

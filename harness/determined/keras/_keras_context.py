@@ -189,8 +189,8 @@ class KerasContext:
             if not 2 <= len(validation_data) <= 3:
                 raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
                                  "tf.data.Dataset or a keras.utils.Sequence")
-            validation = _as_loader(*validation_data, *[None] * (3 - len(validation_data)),
-                                    what="validation_data")
+            val_x, val_y, val_weight = [*validation_data, None, None][:3]
+            validation = _as_loader(val_x, val_y, val_weight, what="validation_data")
         else:
             validation = validation_data
         numpy_data = isinstance(train, tuple)

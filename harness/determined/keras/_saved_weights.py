@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import h5py
 import tensorflow as tf
@@ -103,7 +103,8 @@ def _plain(entry: Any, custom: Dict[str, Any], kind: Any) -> Any:
             getattr(kind, name, None) or getattr(other, name, None)
         if not inspect.isclass(cls):
             raise ValueError(f"Unknown object '{name}' among the compiled losses and metrics")
-        return cls.from_config(config) if isinstance(config, dict) else cls()
+        keras_class = cast(Any, cls)  # a Keras loss or metric class (untyped)
+        return keras_class.from_config(config) if isinstance(config, dict) else keras_class()
     if isinstance(entry, dict):  # per-output, by output name
         return {name: _plain(value, custom, kind) for name, value in entry.items()}
     return entry

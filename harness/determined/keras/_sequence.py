@@ -90,7 +90,7 @@ class SequenceAdapter:
                 or max_queue_size < 1:
             raise DataLoaderError(f"{type(self).__name__}(max_queue_size={max_queue_size!r}): "
                                   "max_queue_size must be an integer, 1 or more")
-        self.sequence = sequence
+        self.sequence: Any = sequence
         self.use_multiprocessing = bool(use_multiprocessing)
         self.workers = workers
         self.max_queue_size = max_queue_size
@@ -163,7 +163,8 @@ class SequenceTraining:
         # The first batch the stream yields, read now for tf.data's signature.
         _hook(sequence, next(self.plan))
         first_index = next(self.plan)
-        self.first = normalise_batch(sequence[first_index], first_index)
+        # The batch (a tuple) until the stream has yielded it, then None.
+        self.first: Any = normalise_batch(sequence[first_index], first_index)
         self.loader = _register(make_loader(adapter))
         self.iterated = False
         self.dataset = _as_dataset(self._batches, signature(self.first))

@@ -139,6 +139,7 @@ def _worker_main(payload: bytes, tasks: Any, results: Any) -> None:
             sequence = pickle.loads(value)
             continue
         order, index = value
+        answer: tuple[Any, bool, Any]  # (order, ok, the pickled batch or (error, traceback))
         try:
             # Pickled here, so a batch that cannot be pickled is reported, not lost.
             answer = (order, True, pickle.dumps(sequence[index], pickle.HIGHEST_PROTOCOL))

@@ -52,8 +52,12 @@ def _shard_arrays(value: Any, rank: int, size: int) -> Any:
         return type(value)(_shard_arrays(item, rank, size) for item in value)
     whole = np.asarray(value)
     shard = whole[rank::size]
-    _wholes[id(shard)] = (weakref.ref(shard, lambda _, key=id(shard): _wholes.pop(key, None)),
-                          whole)
+    key = id(shard)
+
+    def forget(_: Any) -> None:  # the shard is gone: so is its entry
+        _wholes.pop(key, None)
+
+    _wholes[key] = (weakref.ref(shard, forget), whole)
     return shard
 
 

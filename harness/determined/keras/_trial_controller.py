@@ -213,14 +213,14 @@ class TrialController:
             return max(1, math.ceil(records / self.context.get_global_batch_size()))
         return (self.train_stream.batches_per_pass or 0) if self.train_stream else 0
 
-    def _set_length_from_epochs(self) -> None:
+    def _set_length_from_epochs(self, fit: FitOptions) -> None:
         """The searcher set no length: train the epochs `context.fit` was given."""
         per_epoch = self._batches_per_epoch()
         if not per_epoch:
             raise TrialError("context.fit() cannot count epochs over data of unknown length; "
                              "pass steps_per_epoch=, or set searcher.max_length in the "
                              "experiment config")
-        self.target = max(0, self.fit.epochs - self.fit.initial_epoch) * per_epoch
+        self.target = max(0, fit.epochs - fit.initial_epoch) * per_epoch
         if self.is_chief:
             self.reporter.set_target_batches(self.target)
 
@@ -248,9 +248,9 @@ class TrialController:
         self.validation_data = _data.validation_stream(
             self.validation_loader, validation_batch_size, **workers)
         if self.fit and not self.target:
-            self._set_length_from_epochs()
+            self._set_length_from_epochs(self.fit)
         try:
-            self._train(state)
+            self._train(state, self.train_stream)
         finally:
             self.train_stream.close()
             _data.close_workers()
@@ -284,8 +284,8 @@ class TrialController:
         if self.last_validation != self.batches_trained:
             self.validate()
 
-    def _train(self, state: Optional[Dict[str, Any]]) -> None:
-        dataset = self.train_stream.dataset
+    def _train(self, state: Optional[Dict[str, Any]], stream: _data.TrainingStream) -> None:
+        dataset = stream.dataset
         class_weight = self.context.fit_config.get("class_weight")
         if class_weight:
             dataset = _data.with_class_weight(dataset, class_weight)
@@ -294,7 +294,7 @@ class TrialController:
         except _engine.EngineError as error:
             raise TrialError(str(error)) from None
         self.iterator = self.engine.training_iterator(dataset)
-        if state and self.train_stream.position_in_iterator:
+        if state and stream.position_in_iterator:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()
         remaining = self.target - self.batches_trained
@@ -366,7 +366,7 @@ class TrialController:
             if per_epoch and self.batches_trained % per_epoch == 0:
                 # Determined calls on_epoch_end every records_per_epoch, with empty logs;
                 # context.fit, like Keras, with the epoch's metrics and validation.
-                epoch_logs = self._epoch_logs(logs) if self.fit else {}
+                epoch_logs = self._epoch_logs(self.fit, logs) if self.fit else {}
                 callbacks.on_epoch_end(self.epochs_completed, epoch_logs)
                 self.epochs_completed += 1
                 want_epoch_begin = True
@@ -383,7 +383,8 @@ class TrialController:
                     break
         if self.fit and not self.paused and per_epoch and self.batches_trained % per_epoch:
             # Training ended inside an epoch: that partial epoch still gets its History row.
-            callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(logs, always=True))
+            callbacks.on_epoch_end(self.epochs_completed,
+                                   self._epoch_logs(self.fit, logs, always=True))
 
     def _first_batch_ended(self, logs: Dict[str, Any]) -> None:
         """Tell the reporter when this launch's first batch ended (the chief alone records),
@@ -393,12 +394,13 @@ class TrialController:
             tf.nest.map_structure(np.asarray, logs)
             self.reporter.report_first_batch()
 
-    def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
+    def _epoch_logs(self, fit: FitOptions, logs: Dict[str, Any],
+                    always: bool = False) -> Dict[str, float]:
         """An epoch's end as `model.fit` reports it: training metrics, plus validation
         metrics every `validation_freq` epochs."""
         epoch_logs = self.engine.training_metrics(logs)
         number = self.epochs_completed + 1
-        if always or number % max(1, self.fit.validation_freq) == 0:
+        if always or number % max(1, fit.validation_freq) == 0:
             if self.last_validation != self.batches_trained:
                 self.validate()
             epoch_logs.update(self.last_validation_metrics)

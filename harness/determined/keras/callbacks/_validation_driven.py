@@ -21,7 +21,7 @@ class ValidationDriven:
         if self._resumed:
             self._resumed = False
             return
-        super().on_train_begin(logs)
+        super().on_train_begin(logs)  # type: ignore[misc]  # the Keras callback mixed in after
         self.test_end_count = 0
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:

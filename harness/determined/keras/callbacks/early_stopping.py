@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -19,7 +19,7 @@ import tensorflow as tf
 from determined.keras.callbacks._validation_driven import ValidationDriven
 from determined.keras.callbacks.callback import Callback
 
-_KerasEarlyStopping = tf.keras.callbacks.EarlyStopping
+_KerasEarlyStopping: TypeAlias = tf.keras.callbacks.EarlyStopping  # a base class
 
 
 class EarlyStopping(ValidationDriven, _KerasEarlyStopping, Callback):

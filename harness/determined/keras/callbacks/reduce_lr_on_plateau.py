@@ -12,14 +12,14 @@ across pauses.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TypeAlias
 
 import tensorflow as tf
 
 from determined.keras.callbacks._validation_driven import ValidationDriven
 from determined.keras.callbacks.callback import Callback
 
-_KerasReduceLROnPlateau = tf.keras.callbacks.ReduceLROnPlateau
+_KerasReduceLROnPlateau: TypeAlias = tf.keras.callbacks.ReduceLROnPlateau  # a base class
 
 
 class ReduceLROnPlateau(ValidationDriven, _KerasReduceLROnPlateau, Callback):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TypeAlias
 
 import tensorflow as tf
 
@@ -24,7 +24,7 @@ from determined.keras.callbacks.callback import Callback
 
 FALLBACK_DIR = "tensorboard"
 
-_KerasTensorBoard = tf.keras.callbacks.TensorBoard
+_KerasTensorBoard: TypeAlias = tf.keras.callbacks.TensorBoard  # a base class
 log = logging.getLogger("determined.keras")
 
 
@@ -86,7 +86,7 @@ class TensorBoard(_KerasTensorBoard, Callback):
 
     def on_train_end(self, logs: Optional[Dict] = None) -> None:
         super().on_train_end(logs)  # closes the writers
-        self._writers = {}  # a validation after training opens new ones
+        self._writers: Dict[str, Any] = {}  # a validation after training opens new ones
 
     def on_train_workload_begin(self, total_batches_trained: int,
                                 batches_requested: Optional[int], logs: Dict) -> None:
