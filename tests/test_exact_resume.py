@@ -175,15 +175,39 @@ class DatasetTrial(DropoutTrial):
         return self.context.wrap_dataset(dataset)
 
 
+BIT_FOR_BIT = dict(scheduling_unit=7, min_validation_period={"batches": 14},
+                  hyperparameters={"global_batch_size": 16}, records_per_epoch=400)
+# The Sequence read in threads or in processes is the same stream as the Sequence read in
+# the main process, batch for batch ("batches always come out in order"): one straight run
+# of it stands for the three.
+SAME_STREAM = {ThreadedSequenceTrial: SequenceTrial, ProcessSequenceTrial: SequenceTrial}
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """`straight_run(trial_class)`: (weights, metrics) of the trial's stream run 60 batches
+    without a pause, once per stream in the module."""
+    done = {}
+
+    def straight(trial_class):
+        stream = SAME_STREAM.get(trial_class, trial_class)
+        if stream not in done:
+            _, weights, metrics = run(stream, tmp_path_factory.mktemp("straight"), target=60,
+                                      **BIT_FOR_BIT)
+            done[stream] = weights, metrics
+        return done[stream]
+
+    return straight
+
+
 @pytest.mark.parametrize("trial_class", [DropoutTrial, SequenceTrial, ThreadedSequenceTrial,
                                          ProcessSequenceTrial, DatasetTrial])
-def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_class, tmp_path):
-    config = dict(scheduling_unit=7, min_validation_period={"batches": 14},
-                  hyperparameters={"global_batch_size": 16}, records_per_epoch=400)
-    _, straight, straight_metrics = run(trial_class, tmp_path / "straight", target=60, **config)
+def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_class, tmp_path,
+                                                                        straight_run):
+    straight, straight_metrics = straight_run(trial_class)
     # 25 batches per pass: pauses mid-pass (7, 35) and just after a pass (28).
     _, paused, paused_metrics = run(trial_class, tmp_path / "paused", target=60,
-                                    pause_at=(7, 28, 35), **config)
+                                    pause_at=(7, 28, 35), **BIT_FOR_BIT)
     for a, b in zip(straight, paused):
         np.testing.assert_array_equal(a, b)
     assert paused_metrics == straight_metrics
