@@ -374,7 +374,8 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
     entrypoint is a ConfigError, since a job runs a script.
     """
     job, warnings = _validated(raw, _job_schema(), "'entrypoint_script' (the command the job runs)")
-    probe = {key: job[key] for key in ("entrypoint", "entrypoint_script") if key in job}
+    probe: dict[str, Any] = {key: job[key] for key in ("entrypoint", "entrypoint_script")
+                             if key in job}
     _entrypoint(probe)
     if probe["entrypoint_kind"] != "script":
         raise ConfigError(f"entrypoint: a job runs a script such as 'python3 batch_inference.py', "

@@ -50,7 +50,7 @@ def choose(model_dir: Path, environment: dict[str, str],
     model_dir = Path(model_dir)
     starts = entry_files(model_dir, config) if config is not None else None
     files = reachable(model_dir, starts) if starts else sorted(model_dir.rglob("*.py"))
-    unparsed = []
+    unparsed: list[tuple[Path, int | str]] = []  # (file, line or "?")
     for source in files:
         found = _keras2_use(source, unparsed)
         if found:
@@ -61,9 +61,9 @@ def choose(model_dir: Path, environment: dict[str, str],
             return "keras2", (f"{where}:{line_no} uses {spelling}, which only Keras 2 "
                               f"has{note}")
     if unparsed:
-        where = ", ".join(f"{path.relative_to(model_dir)} (line {line})"
-                          for path, line in unparsed)
-        return "keras3", f"the default; {where} does not parse, so its text was searched"
+        places = ", ".join(f"{path.relative_to(model_dir)} (line {line})"
+                           for path, line in unparsed)
+        return "keras3", f"the default; {places} does not parse, so its text was searched"
     return default()
 
 
@@ -195,7 +195,7 @@ def _parse(path: Path) -> ast.AST | None:
         return None
 
 
-def _keras2_use(path: Path, unparsed: list) -> tuple[int, str] | None:
+def _keras2_use(path: Path, unparsed: list[tuple[Path, int | str]]) -> tuple[int, str] | None:
     """(line, spelling) of the first Keras-2-only use in the file, or None. A file that
     does not parse is searched as text, and noted in `unparsed`."""
     try:
@@ -241,7 +241,7 @@ def _aliases(tree: ast.AST) -> dict[str, str]:
     assignments of one (`keras = tf.keras`). One map for the whole file: enough to tell
     Keras from anything else called `keras`."""
     aliases: dict[str, str] = {}
-    assignments = []
+    assignments: list[tuple[ast.Name, ast.expr]] = []  # `name = value`
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -256,11 +256,11 @@ def _aliases(tree: ast.AST) -> dict[str, str]:
                     aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
-            assignments.append(node)
-    for node in assignments:  # after the imports, whatever their order in the file
-        dotted = _resolve(node.value, aliases)
-        if dotted and node.targets[0].id not in aliases:
-            aliases[node.targets[0].id] = dotted
+            assignments.append((node.targets[0], node.value))
+    for target, value in assignments:  # after the imports, whatever their order in the file
+        dotted = _resolve(value, aliases)
+        if dotted and target.id not in aliases:
+            aliases[target.id] = dotted
     return aliases
 
 

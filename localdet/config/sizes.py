@@ -43,7 +43,8 @@ def parse_size(value: object) -> int:
 
 
 def has_unit(value: object) -> bool:
-    return isinstance(value, str) and bool(_SIZE.match(value)) and bool(_SIZE.match(value).group(2))
+    return isinstance(value, str) and (match := _SIZE.match(value)) is not None \
+        and bool(match.group(2))
 
 
 def gigabytes(size: int) -> str:

@@ -33,6 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from localdet.config import engines
 from localdet.config.experiment import (
@@ -382,7 +383,7 @@ class Intake:
                 smaller_is_better=searcher["smaller_is_better"],
                 experiment_seed=seed, model_dir="", kind=kind, runner=runner)
             model_dir = self.layout.model_dir(experiment_id)
-            self.db.db["experiments"].update(experiment_id, {"model_dir": str(model_dir)})
+            self.db.db.table("experiments").update(experiment_id, {"model_dir": str(model_dir)})
             if kind == JOB:  # no searcher makes a job's trial: it is the job's one process
                 self.db.create_trial(experiment_id=experiment_id, request_id=0, hparams={},
                                      seed=seed, target_batches=0)
@@ -402,8 +403,9 @@ class Intake:
             target = self.layout.rejected / f"{_clipped(name)}.{secrets.token_hex(3)}"
         os.rename(staged, target)
         (target / "error.txt").write_text(reason.rstrip() + "\n", encoding="utf-8")
+        extra: dict[str, Any] = {"detail": detail} if detail else {}
         self.db.log_event("submission_rejected", source=name, reason=reason,
-                          moved_to=str(target), **({"detail": detail} if detail else {}))
+                          moved_to=str(target), **extra)
 
     def recover(self) -> None:
         """Finish what a killed daemon (or `localdet run`) left half-done in staging."""

@@ -22,9 +22,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from localdet.config.submissions import EXPERIMENT, Intake, copy_submission, read_submission
@@ -69,7 +70,7 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.count = 0
-        self._previous = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler it had
 
     def __enter__(self) -> "_Interrupts":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -124,7 +125,8 @@ def drive(layout: Layout, experiment_id: int, slots: int, console: Console,
 
     daemon = Daemon(layout, slots=slots, poll_seconds=POLL_SECONDS, log=log,
                     only=experiment_id).open(db)
-    logs, tasks = _Logs(layout, experiment_id), {}
+    logs = _Logs(layout, experiment_id)
+    tasks: dict[int, TaskID] = {}  # trial id -> its progress bar
     asked = 0
     try:
         with _Interrupts() as interrupts, progress:

@@ -34,7 +34,7 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
         if trial_id is not None:
             trials, what = [db.trial(trial_id)], f"trial {trial_id}"
             experiment = db.experiment(trials[0].experiment_id)
-        else:
+        elif experiment_id is not None:  # one of the two, as checked above
             experiment = db.experiment(experiment_id)
             what, trials = f"{experiment.kind} {experiment_id}", db.trials(experiment_id)
     except NotFound as error:
