@@ -86,15 +86,15 @@ def on_request(action: str, phase: TrialPhase) -> RequestOutcome:
         if state == TrialState.QUEUED:
             return RequestOutcome(TrialPhase(TrialState.PAUSED))
         if state == TrialState.RUNNING:
-            return RequestOutcome(TrialPhase(TrialState.RUNNING,
-                                             {None: PAUSE, REQUEUE: PAUSING}.get(stop, stop)))
+            pausing: dict[str | None, str | None] = {None: PAUSE, REQUEUE: PAUSING}
+            return RequestOutcome(TrialPhase(TrialState.RUNNING, pausing.get(stop, stop)))
         return RequestOutcome(phase)  # PAUSED stays; WAITING runs nothing to pause
     if action == "resume":
         if state == TrialState.PAUSED:
             return RequestOutcome(TrialPhase(TrialState.QUEUED))
         if state == TrialState.RUNNING:
-            return RequestOutcome(TrialPhase(TrialState.RUNNING,
-                                             {PAUSE: None, PAUSING: REQUEUE}.get(stop, stop)))
+            resuming: dict[str | None, str | None] = {PAUSE: None, PAUSING: REQUEUE}
+            return RequestOutcome(TrialPhase(TrialState.RUNNING, resuming.get(stop, stop)))
         return RequestOutcome(phase)
     raise ValueError(f"unknown action {action!r}; it is one of {', '.join(ACTIONS)}")
 

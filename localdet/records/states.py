@@ -17,7 +17,7 @@ value; `StateDB` refuses a change the table below does not list:
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 
 class ExperimentState(StrEnum):
@@ -111,7 +111,10 @@ class IllegalTransition(ValueError):
     """A state change the transition table does not allow."""
 
 
-def member(enum: type[StrEnum], value: str, what: str) -> StrEnum:
+_Enum = TypeVar("_Enum", bound=StrEnum)
+
+
+def member(enum: type[_Enum], value: str, what: str) -> _Enum:
     """`value` as a member of `enum`, or UnknownValue naming the values it may be."""
     try:
         return enum(value)

@@ -49,7 +49,7 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from determined.core._reporting import (
     LAUNCH_VAR,
@@ -333,6 +333,7 @@ class _Piece:
     """One request's work for the writer, and how it went."""
 
     __slots__ = ("work", "write", "result", "error", "done")
+    error: BaseException | None
 
     def __init__(self, work: Callable[[StateDB], Any], write: bool = True):
         self.work, self.write, self.result, self.error = work, write, None, None
@@ -359,7 +360,8 @@ class _HTTPServer(ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer's own looks the host's name up (DNS); nothing here needs it.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = cast(str, host), port  # a str for AF_INET(6)
 
 
 class ReportServer:
@@ -628,7 +630,10 @@ class _Handler(BaseHTTPRequestHandler):
             bound.db = db
             return work(bound)
 
-        return self.server.app.writer.run(piece, write=write)
+        writer = self.server.app.writer
+        if writer is None:  # start() makes it before serving
+            raise RuntimeError("the report server serves without its writer")
+        return writer.run(piece, write=write)
 
     def _answer(self, answer: Any, status: int = 200, body_read: bool = True,
                 length: int = 0) -> None:

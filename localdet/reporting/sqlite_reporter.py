@@ -15,7 +15,7 @@ import time
 import uuid as uuidlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, cast
 
 from determined.core import TrialInfo
 from localdet.checkpoints.manifest import build_manifest, files_of
@@ -219,7 +219,7 @@ class CheckpointReader:
         try:
             if uuid is not None:
                 return db.checkpoint(uuid).uuid
-            latest = db.trial(trial_id).latest_checkpoint
+            latest = db.trial(cast(int, trial_id)).latest_checkpoint  # given, as uuid is not
             if latest is None:
                 raise NotFound(f"trial {trial_id} has no checkpoint yet; "
                                f"`localdet status` shows how far it got")

@@ -125,7 +125,7 @@ def record_script_run(script: Path, hparams: Optional[Dict[str, Any]],
                 smaller_is_better=config["searcher"]["smaller_is_better"],
                 experiment_seed=seed, model_dir="", runner=Runner.SCRIPT)
             model_dir = layout.model_dir(experiment_id)
-            db.db["experiments"].update(experiment_id, {"model_dir": str(model_dir)})
+            db.db.table("experiments").update(experiment_id, {"model_dir": str(model_dir)})
             trial_id = db.create_trial(experiment_id=experiment_id, request_id=create.request_id,
                                        hparams=chosen, seed=create.seed, target_batches=0)
             db.update_trial(trial_id, state=TrialState.RUNNING, pid=os.getpid(), started_at=now())
@@ -158,14 +158,15 @@ def _end_with_the_process(reporter: SQLiteReporter, experiment_id: int) -> None:
             failure.setdefault("kind", type(error))
             failure.setdefault("value", error)
         if "kind" not in failure:
-            state, error = ExperimentState.COMPLETED, None
+            state, message = ExperimentState.COMPLETED, None
         elif issubclass(failure["kind"], KeyboardInterrupt):
-            state, error = ExperimentState.CANCELED, "interrupted (Ctrl-C)"
+            state, message = ExperimentState.CANCELED, "interrupted (Ctrl-C)"
         else:
-            state, error = ExperimentState.ERROR, f"{failure['kind'].__name__}: {failure['value']}"
-        reporter.db.update_trial(reporter.trial_id, state=state, error=error,
+            state, message = (ExperimentState.ERROR,
+                              f"{failure['kind'].__name__}: {failure['value']}")
+        reporter.db.update_trial(reporter.trial_id, state=state, error=message,
                                  stop_requested=None)
-        reporter.db.set_experiment_state(experiment_id, state, error=error)
+        reporter.db.set_experiment_state(experiment_id, state, error=message)
 
     sys.excepthook = remember
     atexit.register(finish)

@@ -151,6 +151,9 @@ class Search:
                                          target_batches=op.length, state=state)
                 else:  # a promotion: it continues from its latest checkpoint
                     trial = existing
+                    if trial is None:  # the method promotes only trials it created
+                        raise SearchError(f"the search method promoted request "
+                                          f"{op.request_id}, which has no trial")
                     if trial.state in TERMINAL_STATES:
                         continue
                     self.db.update_trial(trial.id, state=state, target_batches=op.length)
@@ -158,6 +161,9 @@ class Search:
                              f"trains on to {op.length} batches")
             elif isinstance(op, Close):
                 trial = self.db.trial_by_request(experiment.id, op.request_id)
+                if trial is None:  # the method closes only trials it created
+                    raise SearchError(f"the search method closed request {op.request_id}, "
+                                      "which has no trial")
                 if trial.state not in TERMINAL_STATES:
                     self.db.update_trial(trial.id, state=TrialState.COMPLETED)
                 caused.append({"kind": "trial_closed", "request_id": op.request_id})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -249,6 +250,7 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
     """`localdet status` over the open database."""
     from localdet.processes.pids import DaemonLock
 
+    facts: Any  # every experiment's facts, or the one's
     try:
         if experiment_id is None:
             facts = [_facts(layout, db, e) for e in db.experiments()]
@@ -451,7 +453,7 @@ def logs(trial_id: int, follow: bool) -> None:
     from localdet.ui import trial_logs
     layout = Layout.from_environment()
     db = _open_db(layout)
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer  # (click.get_binary_stream is deprecated since click 8.5)
     try:
         if follow:
             trial_logs.follow(layout, db, trial_id, out)

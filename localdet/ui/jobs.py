@@ -8,6 +8,7 @@ ingests it as an experiment of kind 'job' with one trial, and this follows it:
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
@@ -35,7 +36,7 @@ def wait_for_ingest(layout: Layout, db: StateDB, queued_name: str) -> int:
             status, value = outcome
             if status == "rejected":
                 raise JobNotTaken(f"the daemon rejected the job: {value}")
-            return value
+            return int(value)  # accepted: the experiment id
         if DaemonLock.holder(layout.daemon_lock) is None:
             raise JobNotTaken(f"the daemon stopped before taking the job; it waits in "
                               f"{layout.job_queue / queued_name} for the next `localdet daemon`")
@@ -45,7 +46,7 @@ def wait_for_ingest(layout: Layout, db: StateDB, queued_name: str) -> int:
 def follow(layout: Layout, queued_name: str) -> int:
     """Wait for the daemon to take the job, print "job N", copy its log to stdout until it
     ends; returns 0 when it COMPLETED, else 1. Raises JobNotTaken."""
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer  # (click.get_binary_stream is deprecated since click 8.5)
     db = StateDB.open(layout.db)
     try:
         job_id = wait_for_ingest(layout, db, queued_name)

@@ -256,7 +256,8 @@ def _name(facts: dict) -> str:
 
 
 def _when(text: str | None) -> str:
-    return _time(text).astimezone().strftime("%Y-%m-%d %H:%M:%S") if text else ""
+    return datetime.datetime.fromisoformat(text).astimezone().strftime("%Y-%m-%d %H:%M:%S") \
+        if text else ""
 
 
 def duration(seconds: float | None) -> str:
