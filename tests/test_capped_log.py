@@ -15,7 +15,7 @@ import time
 
 import pytest
 import yaml
-from conftest import TEST_TRIALS, Daemon, wait_for
+from conftest import TEST_TRIALS, wait_for
 
 from localdet.processes.capped_log import CappedLog, read_from, stream_size
 
@@ -104,7 +104,8 @@ def test_the_writer_process_caps_a_pipe_and_a_second_writer_waits_for_the_first(
 
 
 @pytest.mark.slow
-def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path):
+def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path, daemons,
+                                                             processes):
     config = tmp_path / "flood.yaml"
     config.write_text(yaml.safe_dump({
         "name": "flood", "entrypoint_script": "python3 train.py",
@@ -112,27 +113,25 @@ def test_a_trial_that_floods_its_log_is_capped_and_followed(home, tmp_path):
                             "crash_at": 0, "print_lines": 1500},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 12}},
         "scheduling_unit": 2, "min_checkpoint_period": {"batches": 4}}))
-    daemon = Daemon(home, "--max-log-bytes", "100KB")
-    try:
-        home.cli("submit", config, TEST_TRIALS / "counter")
-        experiment = home.experiment_named("flood")
-        trial_id = wait_for(lambda: (home.experiment(experiment["id"])["trials"] or [{}])[0]
-                            .get("id"), 60, "the trial")
-        follower = subprocess.Popen([home.python, "-m", "localdet", "logs", str(trial_id), "-f"],
-                                    env=home.env, stdout=subprocess.PIPE)
-        log = home.path / "experiments" / str(experiment["id"]) / "trials" / str(trial_id) \
-            / "trial.log"
-        from localdet.records.db import StateDB
+    daemon = daemons(home, "--max-log-bytes", "100KB")
+    home.cli("submit", config, TEST_TRIALS / "counter")
+    experiment = home.experiment_named("flood")
+    trial_id = wait_for(lambda: home.first_trial(experiment["id"]).get("id"), 60, "the trial",
+                        0.05)
+    follower = processes([home.python, "-m", "localdet", "logs", trial_id, "-f"], env=home.env,
+                         stdout=subprocess.PIPE)
+    log = home.path / "experiments" / str(experiment["id"]) / "trials" / str(trial_id) \
+        / "trial.log"
+    from localdet.records.db import StateDB
 
-        db, sizes = StateDB.open(home.path / "localdet.db"), []
-        while db.experiment(experiment["id"]).state == "ACTIVE":  # its size as it floods
-            sizes.append(log.stat().st_size if log.exists() else 0)
-            time.sleep(0.01)
-        db.close()
-        followed, _ = follower.communicate(timeout=60)
-        assert home.experiment(experiment["id"])["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
+    db, sizes = StateDB.open(home.path / "localdet.db"), []
+    while db.experiment(experiment["id"]).state == "ACTIVE":  # its size as it floods
+        sizes.append(log.stat().st_size if log.exists() else 0)
+        time.sleep(0.01)
+    db.close()
+    followed, _ = follower.communicate(timeout=60)
+    assert home.experiment(experiment["id"])["state"] == "COMPLETED"
+    daemon.stop()
     content = log.read_bytes()
     assert len(sizes) > 10 and max(sizes) <= 100_000 and len(content) <= 100_000
     assert content.startswith(f"[localdet] trial {trial_id} launch 1".encode())

@@ -219,16 +219,15 @@ def test_the_token_is_on_by_default_on_loopback_and_no_token_turns_it_off_there(
         start_in_thread(layout, "0.0.0.0", free_port(), token=False)
 
 
-def test_the_commands_print_the_address_with_its_token_and_refuse_no_token_elsewhere(home):
+def test_the_commands_print_the_address_with_its_token_and_refuse_no_token_elsewhere(
+        home, processes):
     for args in (["web"], ["web", "--no-token"]):
         port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "localdet", *args, "--port",
-                                   str(port)], env=home.env, stderr=subprocess.PIPE, text=True)
-        try:
-            announced = server.stderr.readline().strip()
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        server = processes([sys.executable, "-m", "localdet", *args, "--port", port],
+                           env=home.env, stderr=subprocess.PIPE, text=True)
+        announced = server.stderr.readline().strip()
+        server.terminate()
+        server.wait(timeout=30)
         if "--no-token" in args:
             assert announced == f"dashboard at http://127.0.0.1:{port}/"
         else:

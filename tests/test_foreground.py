@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import EXAMPLE, Daemon, wait_for, write_config
+from conftest import EXAMPLE, wait_for, write_config
 
 from localdet.paths import Layout
 from localdet.records.db import StateDB
@@ -20,10 +20,11 @@ SHORT = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_b
 LONG = dict(SHORT, searcher={**SHORT["searcher"], "max_length": {"batches": 3000}})
 
 
-def start_run(home, config, model_dir, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "localdet", "run", str(config), str(model_dir),
-                             *args], env=home.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start_run(processes, home, config, model_dir, *args) -> subprocess.Popen:
+    """`localdet run` in the background (ended with its trials at the test's end)."""
+    return processes([sys.executable, "-m", "localdet", "run", config, model_dir, *args],
+                     home=home, env=home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True)
 
 
 @pytest.mark.parametrize("problem", ["config", "folder", "missing config"])
@@ -72,12 +73,12 @@ def test_run_trains_in_the_foreground_and_leaves_the_daemons_records(home, tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_pauses_and_a_daemon_resumes_it_to_the_end(home, tmp_path):
+def test_ctrl_c_pauses_and_a_daemon_resumes_it_to_the_end(home, tmp_path, daemons, processes):
     config = write_config(tmp_path, "interrupted", **LONG)
-    run = start_run(home, config, EXAMPLE, "--quiet")
+    run = start_run(processes, home, config, EXAMPLE, "--quiet")
     db_path = home.path / "localdet.db"
-    wait_for(lambda: db_path.exists() and any(
-        t.batches_trained >= 40 for t in StateDB.open(db_path).trials()), 120, "training")
+    wait_for(lambda: home.rows("SELECT 1 FROM trials WHERE batches_trained >= 40"), 120,
+             "training", 0.1)
     run.send_signal(signal.SIGINT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
@@ -88,25 +89,23 @@ def test_ctrl_c_pauses_and_a_daemon_resumes_it_to_the_end(home, tmp_path):
     assert 40 <= trial.batches_trained < 3000 and trial.latest_checkpoint
     assert f"`localdet resume {experiment.id}`" in out and "best checkpoint: " in out
 
-    daemon = Daemon(home)
-    try:
-        home.cli("resume", experiment.id)
-        facts = home.wait_until_ended(experiment.id, timeout=180)
-        assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 3000
-        assert StateDB.open(db_path).experiment(experiment.id).runner == "daemon"
-    finally:
-        daemon.stop()
+    daemon = daemons(home)
+    home.cli("resume", experiment.id)
+    facts = home.wait_until_ended(experiment.id, timeout=180)
+    assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 3000
+    assert StateDB.open(db_path).experiment(experiment.id).runner == "daemon"
+    daemon.stop()
 
 
 @pytest.mark.slow
-def test_ctrl_c_twice_kills_the_trials(home, tmp_path):
+def test_ctrl_c_twice_kills_the_trials(home, tmp_path, processes):
     # One workload to the end: the pause the first Ctrl-C asks for cannot land in between.
     config = write_config(tmp_path, "killed", **dict(LONG, scheduling_unit=3000,
                                                      min_validation_period={"batches": 0}))
-    run = start_run(home, config, EXAMPLE, "--quiet")
+    run = start_run(processes, home, config, EXAMPLE, "--quiet")
     db_path = home.path / "localdet.db"
-    wait_for(lambda: db_path.exists() and any(
-        t.state == "RUNNING" for t in StateDB.open(db_path).trials()), 120, "the start")
+    wait_for(lambda: home.rows("SELECT 1 FROM trials WHERE state = 'RUNNING'"), 120,
+             "the start", 0.1)
     pid = StateDB.open(db_path).trials()[0].pid
     run.send_signal(signal.SIGINT)
     time.sleep(1)  # two signals at once are one pending signal

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from conftest import Daemon, Home, wait_for
+from conftest import Home, wait_for
 
 from localdet.daemon.daemon import SCRIPT_GONE
 from localdet.paths import Layout
@@ -72,9 +72,9 @@ def test_job_run_refuses_a_trial_class(home, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+def daemon(tmp_path_factory, module_daemons):
     home = Home(tmp_path_factory.mktemp("jobs") / "home")
-    running = Daemon(home)
+    running = module_daemons(home)
     yield home, running
     running.stop()
 
@@ -126,8 +126,8 @@ def test_a_job_can_be_killed_but_not_paused(daemon, tmp_path):
     config.write_text("name: sleepy\nentrypoint: sleep 300\n")
     home.cli("job", "run", config, "--detach")
     job_id = home.experiment_named("sleepy")["id"]
-    wait_for(lambda: home.experiment(job_id)["trials"][0]["state"] == "RUNNING", 120, "the start")
-    pid = db_of(home).trial(home.experiment(job_id)["trials"][0]["id"]).pid
+    wait_for(lambda: home.first_trial(job_id).get("state") == "RUNNING", 120, "the start", 0.1)
+    pid = home.first_trial(job_id)["pid"]
     for action in ("pause", "resume"):
         refused = home.cli(action, job_id, check=False)
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1
@@ -207,8 +207,10 @@ def test_the_daemon_marks_a_killed_script_run_and_leaves_a_live_one_alone(daemon
     try:
         alive_id, alive_trial = record_unmanaged(home, "script", pid=live.pid)
         dead_id, dead_trial = record_unmanaged(home, "script", pid=dead_pid())
-        facts = wait_for(lambda: (lambda f: f if f["state"] == "ERROR" else None)(
-            home.experiment(dead_id)), 30, "the dead script to be noticed")
+        wait_for(lambda: home.rows("SELECT 1 FROM experiments WHERE id = ? AND state = 'ERROR'",
+                                   dead_id), 30, "the dead script to be noticed", 0.1)
+        facts = home.experiment(dead_id)
+        assert facts["state"] == "ERROR"
         assert facts["error"] == SCRIPT_GONE and facts["trials"][0]["error"] == SCRIPT_GONE
         time.sleep(1.5)
         still = home.experiment(alive_id)
