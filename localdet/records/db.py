@@ -20,7 +20,7 @@ import importlib.util
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
@@ -62,6 +62,8 @@ def _migrations(folder: Path) -> Migrations:
         raise RuntimeError(f"no migrations found under {state_formats_dir()}; reinstall localdet")
     for path in files:
         spec = importlib.util.spec_from_file_location(f"localdet_migration_{path.stem}", path)
+        if spec is None or spec.loader is None:  # a .py file always has both
+            raise RuntimeError(f"cannot load the migration {path}; reinstall localdet")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         migration_set(name=path.stem)(module.apply)
@@ -96,8 +98,9 @@ def _filters(**columns: Any) -> tuple[str | None, list[Any] | None]:
 def _from_row(cls, row: dict, json_fields: Iterable[str] = ()):
     values = {f.name: row.get(f.name) for f in fields(cls)}
     for name in json_fields:
-        if values[name] is not None:
-            values[name] = json.loads(values[name])
+        text = values[name]
+        if text is not None:
+            values[name] = json.loads(text)
     return cls(**values)
 
 
@@ -266,7 +269,7 @@ class StateDB:
     # -- events -------------------------------------------------------------------------
     def log_event(self, kind: str, *, experiment_id: int | None = None,
                   trial_id: int | None = None, **payload: Any) -> None:
-        self.db["events"].insert({
+        self.db.table("events").insert({
             "at": now(), "experiment_id": experiment_id, "trial_id": trial_id,
             "kind": kind, "payload": json.dumps(payload, default=str),
         })
@@ -277,13 +280,13 @@ class StateDB:
         given."""
         clauses, args = _filters(experiment_id=experiment_id or None, kind=kinds,
                                  trial_id=trial_id)
-        rows = self.db["events"].rows_where(clauses, args, order_by="id")
+        rows = self.db.table("events").rows_where(clauses, args, order_by="id")
         return [{**row, "payload": json.loads(row["payload"])} for row in rows]
 
     def last_event(self, kinds: Iterable[str]) -> dict | None:
         """The newest event of one of these kinds (of any experiment), or None."""
         kinds = list(kinds)
-        rows = list(self.db["events"].rows_where(
+        rows = list(self.db.table("events").rows_where(
             f"kind IN ({', '.join('?' for _ in kinds)})", kinds, order_by="id DESC", limit=1))
         return {**rows[0], "payload": json.loads(rows[0]["payload"])} if rows else None
 
@@ -296,7 +299,7 @@ class StateDB:
         kind = member(ExperimentKind, kind, "an experiment kind")
         runner = member(Runner, runner, "a runner")
         with self.atomic():
-            table = self.db["experiments"].insert({
+            table = self.db.table("experiments").insert({
                 "name": name, "description": description, "state": EXPERIMENT_INITIAL_STATE,
                 "config": json.dumps(config), "original_config": original_config,
                 "searcher": searcher, "metric": metric,
@@ -304,13 +307,13 @@ class StateDB:
                 "experiment_seed": experiment_seed, "model_dir": model_dir,
                 "submitted_at": now(), "kind": kind, "runner": runner,
             })
-            experiment_id = table.last_pk
+            experiment_id = cast(int, table.last_pk)  # the INTEGER PRIMARY KEY
             self.log_event("experiment_created", experiment_id=experiment_id, name=name,
                            experiment_kind=kind, runner=runner)
         return experiment_id
 
     def experiment(self, experiment_id: int) -> Experiment:
-        rows = list(self.db["experiments"].rows_where("id = ?", [experiment_id]))
+        rows = list(self.db.table("experiments").rows_where("id = ?", [experiment_id]))
         if not rows:
             raise NotFound(f"there is no experiment {experiment_id}; `localdet status` lists them")
         return Experiment.from_row(rows[0])
@@ -320,7 +323,7 @@ class StateDB:
         """The experiments and jobs, oldest first: those in these states, of this kind
         ("experiment" or "job"), when given."""
         clauses, args = _filters(state=states, kind=kind)
-        rows = self.db["experiments"].rows_where(clauses, args, order_by="id")
+        rows = self.db.table("experiments").rows_where(clauses, args, order_by="id")
         return [Experiment.from_row(row) for row in rows]
 
     def set_experiment_state(self, experiment_id: int, state: str, error: str | None = None) -> None:
@@ -337,7 +340,7 @@ class StateDB:
             update = {"state": state, "error": error}
             if state in TERMINAL_STATES:
                 update["ended_at"] = now()
-            self.db["experiments"].update(experiment_id, update)
+            self.db.table("experiments").update(experiment_id, update)
             self.log_event("experiment_state", experiment_id=experiment_id, state=state,
                            error=error)
 
@@ -345,7 +348,7 @@ class StateDB:
         """Hand an experiment to another runner (a daemon takes over from `localdet run`)."""
         runner = member(Runner, runner, "a runner")
         with self.atomic():
-            self.db["experiments"].update(experiment_id, {"runner": runner})
+            self.db.table("experiments").update(experiment_id, {"runner": runner})
             self.log_event("experiment_runner", experiment_id=experiment_id, runner=runner)
 
     # -- trials -------------------------------------------------------------------------
@@ -355,22 +358,22 @@ class StateDB:
             raise UnknownValue(f"a trial starts {' or '.join(sorted(TRIAL_INITIAL_STATES))}, "
                                f"not {state}")
         with self.atomic():
-            trial_id = self.db["trials"].insert({
+            trial_id = cast(int, self.db.table("trials").insert({
                 "experiment_id": experiment_id, "request_id": request_id, "state": state,
                 "hparams": json.dumps(hparams), "seed": seed,
                 "target_batches": target_batches,
-            }).last_pk
+            }).last_pk)  # the INTEGER PRIMARY KEY
             self.log_event("trial_created", experiment_id=experiment_id, trial_id=trial_id,
                            request_id=request_id, hparams=hparams)
         return trial_id
 
     def trial_by_request(self, experiment_id: int, request_id: int) -> Trial | None:
-        rows = list(self.db["trials"].rows_where("experiment_id = ? AND request_id = ?",
+        rows = list(self.db.table("trials").rows_where("experiment_id = ? AND request_id = ?",
                                                  [experiment_id, request_id]))
         return Trial.from_row(rows[0]) if rows else None
 
     def trial(self, trial_id: int) -> Trial:
-        rows = list(self.db["trials"].rows_where("id = ?", [trial_id]))
+        rows = list(self.db.table("trials").rows_where("id = ?", [trial_id]))
         if not rows:
             raise NotFound(f"there is no trial {trial_id}; `localdet status EXPERIMENT` lists them")
         return Trial.from_row(rows[0])
@@ -378,7 +381,7 @@ class StateDB:
     def trials(self, experiment_id: int | None = None,
                states: Iterable[str] | None = None) -> list[Trial]:
         clauses, args = _filters(experiment_id=experiment_id or None, state=states)
-        return [Trial.from_row(r) for r in self.db["trials"].rows_where(clauses, args, order_by="id")]
+        return [Trial.from_row(r) for r in self.db.table("trials").rows_where(clauses, args, order_by="id")]
 
     def update_trial(self, trial_id: int, **changes: Any) -> None:
         """Update a trial's columns; a state change is also written to the event log.
@@ -393,17 +396,17 @@ class StateDB:
                 self.log_event("trial_state", experiment_id=trial.experiment_id,
                                trial_id=trial_id, state=changes["state"],
                                error=changes.get("error"))
-            self.db["trials"].update(trial_id, changes)
+            self.db.table("trials").update(trial_id, changes)
 
     # -- searcher events -----------------------------------------------------------------
     def add_searcher_event(self, experiment_id: int, kind: str, request_id: int | None = None,
                            metric: float | None = None, length: int | None = None) -> None:
-        self.db["searcher_events"].insert({
+        self.db.table("searcher_events").insert({
             "experiment_id": experiment_id, "kind": kind, "request_id": request_id,
             "metric": metric, "length": length, "at": now()})
 
     def searcher_events(self, experiment_id: int) -> list[dict]:
-        return list(self.db["searcher_events"].rows_where(
+        return list(self.db.table("searcher_events").rows_where(
             "experiment_id = ?", [experiment_id], order_by="id"))
 
     # -- metrics ------------------------------------------------------------------------
@@ -414,15 +417,15 @@ class StateDB:
         twice, and `context.evaluate` can add test metrics beside a validation."""
         with self.atomic():
             # Merged in Python: the JSON may hold NaN, which SQLite's JSON functions refuse.
-            existing = list(self.db["metrics"].rows_where(
+            existing = list(self.db.table("metrics").rows_where(
                 "trial_id = ? AND kind = ? AND batches_trained = ?",
                 [trial_id, kind, batches_trained]))
             if existing:
                 recorded = json.loads(existing[0]["metrics"])
-                self.db["metrics"].update(existing[0]["id"], {
+                self.db.table("metrics").update(existing[0]["id"], {
                     "metrics": json.dumps({**metrics, **recorded})})
             else:
-                self.db["metrics"].insert({
+                self.db.table("metrics").insert({
                     "trial_id": trial_id, "kind": kind, "batches_trained": batches_trained,
                     "metrics": json.dumps(metrics), "recorded_at": now()})
             self.db.execute(
@@ -431,17 +434,18 @@ class StateDB:
             )
 
     def metrics(self, trial_id: int, kind: str | None = None) -> list[MetricRow]:
-        where, args = "trial_id = ?", [trial_id]
+        where = "trial_id = ?"
+        args: list[Any] = [trial_id]
         if kind:
             where, args = where + " AND kind = ?", args + [kind]
-        rows = self.db["metrics"].rows_where(where, args, order_by="batches_trained, kind")
+        rows = self.db.table("metrics").rows_where(where, args, order_by="batches_trained, kind")
         return [MetricRow.from_row(row) for row in rows]
 
     # -- checkpoints --------------------------------------------------------------------
     def add_checkpoint(self, manifest: dict) -> None:
         """Commit a checkpoint whose blobs are already durable in the store."""
         with self.atomic():
-            self.db["checkpoints"].insert({
+            self.db.table("checkpoints").insert({
                 "uuid": manifest["uuid"], "experiment_id": manifest["experiment_id"],
                 "trial_id": manifest["trial_id"],
                 "batches_trained": manifest["batches_trained"],
@@ -449,7 +453,7 @@ class StateDB:
                 "metadata": json.dumps(manifest["metadata"]),
                 "manifest": json.dumps(manifest), "created_at": manifest["created_at"],
             })
-            self.db["trials"].update(manifest["trial_id"], {"latest_checkpoint": manifest["uuid"]})
+            self.db.table("trials").update(manifest["trial_id"], {"latest_checkpoint": manifest["uuid"]})
             self.log_event("checkpoint", experiment_id=manifest["experiment_id"],
                            trial_id=manifest["trial_id"], uuid=manifest["uuid"],
                            batches_trained=manifest["batches_trained"])
@@ -459,10 +463,10 @@ class StateDB:
         CheckpointDeleted (one sentence naming the retention settings) if retention deleted
         the only match."""
         where = "substr(uuid, 1, length(:prefix)) = :prefix AND state = :state"
-        rows = list(self.db["checkpoints"].rows_where(
+        rows = list(self.db.table("checkpoints").rows_where(
             where, {"prefix": uuid_or_prefix, "state": CheckpointState.COMPLETED}, limit=2))
         if not rows:
-            deleted = list(self.db["checkpoints"].rows_where(
+            deleted = list(self.db.table("checkpoints").rows_where(
                 where, {"prefix": uuid_or_prefix, "state": CheckpointState.DELETED}, limit=2))
             if len(deleted) == 1:
                 raise CheckpointDeleted(self._deleted_message(Checkpoint.from_row(deleted[0])))
@@ -484,7 +488,7 @@ class StateDB:
         """Mark a live checkpoint DELETED (its row stays; its blobs may then be deleted) and
         log why; False if it was not live."""
         with self.atomic():
-            rows = list(self.db["checkpoints"].rows_where(
+            rows = list(self.db.table("checkpoints").rows_where(
                 "uuid = ? AND state = ?", [uuid, CheckpointState.COMPLETED]))
             if not rows:
                 return False
@@ -511,13 +515,15 @@ class StateDB:
     def checkpoints(self, experiment_id: int | None = None, trial_id: int | None = None,
                     include_deleted: bool = False) -> list[Checkpoint]:
         """Live checkpoints (with `include_deleted`, the DELETED ones too), oldest first."""
+        clauses: list[str]
+        args: list[Any]
         clauses, args = ([], []) if include_deleted else (["state = ?"],
                                                           [CheckpointState.COMPLETED])
         if experiment_id is not None:
             clauses.append("experiment_id = ?"); args.append(experiment_id)
         if trial_id is not None:
             clauses.append("trial_id = ?"); args.append(trial_id)
-        rows = self.db["checkpoints"].rows_where(" AND ".join(clauses) or None, args or None,
+        rows = self.db.table("checkpoints").rows_where(" AND ".join(clauses) or None, args or None,
                                                  order_by="trial_id, batches_trained")
         return [Checkpoint.from_row(row) for row in rows]
 
@@ -525,17 +531,17 @@ class StateDB:
     def add_request(self, action: str, *, experiment_id: int | None = None,
                     trial_id: int | None = None) -> int:
         with self.atomic():
-            request_id = self.db["requests"].insert({
+            request_id = cast(int, self.db.table("requests").insert({
                 "at": now(), "action": action, "experiment_id": experiment_id,
-                "trial_id": trial_id}).last_pk
+                "trial_id": trial_id}).last_pk)  # the INTEGER PRIMARY KEY
             self.log_event(f"{action}_requested", experiment_id=experiment_id, trial_id=trial_id)
         return request_id
 
     def pending_requests(self) -> list[dict]:
-        return list(self.db["requests"].rows_where("handled_at IS NULL", order_by="id"))
+        return list(self.db.table("requests").rows_where("handled_at IS NULL", order_by="id"))
 
     def request(self, request_id: int) -> dict:
-        return self.db["requests"].get(request_id)
+        return self.db.table("requests").get(request_id)
 
     def mark_request_handled(self, request_id: int, outcome: str) -> None:
-        self.db["requests"].update(request_id, {"handled_at": now(), "outcome": outcome})
+        self.db.table("requests").update(request_id, {"handled_at": now(), "outcome": outcome})
