@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import Daemon
 
 COMPAT = Path(__file__).parent / "compat"
 LEGACY = COMPAT / "legacy_optimizers"
@@ -48,16 +47,21 @@ LOAD_AND_EVALUATE = """
 import json, sys
 import numpy as np
 from determined.keras import load_model_from_checkpoint_path
-x, y = np.load(sys.argv[2])["x"], np.load(sys.argv[2])["y"]
-model = load_model_from_checkpoint_path(sys.argv[1])
-print(json.dumps(model.evaluate(x, y, verbose=0, return_dict=True)))
+x, y = np.load(sys.argv[1])["x"], np.load(sys.argv[1])["y"]
+found = []
+for folder in sys.argv[2:]:
+    model = load_model_from_checkpoint_path(folder)
+    found.append(model.evaluate(x, y, verbose=0, return_dict=True))
+print(json.dumps(found))
 """
 
 
-def evaluate_in(line: str, folder: Path, data: Path) -> dict:
-    """The exported checkpoint loaded and evaluated in a fresh process of `line`."""
+def evaluate_in(line: str, folders: list[Path], data: Path) -> list[dict]:
+    """The exported checkpoints loaded and evaluated, one after the other, in a fresh
+    process of `line` (one process per line: each start imports TensorFlow)."""
     env = {"TF_USE_LEGACY_KERAS": "1" if line == "keras2" else "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run([sys.executable, "-c", LOAD_AND_EVALUATE, str(folder), str(data)],
+    result = subprocess.run([sys.executable, "-c", LOAD_AND_EVALUATE, str(data),
+                             *map(str, folders)],
                             env={**os.environ, **env}, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -65,19 +69,18 @@ def evaluate_in(line: str, folder: Path, data: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home, tmp_path):
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml",
-                               keras2=line == "keras2") for line in ("keras3", "keras2")}
-        forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml",
-                              keras2=line == "keras2") for line in ("keras3", "keras2")}
-        legacy = {entry: submit(home, tmp_path, LEGACY, f"{entry}.yaml")
-                  for entry in LEGACY_ENTRIES}
-        ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
-                 for experiment_id in [*custom.values(), *forms.values(), *legacy.values()]}
-    finally:
-        daemon.stop()
+def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home, tmp_path,
+                                                                           daemons):
+    daemon = daemons(home, "--slots", "2")
+    custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml",
+                           keras2=line == "keras2") for line in ("keras3", "keras2")}
+    forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml",
+                          keras2=line == "keras2") for line in ("keras3", "keras2")}
+    legacy = {entry: submit(home, tmp_path, LEGACY, f"{entry}.yaml")
+              for entry in LEGACY_ENTRIES}
+    ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
+             for experiment_id in [*custom.values(), *forms.values(), *legacy.values()]}
+    daemon.stop()
     for facts in ended.values():
         assert facts["state"] == "COMPLETED", facts
         assert all(t["state"] == "COMPLETED" for t in facts["trials"]), facts["trials"]
@@ -109,15 +112,16 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
     x, y = custom_objects_data()
     data = tmp_path / "validation.npz"
     np.savez(data, x=x, y=y)
+    folders = {}
     for trained_under, experiment_id in custom.items():
-        trial = ended[experiment_id]["trials"][0]
-        assert trial["keras_line"] == trained_under
+        assert ended[experiment_id]["trials"][0]["keras_line"] == trained_under
         uuid = home.json("checkpoints", experiment_id)[-1]["uuid"]
-        folder = tmp_path / f"checkpoint-{trained_under}"
-        home.cli("checkpoint", "export", uuid, folder)
-        recorded = trial["latest_validation"]
-        for loaded_under in ("keras3", "keras2"):
-            metrics = evaluate_in(loaded_under, folder, data)
+        folders[trained_under] = tmp_path / f"checkpoint-{trained_under}"
+        home.cli("checkpoint", "export", uuid, folders[trained_under])
+    for loaded_under in ("keras3", "keras2"):
+        evaluated = evaluate_in(loaded_under, list(folders.values()), data)
+        for trained_under, metrics in zip(folders, evaluated, strict=True):
+            recorded = ended[custom[trained_under]]["trials"][0]["latest_validation"]
             assert metrics["loss"] == pytest.approx(recorded["val_loss"], rel=1e-4), \
                 (trained_under, loaded_under, metrics, recorded)
             assert metrics["within_half"] == pytest.approx(recorded["val_within_half"],
