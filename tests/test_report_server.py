@@ -356,7 +356,7 @@ def test_a_read_that_writes_in_a_transaction_of_its_own_is_committed_before_its_
     def acknowledge(w):  # as should_pause does when a pause is asked: read, then write
         if w.trial(trial_id).stop_requested is None:
             with w.atomic():
-                w.update_trial(trial_id, stop_requested="checked")
+                w.update_trial(trial_id, stop_requested="PAUSING")  # a stop SQLite takes
         return w.trial(trial_id).stop_requested
 
     def read_then_look():
@@ -373,5 +373,5 @@ def test_a_read_that_writes_in_a_transaction_of_its_own_is_committed_before_its_
     release.set()
     for thread in [blocker, *threads]:
         thread.join(30)
-    assert results["answer"] == results["seen"] == "checked"
+    assert results["answer"] == results["seen"] == "PAUSING"
     assert results["write"] == ("ok", None) and writer.reads == 1
