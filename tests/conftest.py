@@ -191,18 +191,24 @@ def module_daemons():
 
 @pytest.fixture
 def processes():
-    """`processes(command, home=None, **popen_arguments)` starts a process (a `localdet
-    run`, a web server, a Ray cluster); each still running at the test's end is terminated
-    (killed after 30 s) and reaped, and with `home`, the trials it left running are ended."""
-    started: list[tuple[subprocess.Popen, Home | None]] = []
+    """`processes(command, home=None, end=None, **popen_arguments)` starts a process (a
+    `localdet run`, a web server, a Ray cluster); each still running at the test's end is
+    ended by `end(process)` if given (its own way to stop), else terminated, killed after
+    30 s, and reaped; with `home`, the trials it left running are ended too."""
+    started: list[tuple[subprocess.Popen, Home | None, object]] = []
 
-    def start(command: list, home: Home | None = None, **kwargs) -> subprocess.Popen:
+    def start(command: list, home: Home | None = None, end=None, **kwargs) -> subprocess.Popen:
         process = subprocess.Popen([str(part) for part in command], **kwargs)
-        started.append((process, home))
+        started.append((process, home, end))
         return process
 
     yield start
-    for process, home in reversed(started):
+    for process, home, end in reversed(started):
+        if process.poll() is None and end is not None:
+            try:
+                end(process)
+            except Exception:  # then as any other
+                pass
         if process.poll() is None:
             process.terminate()
             try:

@@ -7,13 +7,13 @@ import shutil
 import numpy as np
 import pytest
 import yaml
-from conftest import EXAMPLE, TEST_TRIALS, Daemon, Home, wait_for, write_config
+from conftest import EXAMPLE, TEST_TRIALS, Home, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def state(tmp_path_factory):
+def state(tmp_path_factory, module_daemons):
     """One state folder and daemon for the module; the bundled example is dropped into the
     queue while the daemon is down, as `cp -r examples/digits_trial queue/` would."""
     root = tmp_path_factory.mktemp("e2e")
@@ -28,7 +28,7 @@ def state(tmp_path_factory):
     (home.path / "queue").mkdir(parents=True)
     shutil.copytree(submission, home.path / "queue" / "digits_trial")
 
-    daemon = Daemon(home)
+    daemon = module_daemons(home)
     facts = home.wait_until_ended(home.experiment_named("digits-const")["id"])
     yield home, daemon, facts, root
     daemon.stop()
@@ -174,9 +174,9 @@ def test_example_runs_under_keras_2(state):
     assert checkpoints[-1]["metadata"]["keras_line"] == "keras2"
 
 
-def test_a_second_daemon_on_the_same_home_refuses_to_start(state):
+def test_a_second_daemon_on_the_same_home_refuses_to_start(state, daemons):
     home, daemon, _, _ = state
-    second = Daemon(home)
+    second = daemons(home)
     assert second.process.wait(timeout=30) == 1
     log = second.log_path.read_text()
     assert f"another localdet daemon (pid {daemon.process.pid})" in log

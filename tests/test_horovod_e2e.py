@@ -53,35 +53,37 @@ cluster.shutdown()
 """
 
 
+def shut_down(cluster: subprocess.Popen) -> None:
+    """Ends the RAY_CLUSTER process its own way: shut down once its stdin closes."""
+    cluster.stdin.close()
+    cluster.wait(timeout=120)
+
+
 def test_two_horovod_ranks_on_two_ray_nodes_end_like_one_slot(tmp_path, horovod_python,
-                                                               monkeypatch):
+                                                               monkeypatch, processes, daemons):
     """Each worker node has one slot, so the 2-slot trial's ranks run one on each, in a
-    placement group, joined by Horovod's Gloo rendezvous on rank 0's node."""
-    from conftest import EXAMPLE, Daemon, write_config
+    placement group, joined by Horovod's Gloo rendezvous on rank 0's node. (`processes`
+    before `daemons`: on a failure the daemon is stopped before the cluster.)"""
+    from conftest import EXAMPLE, write_config
 
     from localdet.records.db import StateDB
 
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    cluster = subprocess.Popen([horovod_python, "-c", RAY_CLUSTER], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    cluster = processes([horovod_python, "-c", RAY_CLUSTER], end=shut_down,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     home = Home(tmp_path / "home", python=horovod_python)
-    daemon = None
-    try:
-        address = cluster.stdout.readline().strip()
-        assert address, "the Ray cluster did not start"
-        daemon = Daemon(home, "--ray", address)
-        for name, slots in (("one", 1), ("two", 2)):
-            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **SHORT), EXAMPLE)
-        one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
-        for experiment in (one, two):
-            facts = home.wait_until_ended(experiment, timeout=300)
-            assert facts["state"] == "COMPLETED", facts
-    finally:
-        if daemon is not None:
-            daemon.stop()
-        cluster.stdin.close()
-        cluster.wait(timeout=120)
+    address = cluster.stdout.readline().strip()
+    assert address, "the Ray cluster did not start"
+    daemon = daemons(home, "--ray", address)
+    for name, slots in (("one", 1), ("two", 2)):
+        home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                        **SHORT), EXAMPLE)
+    one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
+    for experiment in (one, two):
+        facts = home.wait_until_ended(experiment, timeout=300)
+        assert facts["state"] == "COMPLETED", facts
+    daemon.stop()
+    shut_down(cluster)
     db = StateDB.open(home.path / "localdet.db")
     try:
         (launch,) = [e["payload"] for e in db.events(two) if e["kind"] == "trial_launched"]

@@ -7,7 +7,7 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import EXAMPLE, Daemon, wait_for, write_config
+from conftest import EXAMPLE, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -49,53 +49,51 @@ def assert_ended_alike(home, experiment_a, experiment_b, tmp_path):
             == trial_of(home, experiment_b)["latest_validation"])
 
 
-def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(home, tmp_path):
-    daemon = Daemon(home)
-    try:
-        home.cli("submit", write_config(tmp_path, "paused", **LONG), EXAMPLE)
-        paused_id = home.experiment_named("paused")["id"]
-        wait_for(lambda: trial_of(home, paused_id)["batches_trained"] >= 60, 120,
-                 "the trial to train a while")
-        home.cli("pause", paused_id)
-        wait_for(lambda: home.experiment(paused_id)["state"] == "PAUSED"
-                 and trial_of(home, paused_id)["state"] == "PAUSED", 60, "the pause")
-        stopped_at = trial_of(home, paused_id)["batches_trained"]
-        assert 60 <= stopped_at < 4000 and stopped_at % 20 == 0  # at a workload boundary
-        assert "PAUSED" in home.cli("status").stdout
-    finally:
-        daemon.stop()
+def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(
+        home, tmp_path, daemons):
+    daemon = daemons(home)
+    home.cli("submit", write_config(tmp_path, "paused", **LONG), EXAMPLE)
+    paused_id = home.experiment_named("paused")["id"]
+    # (The waits read the database: polling `localdet status` would take a core.)
+    wait_for(lambda: home.first_trial(paused_id).get("batches_trained", 0) >= 60, 120,
+             "the trial to train a while", 0.1)
+    home.cli("pause", paused_id)
+    wait_for(lambda: home.rows("SELECT 1 FROM experiments WHERE id = ? AND state = 'PAUSED'",
+                               paused_id)
+             and home.first_trial(paused_id)["state"] == "PAUSED", 60, "the pause", 0.1)
+    assert home.experiment(paused_id)["state"] == "PAUSED"
+    stopped_at = trial_of(home, paused_id)["batches_trained"]
+    assert 60 <= stopped_at < 4000 and stopped_at % 20 == 0  # at a workload boundary
+    assert "PAUSED" in home.cli("status").stdout
+    daemon.stop()
 
-    daemon = Daemon(home)
-    try:
-        wait_for(lambda: "watching" in daemon.log_path.read_text(), 120, "the restart")
-        assert home.experiment(paused_id)["state"] == "PAUSED"
-        assert trial_of(home, paused_id)["state"] == "PAUSED"
-        home.cli("resume", paused_id)
-        facts = home.wait_until_ended(paused_id)
-        assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 4000
+    daemon = daemons(home)
+    wait_for(lambda: "watching" in daemon.log_path.read_text(), 120, "the restart", 0.1)
+    assert home.experiment(paused_id)["state"] == "PAUSED"
+    assert trial_of(home, paused_id)["state"] == "PAUSED"
+    home.cli("resume", paused_id)
+    facts = home.wait_until_ended(paused_id)
+    assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 4000
 
-        home.cli("submit", write_config(tmp_path, "straight", **LONG), EXAMPLE)
-        straight_id = home.experiment_named("straight")["id"]
-        assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
+    home.cli("submit", write_config(tmp_path, "straight", **LONG), EXAMPLE)
+    straight_id = home.experiment_named("straight")["id"]
+    assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
+    daemon.stop()
     assert_ended_alike(home, paused_id, straight_id, tmp_path)
 
 
-def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path):
-    daemon = Daemon(home)
-    try:
-        home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
-        experiment_id = home.experiment_named("killed")["id"]
-        wait_for(lambda: trial_of(home, experiment_id)["state"] == "RUNNING", 180, "the start")
-        from localdet.records.db import StateDB
-        pid = StateDB.open(home.path / "localdet.db").trial(
-            trial_of(home, experiment_id)["id"]).pid
-        home.cli("kill", "--trial", trial_of(home, experiment_id)["id"])
-        facts = home.wait_until_ended(experiment_id, timeout=30)
-        assert facts["state"] == "CANCELED" and facts["trials"][0]["state"] == "CANCELED"
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 60, "the process to be gone")
-        result = home.cli("resume", experiment_id, check=False)
-        assert result.returncode == 1 and "CANCELED" in result.stderr
-    finally:
-        daemon.stop()
+def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path, daemons):
+    daemon = daemons(home)
+    home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
+    experiment_id = home.experiment_named("killed")["id"]
+    wait_for(lambda: home.first_trial(experiment_id).get("state") == "RUNNING", 180,
+             "the start", 0.1)
+    trial = home.first_trial(experiment_id)
+    pid = trial["pid"]
+    home.cli("kill", "--trial", trial["id"])
+    facts = home.wait_until_ended(experiment_id, timeout=30)
+    assert facts["state"] == "CANCELED" and facts["trials"][0]["state"] == "CANCELED"
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 60, "the process to be gone", 0.1)
+    result = home.cli("resume", experiment_id, check=False)
+    assert result.returncode == 1 and "CANCELED" in result.stderr
+    daemon.stop()

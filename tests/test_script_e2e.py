@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import yaml
-from conftest import Daemon, wait_for
+from conftest import wait_for
 from test_multi_slot_e2e import pause_soon_after
 from test_pause_resume_e2e import assert_ended_alike, trial_of
 
@@ -36,42 +36,40 @@ def script_config(folder, name, **overrides):
 
 
 def test_a_script_paused_and_resumed_ends_like_an_uninterrupted_run_and_a_job_predicts(
-        home, tmp_path):
-    daemon = Daemon(home)
-    try:
-        home.cli("submit", script_config(tmp_path, "straight"), EXAMPLE)
-        home.cli("submit", script_config(tmp_path, "paused"), EXAMPLE)
-        straight_id = home.experiment_named("straight")["id"]
-        paused_id = home.experiment_named("paused")["id"]
-        assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
-        pause_soon_after(home, paused_id, 20)
-        wait_for(lambda: trial_of(home, paused_id)["state"] == "PAUSED", 300, "the pause")
-        stopped_at = trial_of(home, paused_id)["batches_trained"]
-        assert 20 <= stopped_at < LENGTH
-        home.cli("resume", paused_id)
-        facts = home.wait_until_ended(paused_id)
-        assert facts["state"] == "COMPLETED"
-        assert facts["trials"][0]["batches_trained"] == LENGTH
-        # Both launches (before and after the pause) recorded when their first batch ended.
-        launches = facts["trials"][0]["launches"]
-        assert len(launches) == 2 and all(launch["first_batch_seconds"] > 0
-                                          for launch in launches)
-        log = (home.path / "experiments" / str(paused_id) / "trials"
-               / str(facts["trials"][0]["id"]) / "trial.log").read_text()
-        assert "restored checkpoint" in log and "Test accuracy:" in log
+        home, tmp_path, daemons):
+    daemon = daemons(home)
+    home.cli("submit", script_config(tmp_path, "straight"), EXAMPLE)
+    home.cli("submit", script_config(tmp_path, "paused"), EXAMPLE)
+    straight_id = home.experiment_named("straight")["id"]
+    paused_id = home.experiment_named("paused")["id"]
+    assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
+    pause_soon_after(home, paused_id, 20)
+    wait_for(lambda: home.first_trial(paused_id)["state"] == "PAUSED", 300, "the pause", 0.1)
+    stopped_at = trial_of(home, paused_id)["batches_trained"]
+    assert 20 <= stopped_at < LENGTH
+    home.cli("resume", paused_id)
+    facts = home.wait_until_ended(paused_id)
+    assert facts["state"] == "COMPLETED"
+    assert facts["trials"][0]["batches_trained"] == LENGTH
+    # Both launches (before and after the pause) recorded when their first batch ended.
+    launches = facts["trials"][0]["launches"]
+    assert len(launches) == 2 and all(launch["first_batch_seconds"] > 0
+                                      for launch in launches)
+    log = (home.path / "experiments" / str(paused_id) / "trials"
+           / str(facts["trials"][0]["id"]) / "trial.log").read_text()
+    assert "restored checkpoint" in log and "Test accuracy:" in log
 
-        # The batch-inference job loads the straight run's latest checkpoint.
-        straight_trial = trial_of(home, straight_id)["id"]
-        output = tmp_path / "predictions.npy"
-        job_config = tmp_path / "inference.yaml"
-        job_config.write_text(yaml.safe_dump({
-            "name": "digits-inference", "entrypoint_script": "python3 batch_inference.py",
-            "data": {"trial_id": straight_trial, "batch_size": 64, "output": str(output)},
-            "resources": {"slots": 1}}))
-        result = home.cli("job", "run", job_config, EXAMPLE)
-        assert "accuracy" in result.stdout
-    finally:
-        daemon.stop()
+    # The batch-inference job loads the straight run's latest checkpoint.
+    straight_trial = trial_of(home, straight_id)["id"]
+    output = tmp_path / "predictions.npy"
+    job_config = tmp_path / "inference.yaml"
+    job_config.write_text(yaml.safe_dump({
+        "name": "digits-inference", "entrypoint_script": "python3 batch_inference.py",
+        "data": {"trial_id": straight_trial, "batch_size": 64, "output": str(output)},
+        "resources": {"slots": 1}}))
+    result = home.cli("job", "run", job_config, EXAMPLE)
+    assert "accuracy" in result.stdout
+    daemon.stop()
 
     assert_ended_alike(home, paused_id, straight_id, tmp_path)
 
