@@ -6,6 +6,7 @@ refused one raises one sentence at use, never at import."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -309,7 +310,7 @@ def _errors(w):
         except Exception as caught:  # noqa: BLE001 - the class under test
             return type(caught) is cls and str(caught) == "what went wrong"
 
-    checks = {name: (lambda cls=getattr(errors, name): raises(cls))
+    checks = {name: functools.partial(raises, getattr(errors, name))
               for name in SECTIONS["determined.errors"]}
     for sub in ("InvalidConfigurationException", "InvalidDataTypeException",
                 "InvalidModelException"):

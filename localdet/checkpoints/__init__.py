@@ -1,1 +1,2 @@
-"""Checkpoints: the content-addressed store (local or S3), manifests, retention rules and garbage collection."""
+"""Checkpoints: the content-addressed store (local or S3), manifests, retention rules and
+garbage collection."""

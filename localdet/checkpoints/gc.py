@@ -1,6 +1,6 @@
-"""Checkpoint garbage collection: apply retention (`localdet.checkpoints.retention`) to experiments, mark
-the checkpoints it does not keep DELETED (their rows stay: history is never lost), then delete
-the blobs that no live checkpoint refers to any more.
+"""Checkpoint garbage collection: apply retention (`localdet.checkpoints.retention`) to
+experiments, mark the checkpoints it does not keep DELETED (their rows stay: history is never
+lost), then delete the blobs that no live checkpoint refers to any more.
 
     report = collect(Layout.from_environment(), db, experiment_id=3)
     print(report.summary())      # "deleted 2 checkpoints, freed 6 blobs (48.1 MB)"

@@ -7,10 +7,10 @@ Blobs live at ``<root>/objects/<sha256[:2]>/<sha256>``; identical bytes are stor
     # ... commit a manifest naming `files` to SQLite, then later:
     store.materialize(files, "/tmp/export")    # plain directory, every byte verified
 
-Garbage collection (`localdet.checkpoints.gc`) never deletes what is in use: a reader holds a checkpoint
-with ``with store.reading(uuid):`` (a shared lock on ``<root>/leases/<uuid>``), and a writer
-holds ``with store.writing():`` from its first blob until its manifest is committed (a
-shared lock on ``<root>/writers.lock``); the collector only takes these locks exclusively,
+Garbage collection (`localdet.checkpoints.gc`) never deletes what is in use: a reader holds a
+checkpoint with ``with store.reading(uuid):`` (a shared lock on ``<root>/leases/<uuid>``), and
+a writer holds ``with store.writing():`` from its first blob until its manifest is committed
+(a shared lock on ``<root>/writers.lock``); the collector only takes these locks exclusively,
 without waiting, and leaves alone what it cannot lock.
 """
 from __future__ import annotations
@@ -360,7 +360,8 @@ class Store:
             raise MissingBlobError(sha256, path, name) from None
 
     def read_bytes(self, sha256: str, name: str = "") -> bytes:
-        """Whole blob, after checking its hash: ``store.read_bytes(entry.sha256, "metadata.json")``."""
+        """Whole blob, after checking its hash:
+        ``store.read_bytes(entry.sha256, "metadata.json")``."""
         with self._open_blob(sha256, name) as f:
             data = f.read()
         actual = hashlib.sha256(data).hexdigest()

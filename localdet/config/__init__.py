@@ -1,1 +1,2 @@
-"""What users submit: experiment configs (validated, typed), queue submissions, and what is chosen from them once at submission (the engine, the Keras line)."""
+"""What users submit: experiment configs (validated, typed), queue submissions, and what is
+chosen from them once at submission (the engine, the Keras line)."""

@@ -7,7 +7,8 @@
 - "mirrored" (Keras 3): one process, a `MirroredStrategy` over the slots' GPUs (or as many
   logical CPU devices).
 - "multi_worker_mirrored" (Keras 2): one process per slot, `MultiWorkerMirroredStrategy`
-  over free localhost ports (TF_CONFIG), started by the rank supervisor (localdet/processes/ranks.py).
+  over free localhost ports (TF_CONFIG), started by the rank supervisor
+  (localdet/processes/ranks.py).
 - "horovod" (Keras 2, where `horovod.tensorflow` imports): one process per slot joined by
   Horovod over Gloo, started by the rank supervisor.
 

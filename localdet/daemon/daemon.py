@@ -123,8 +123,8 @@ class Daemon:
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
     ray: str | None = None   # a Ray cluster's address ("auto"): its slots, trials run there
     cluster: Any = None      # or the cluster itself (RayCluster's methods): a simulated one
-    # Where trials run, behind one interface (localdet/scheduling/local_machine.py): this machine, or
-    # the cluster.
+    # Where trials run, behind one interface (localdet/scheduling/local_machine.py): this
+    # machine, or the cluster.
     backend: Any = None
     report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
     report_port: int | None = None  # the report server's port; None: the remembered one
@@ -148,7 +148,8 @@ class Daemon:
     def open(self, db: StateDB | None = None) -> "Daemon":
         """Find the machine's slots and connect to the state (`run` does this itself;
         `localdet run` calls it)."""
-        # Trials start on this machine, or in actors on a Ray cluster (localdet/scheduling/ray_cluster.py).
+        # Trials start on this machine, or in actors on a Ray cluster
+        # (localdet/scheduling/ray_cluster.py).
         if self.cluster is None and self.ray:
             self.cluster = RayCluster.connect(self.ray, self.layout)
         self.machine: list[Slot] = self.cluster.slots() if self.cluster else \

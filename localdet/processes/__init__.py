@@ -1,1 +1,2 @@
-"""Trial processes: how one is launched, supervised (ranks, warm forks, capped logs, memory limit), and how its exit is read."""
+"""Trial processes: how one is launched, supervised (ranks, warm forks, capped logs, memory
+limit), and how its exit is read."""

@@ -3,7 +3,8 @@ recent lines, with one line between them saying how much was dropped.
 
     log = CappedLog(path, max_bytes=100_000_000)
     log.write(b"epoch 1 ...\\n")                 # the daemon's own log, in process
-    python -m localdet.processes.capped_log PATH MAX_BYTES  # a trial's log writer: its output on stdin
+    python -m localdet.processes.capped_log PATH MAX_BYTES   # a trial's log writer:
+                                                 # its output on stdin
 
     data, offset = read_from(path, offset)       # `localdet logs -f`: what came since offset
 

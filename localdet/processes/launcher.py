@@ -230,8 +230,9 @@ def _wait(writer: subprocess.Popen | None, seconds: float = 5.0) -> None:
 
 
 def _log_writer(spec: LaunchSpec) -> tuple[int, subprocess.Popen | None]:
-    """The write end of a pipe into the trial's log writer (`python -m localdet.processes.capped_log`,
-    in a session of its own, so it outlives the daemon as the trial does), and the writer.
+    """The write end of a pipe into the trial's log writer (`python -m
+    localdet.processes.capped_log`, in a session of its own, so it outlives the daemon as the
+    trial does), and the writer.
     If the writer cannot start, the log file itself, uncapped."""
     read_end, write_end = os.pipe()
     try:

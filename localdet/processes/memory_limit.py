@@ -61,7 +61,8 @@ def limit_for(config: dict, fraction: float | None) -> tuple[int, str] | None:
         return int(configured), "resources.max_memory"
     if fraction is None:
         return None
-    return int(fraction * physical_memory()), f"localdet daemon --trial-memory-fraction {fraction:g}"
+    return (int(fraction * physical_memory()),
+            f"localdet daemon --trial-memory-fraction {fraction:g}")
 
 
 def message(limit: int, source: str) -> str:

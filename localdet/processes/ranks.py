@@ -3,7 +3,8 @@
 The daemon keeps one process per trial (its pid, adoption after a restart, killpg), so a
 multi-process trial starts this instead, in its own session, its stdout the trial's log:
 
-    python -P -m localdet.processes.ranks --size 2 [--tf-config | --horovod] [--grace 5] -- python3 train.py
+    python -P -m localdet.processes.ranks --size 2 [--tf-config | --horovod] [--grace 5] \\
+        -- python3 train.py
 
 (-P: the trial's folder is the working directory, and its json.py must not shadow ours.)
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import selectors
@@ -55,9 +57,10 @@ def rank_environments(size: int, base: dict[str, str], tf_config: bool = False
                          f"but --size is {size}; give one slot per rank")
     # CUDA_VISIBLE_DEVICES "" (CPU slots) stays ""; a list of another length is the user's.
     devices = base.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    for env, device in zip(envs, devices if len(devices) == size else []):
+    # Each zip is one value per rank, or [] (none to set): strict=False lets [] stop it.
+    for env, device in zip(envs, devices if len(devices) == size else [], strict=False):
         env["CUDA_VISIBLE_DEVICES"] = device
-    for env, slot in zip(envs, slots if slots != [""] else []):
+    for env, slot in zip(envs, slots if slots != [""] else [], strict=False):
         env[SLOTS_VAR] = slot
     if tf_config:
         chief_port = int(envs[0][CHIEF_ADDR_VAR].rsplit(":", 1)[1])
@@ -110,7 +113,7 @@ def horovod_hosts(addresses: list[dict]) -> list[str]:
     be consecutive, as Horovod assigns ranks host by host."""
     names: dict[str, str] = {}
     hosts = [names.setdefault(a["node"], f"node{len(names)}") for a in addresses]
-    for first, second in zip(hosts, hosts[1:]):
+    for first, second in itertools.pairwise(hosts):
         if first != second and second in hosts[:hosts.index(first) + 1]:
             raise ValueError(f"the ranks of a machine must be consecutive, got {hosts}")
     return hosts

@@ -228,7 +228,8 @@ class WarmPool:
         self._warm.clear()
 
     def describe(self) -> str:
-        return f"{len(self._warm)} warm process(es), {sum(w.ready.is_set() for w in self._warm)} ready"
+        ready = sum(w.ready.is_set() for w in self._warm)
+        return f"{len(self._warm)} warm process(es), {ready} ready"
 
     def _warm_log(self):
         """Where warm processes' own output goes (TensorFlow's start-up messages): one

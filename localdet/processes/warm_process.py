@@ -3,8 +3,8 @@ from it for each trial the daemon gives it.
 
     python -P -m localdet.processes.warm_process     # stdin: a Unix socket to the daemon
 
-The daemon (localdet/processes/warm_pool.py) starts it in a session of its own with the environment of
-one Keras line and one experiment's variables, and nothing of any trial. It imports
+The daemon (localdet/processes/warm_pool.py) starts it in a session of its own with the
+environment of one Keras line and one experiment's variables, and nothing of any trial. It imports
 TensorFlow, Keras and the harness (no device is touched: nothing of a GPU is taken), says
 `{"ready": true}` and waits. For each assignment (the trial's full environment, its folder
 and command, and, passed along as a file descriptor, the pipe into the trial's log writer)

@@ -326,7 +326,8 @@ class StateDB:
         rows = self.db.table("experiments").rows_where(clauses, args, order_by="id")
         return [Experiment.from_row(row) for row in rows]
 
-    def set_experiment_state(self, experiment_id: int, state: str, error: str | None = None) -> None:
+    def set_experiment_state(self, experiment_id: int, state: str,
+                             error: str | None = None) -> None:
         """Raises IllegalTransition for a change `states.EXPERIMENT_TRANSITIONS` does not
         list (UnknownValue for no experiment state at all)."""
         with self.atomic():
@@ -381,7 +382,8 @@ class StateDB:
     def trials(self, experiment_id: int | None = None,
                states: Iterable[str] | None = None) -> list[Trial]:
         clauses, args = _filters(experiment_id=experiment_id or None, state=states)
-        return [Trial.from_row(r) for r in self.db.table("trials").rows_where(clauses, args, order_by="id")]
+        rows = self.db.table("trials").rows_where(clauses, args, order_by="id")
+        return [Trial.from_row(row) for row in rows]
 
     def update_trial(self, trial_id: int, **changes: Any) -> None:
         """Update a trial's columns; a state change is also written to the event log.
@@ -453,7 +455,8 @@ class StateDB:
                 "metadata": json.dumps(manifest["metadata"]),
                 "manifest": json.dumps(manifest), "created_at": manifest["created_at"],
             })
-            self.db.table("trials").update(manifest["trial_id"], {"latest_checkpoint": manifest["uuid"]})
+            self.db.table("trials").update(manifest["trial_id"],
+                                           {"latest_checkpoint": manifest["uuid"]})
             self.log_event("checkpoint", experiment_id=manifest["experiment_id"],
                            trial_id=manifest["trial_id"], uuid=manifest["uuid"],
                            batches_trained=manifest["batches_trained"])
@@ -520,11 +523,14 @@ class StateDB:
         clauses, args = ([], []) if include_deleted else (["state = ?"],
                                                           [CheckpointState.COMPLETED])
         if experiment_id is not None:
-            clauses.append("experiment_id = ?"); args.append(experiment_id)
+            clauses.append("experiment_id = ?")
+            args.append(experiment_id)
         if trial_id is not None:
-            clauses.append("trial_id = ?"); args.append(trial_id)
-        rows = self.db.table("checkpoints").rows_where(" AND ".join(clauses) or None, args or None,
-                                                 order_by="trial_id, batches_trained")
+            clauses.append("trial_id = ?")
+            args.append(trial_id)
+        rows = self.db.table("checkpoints").rows_where(" AND ".join(clauses) or None,
+                                                       args or None,
+                                                       order_by="trial_id, batches_trained")
         return [Checkpoint.from_row(row) for row in rows]
 
     # -- requests (pause, resume, kill) ------------------------------------------------------

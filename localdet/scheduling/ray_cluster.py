@@ -11,9 +11,9 @@ GPU slots, the custom resource `localdet_slot` (`ray start --resources
 '{"localdet_slot": 2}'`) on CPU-only nodes. The actor starts the trial's program as its child
 in a session of its own, with the trial's environment over the node's own (Ray's
 `CUDA_VISIBLE_DEVICES` stays), in the model folder, which travels through Ray's object
-store (zipped once per folder, unpacked once per node). The child dies with the actor (PR_SET_PDEATHSIG), so a lost node or a killed
-actor leaves no process training. The actor keeps the child's output until the daemon pulls
-it into the trial's log.
+store (zipped once per folder, unpacked once per node). The child dies with the actor
+(PR_SET_PDEATHSIG), so a lost node or a killed actor leaves no process training. The actor
+keeps the child's output until the daemon pulls it into the trial's log.
 
 Detached, the actor outlives a daemon killed with -9; the next daemon finds it by name and
 adopts the launch, so no trial runs twice. A launch whose node died is `lost`: the daemon
@@ -475,7 +475,8 @@ class RayCluster:
             have = [i for i, n in self._node_of.items() if n == node["NodeID"]]
             for _ in range(count - len(have)):
                 index = len(self._slots)
-                self._slots.append(Slot(index, kind, f"{kind.upper()} on {node['NodeManagerAddress']} "
+                self._slots.append(Slot(index, kind,
+                                        f"{kind.upper()} on {node['NodeManagerAddress']} "
                                         f"({node['NodeID'][:8]})"))
                 self._node_of[index] = node["NodeID"]
 

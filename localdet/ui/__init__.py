@@ -1,1 +1,2 @@
-"""What people see and type: the `localdet` command line, its views, logs, metrics and the web dashboard."""
+"""What people see and type: the `localdet` command line, its views, logs, metrics and the
+web dashboard."""

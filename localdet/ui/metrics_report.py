@@ -136,7 +136,7 @@ def curves(report: Report, best_trial: int | None = None):
     rows = math.ceil(len(names) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows),
                                 squeeze=False)
-    for ax, name in zip(axes.flat, names):
+    for ax, name in zip(axes.flat, names, strict=False):  # the grid may have spare axes
         lines = report.series(name)
         both_kinds = len({kind for _, kind in lines}) > 1
         for (trial, kind), points in sorted(lines.items()):
@@ -144,7 +144,7 @@ def curves(report: Report, best_trial: int | None = None):
             label = f"trial {trial}" + (" (best)" if best else "")
             if both_kinds and kind == "training":
                 label += " (training)"
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=True)  # (batches, value) pairs
             ax.plot(xs, ys, linestyle="--" if kind == "training" else "-",
                     linewidth=3.0 if best else 1.3, color=colour[trial], label=label,
                     marker="o" if len(points) <= 20 else None, markersize=3,

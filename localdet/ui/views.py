@@ -41,7 +41,9 @@ def daemon_notice(db: StateDB) -> str | None:
 
 
 def _nodes(launch: dict) -> str:
-    nodes = zip(launch.get("nodes") or [launch["node"]], launch.get("hosts") or [launch["host"]])
+    # One host per node: the daemon records both lists together.
+    nodes = zip(launch.get("nodes") or [launch["node"]], launch.get("hosts") or [launch["host"]],
+                strict=True)
     return ", ".join(f"{host} ({node[:8]})" for node, host in dict.fromkeys(nodes))
 
 
@@ -316,7 +318,8 @@ def search_summary(experiment: dict) -> Table:
                 f"{experiment['progress']:.0%}")
     table.add_row("Progress", bar)
     table.add_row("Trials", ", ".join(f"{n} {state.lower()}" for state, n
-                                      in sorted(experiment["trials_by_state"].items())) or "none yet")
+                                      in sorted(experiment["trials_by_state"].items()))
+                  or "none yet")
     if experiment["best_trial"] is not None:
         table.add_row("Best", f"trial {experiment['best_trial']}: "
                               f"{escape(experiment['metric'])}={_number(experiment['best_metric'])}")

@@ -143,7 +143,8 @@ def main() -> None:
         bare_path.parent.mkdir()
         with open(log_path, "a") as log, contextlib.redirect_stdout(log):
             reporter = SQLiteReporter(layout, trial_id)
-            controller = TrialController.for_trial_class(BenchTrial, reporter.trial_info(), reporter)
+            controller = TrialController.for_trial_class(BenchTrial, reporter.trial_info(),
+                                                         reporter)
             controller.run()  # 2 batches, a validation and the first (untimed) checkpoint
             model = controller.model
 

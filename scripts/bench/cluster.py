@@ -607,7 +607,8 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
           f"experiment {r['outcome'].get('state')}, trials {dict(r['outcome'].get('trials', []))}")
     print(f"  launches {r['launches']}, exits {r['exits']} ({r['failed']} failed) in "
           f"{r['wall']:.1f} s (first launch to last exit)")
-    print(f"  decisions/s        {r['decisions_per_s']:7.1f}   steady {r['steady_decisions_per_s']:.1f}"
+    print(f"  decisions/s        {r['decisions_per_s']:7.1f}   "
+          f"steady {r['steady_decisions_per_s']:.1f}"
           f"   (ideal steady {2 * slots / args.trial_seconds:.1f})")
     print(f"  commits/s          {r['commits_per_s']:7.1f}   ({r['commits']} commits)")
     if r.get("writer"):
@@ -684,7 +685,8 @@ def main() -> None:
         base = results[base_slots]
         print(f"\nratios to {base_slots} slots:")
         for slots, r in sorted(results.items()):
-            print(f"  {slots:4d} slots: decisions/s x{r['decisions_per_s'] / base['decisions_per_s']:.2f}"
+            print(f"  {slots:4d} slots: decisions/s "
+                  f"x{r['decisions_per_s'] / base['decisions_per_s']:.2f}"
                   f" (ideal x{slots / base_slots:.0f}), commits/s "
                   f"x{r['commits_per_s'] / base['commits_per_s']:.2f}, utilisation "
                   f"{r['utilisation'] / base['utilisation']:.2f}, steady utilisation "

@@ -9,8 +9,9 @@ of batches, with the same seed and the same shuffled, repeated tf.data pipeline,
   localdet  experiment and trial rows made as the intake and daemon make them (parse_config,
             StateDB.create_experiment, the `single` searcher's operations, create_trial) in a
             temporary LOCALDET_HOME; then, timed, SQLiteReporter(...).trial_info() and
-            TrialController.for_trial_class(BenchTrial, info, reporter).run() in this process: training
-            metrics every 100 batches, one validation and one checkpoint (real store) at the end.
+            TrialController.for_trial_class(BenchTrial, info, reporter).run() in this process:
+            training metrics every 100 batches, one validation and one checkpoint (real store)
+            at the end.
 
 Timed: everything after the TensorFlow import and data loading, model building, compiling and
 tracing included, on both sides. One untimed warm-up run of each, then `--repeats` timed runs
@@ -81,11 +82,15 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 from determined import keras as det_keras  # noqa: E402
-from determined.keras import (
-    KerasContext,  # noqa: E402
-    _data,  # noqa: E402
+from determined.keras import (  # noqa: E402
+    KerasContext,
+    _data,
 )
-from determined.keras._trial_controller import TrialController, keras_line, prepare_process  # noqa: E402
+from determined.keras._trial_controller import (  # noqa: E402
+    TrialController,
+    keras_line,
+    prepare_process,
+)
 from localdet.paths import Layout  # noqa: E402
 from localdet.records.db import StateDB, now  # noqa: E402
 from localdet.reporting.http_reporter import HTTPReporter  # noqa: E402

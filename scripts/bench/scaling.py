@@ -197,7 +197,8 @@ def main() -> None:
                 result = run(layout, python, legacy_keras, engine, slots, gpus)
                 rate_one, rate = samples / one["seconds"], samples / result["seconds"]
                 difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                                 for a, b in zip(result["weights"], one["weights"]))
+                                 for a, b in zip(result["weights"], one["weights"],
+                                                 strict=True))  # the same model's weights
                 print(f"  {label}  {engine:21}  1 slot {rate_one:6.0f}  {slots} slots "
                       f"{rate:6.0f} samples/s  efficiency {rate / (slots * rate_one):.2f}  "
                       f"max |weights - 1 slot| {difference:.1e}", flush=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sqlite3
@@ -45,7 +46,8 @@ sys.path.insert(0, os.environ["EXAMPLE"])
 import tensorflow as tf
 from model_def import load_data
 x, _, y, _ = load_data()
-model = tf.keras.Sequential([tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(32, activation="relu"),
+model = tf.keras.Sequential([tf.keras.Input(shape=(64,)),
+                             tf.keras.layers.Dense(32, activation="relu"),
                              tf.keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 model.fit(x[:32 * int(os.environ["BATCHES"])], y[:32 * int(os.environ["BATCHES"])],
@@ -130,7 +132,7 @@ def main() -> None:
     gaps = []
     for slot in range(args.slots):
         on_slot = sorted((start, end) for start, end, slots in trials if slot in slots)
-        gaps += [b[0] - a[1] for a, b in zip(on_slot, on_slot[1:])]
+        gaps += [b[0] - a[1] for a, b in itertools.pairwise(on_slot)]
     print(f"{len(trials)} trials of {args.batches} batches on {args.slots} CPU slots")
     print(f"  utilisation        {utilisation:.3f}   (target >= 0.90)")
     print(f"  median gap         {statistics.median(gaps):.3f} s (target <= 1 s; "

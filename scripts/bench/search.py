@@ -488,15 +488,16 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         for name, kind in (("warm", True), ("cold", False)):
             if any(r["warm"]) and kind in r["warm"]:
                 print(f"        {name} launches: "
-                      + median([f for f, w in zip(r["first"], r["warm"]) if w == kind]))
+                      + median([f for f, w in zip(r["first"], r["warm"], strict=True)
+                                if w == kind]))
         print("        (target: first batch within 1 s of a warm process being assigned)")
         print(f"      previous trial's final checkpoint -> next {to.split(' (')[0]}: "
               f"{median(r['handover'])}")
         for name, kind in (("warm", True), ("cold", False)):
             if any(r["handover_warm"]) and kind in r["handover_warm"]:
                 print(f"        to {name} launches: "
-                      + median([h for h, w in zip(r["handover"], r["handover_warm"])
-                                if w == kind]))
+                      + median([h for h, w in zip(r["handover"], r["handover_warm"],
+                                                  strict=True) if w == kind]))
         print(f"        of which final checkpoint -> next launch: {median(r['gap'])}")
 
 

@@ -73,7 +73,8 @@ class TrialReporter(Protocol):
 
     def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None: ...
 
-    def report_validation_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None: ...
+    def report_validation_metrics(self, batches_trained: int,
+                                  metrics: Dict[str, float]) -> None: ...
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
                         metadata: Dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """How this training process trains on its share of a trial's slots: the harness side of
-`localdet/config/engines.py`, picked from LOCALDET_ENGINE (which the launcher sets) and started once,
-before TensorFlow starts its runtime:
+`localdet/config/engines.py`, picked from LOCALDET_ENGINE (which the launcher sets) and started
+once, before TensorFlow starts its runtime:
 
     engine = start(keras_line)                     # in prepare_process
     optimizer = engine.wrap_optimizer(optimizer)   # context.wrap_optimizer
@@ -168,7 +168,8 @@ class MultiWorkerMirrored(Single):
                               "resources.engine: auto")
         if not os.environ.get("TF_CONFIG"):
             raise EngineError("the multi_worker_mirrored engine needs TF_CONFIG, which the "
-                              "rank supervisor (python -m localdet.processes.ranks --tf-config) sets")
+                              "rank supervisor (python -m localdet.processes.ranks "
+                              "--tf-config) sets")
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         tf.distribute.experimental_set_strategy(self.strategy)
         self._steps: Dict[int, int] = {}

@@ -171,7 +171,7 @@ class KerasContext:
         """
         from determined.keras._trial_controller import FitOptions, TrialController
 
-        self.training  # a job has no training; say so before anything else
+        _ = self.training  # a job has no training; say so before anything else
         if validation_data is None and x_val is not None:
             if y_val is None:
                 raise ValueError("context.fit(): x_val needs y_val")

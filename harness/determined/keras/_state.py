@@ -39,7 +39,7 @@ def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None
     if len(variables) != len(values):
         raise RuntimeError(f"the checkpoint holds {len(values)} optimizer variables but the "
                            f"optimizer has {len(variables)}; was the optimizer changed?")
-    for variable, value in zip(variables, values):
+    for variable, value in zip(variables, values, strict=True):  # counts checked above
         variable.assign(value)
 
 
@@ -140,15 +140,19 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
     op_seeds = _eager_op_seeds()
     if state.get("tf_op_seeds") is not None and op_seeds is not None:
         op_seeds.setstate(state["tf_op_seeds"])
-    for variable, value in zip(_non_weight_variables(model), state["model_variables"]):
+    # Each list was captured by position from the same model and optimizers (capture()):
+    # a length that differs is a different model, not a state to restore in part.
+    for variable, value in zip(_non_weight_variables(model), state["model_variables"],
+                               strict=True):
         variable.assign(value)
-    for generator, value in zip(_layer_generators(model), state["layer_generators"]):
+    for generator, value in zip(_layer_generators(model), state["layer_generators"],
+                                strict=True):
         generator.reset(value)
-    for optimizer, rate in zip(optimizers, state["learning_rates"]):
+    for optimizer, rate in zip(optimizers, state["learning_rates"], strict=True):
         if rate is not None and _learning_rate(optimizer) is not None:
             _learning_rate(optimizer).assign(rate)
     others = [o for o in optimizers if o is not model.optimizer]
-    for optimizer, values in zip(others, state["other_optimizers"]):
+    for optimizer, values in zip(others, state["other_optimizers"], strict=True):
         build_optimizer(optimizer, model)
-        for variable, value in zip(_variables(optimizer), values):
+        for variable, value in zip(_variables(optimizer), values, strict=True):
             variable.assign(value)

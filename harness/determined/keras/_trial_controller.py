@@ -323,7 +323,8 @@ class TrialController:
         callbacks.on_train_end()
 
     def _load_callback_states(self, saved_states: List[Any]) -> None:
-        for callback, saved in zip(self.user_callbacks, saved_states):
+        # One state per user callback, saved by position: the same callbacks must restore.
+        for callback, saved in zip(self.user_callbacks, saved_states, strict=True):
             if saved is not None and hasattr(callback, "load_state"):
                 callback.load_state(saved)
 
