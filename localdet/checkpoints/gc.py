@@ -42,10 +42,10 @@ from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+from localdet.records.states import CheckpointState
 
 if TYPE_CHECKING:
     from localdet.checkpoints.s3_store import S3Lease
-from localdet.records.states import CheckpointState
 
 # An unreferenced blob younger than this may still be in flight (put before its manifest
 # commits) from a writer outside the writers lock; left alone by the orphan sweep.
