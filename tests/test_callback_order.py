@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import Daemon, start_trial, wait_for
+from conftest import start_trial, wait_for
 
 MODEL = Path(__file__).parent / "compat" / "callback_order"
 sys.path.insert(0, str(MODEL))
@@ -112,35 +112,37 @@ def pause_and_resume(home, experiment_ids, after_batches):
     """Pause the experiments once each has trained `after_batches[id]` batches, then resume
     them; returns where each stopped."""
     stopped = {}
+    # (The waits read the database: polling `localdet status` would take a core.)
     for experiment_id in experiment_ids:
-        wait_for(lambda: trial(home, experiment_id)["batches_trained"]
+        wait_for(lambda experiment_id=experiment_id:
+                 home.first_trial(experiment_id).get("batches_trained", 0)
                  >= after_batches[experiment_id], 300,
-                 f"experiment {experiment_id} to train {after_batches[experiment_id]} batches")
+                 f"experiment {experiment_id} to train {after_batches[experiment_id]} batches",
+                 0.1)
         home.cli("pause", experiment_id)
     for experiment_id in experiment_ids:
-        wait_for(lambda: trial(home, experiment_id)["state"] == "PAUSED", 120,
-                 f"experiment {experiment_id} to pause")
+        wait_for(lambda experiment_id=experiment_id:
+                 home.first_trial(experiment_id)["state"] == "PAUSED", 120,
+                 f"experiment {experiment_id} to pause", 0.1)
         stopped[experiment_id] = trial(home, experiment_id)["batches_trained"]
         home.cli("resume", experiment_id)
     return stopped
 
 
 @pytest.mark.slow
-def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp_path):
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        paused = {line: submit(home, tmp_path, f"paused-{line}", line == "keras2",
-                               batch_sleep=1.0) for line in ("keras3", "keras2")}
-        straight = {line: submit(home, tmp_path, f"straight-{line}", line == "keras2")
-                    for line in ("keras3", "keras2")}
-        ids = list(paused.values())
-        first = pause_and_resume(home, ids, {i: 1 for i in ids})
-        second = pause_and_resume(home, ids, {i: first[i] + 1 for i in ids})
-        ended = {f"{kind}-{line}": home.wait_until_ended(experiment_id)
-                 for kind, ids_by_line in (("paused", paused), ("straight", straight))
-                 for line, experiment_id in ids_by_line.items()}
-    finally:
-        daemon.stop()
+def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp_path, daemons):
+    daemon = daemons(home, "--slots", "2")
+    paused = {line: submit(home, tmp_path, f"paused-{line}", line == "keras2",
+                           batch_sleep=1.0) for line in ("keras3", "keras2")}
+    straight = {line: submit(home, tmp_path, f"straight-{line}", line == "keras2")
+                for line in ("keras3", "keras2")}
+    ids = list(paused.values())
+    first = pause_and_resume(home, ids, {i: 1 for i in ids})
+    second = pause_and_resume(home, ids, {i: first[i] + 1 for i in ids})
+    ended = {f"{kind}-{line}": home.wait_until_ended(experiment_id)
+             for kind, ids_by_line in (("paused", paused), ("straight", straight))
+             for line, experiment_id in ids_by_line.items()}
+    daemon.stop()
     for name, facts in ended.items():
         assert facts["state"] == "COMPLETED", (name, facts)
     for line, experiment_id in paused.items():

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TEST_TRIALS, Daemon, Home, wait_for
+from conftest import TEST_TRIALS, Home, wait_for
 
 MB = 10**6
 
@@ -120,12 +120,13 @@ def counter_config(folder: Path, name: str) -> Path:
 
 
 @pytest.mark.slow
-def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, tmp_path):
+def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, tmp_path,
+                                                                    daemons):
     home = Home(small_disk / "home")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    daemon = Daemon(home, "--min-free-space", "4MB", "--min-free-percent", "100",
+    daemon = daemons(home, "--min-free-space", "4MB", "--min-free-percent", "100",
                     "--web", "--no-token", "--port", str(port))
     from localdet.paths import Layout
     from localdet.records.db import StateDB
@@ -191,4 +192,4 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
             roomy["trials"][0]["latest_checkpoint"])
     finally:
         db.close()
-        daemon.stop()
+    daemon.stop()

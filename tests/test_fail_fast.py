@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from conftest import Daemon, write_config
+from conftest import write_config
 
 from localdet.config.experiment import parse_config
 from localdet.processes import failures, launcher
@@ -44,7 +44,8 @@ class TinyTrial(keras.TFKerasTrial):
 
     def build_training_data_loader(self):
         rng = np.random.default_rng(0)
-        return rng.normal(size=(64, 4)).astype("float32"), rng.normal(size=(64, 2)).astype("float32")
+        return (rng.normal(size=(64, 4)).astype("float32"),
+                rng.normal(size=(64, 2)).astype("float32"))
 
     def build_validation_data_loader(self):
         return self.build_training_data_loader()
@@ -76,58 +77,57 @@ def launches(home, experiment_id: int) -> dict[int, int]:
 
 
 @pytest.mark.slow
-def test_repeating_failures_end_at_once_and_failures_after_training_keep_restarts(home, tmp_path):
+def test_repeating_failures_end_at_once_and_failures_after_training_keep_restarts(
+        home, tmp_path, daemons):
     # One slot: the trials run one after another, so the launches counted are exact.
-    daemon = Daemon(home, "--slots", "1")
-    try:
-        # 1. A search whose model folder fails at import: two launches of its first trial.
-        home.cli("submit", experiment(
-            tmp_path, "import-fails", max_restarts=5,
-            hyperparameters={"global_batch_size": 8,
-                             "width": {"type": "int", "minval": 2, "maxval": 9}},
-            searcher={"name": "random", "metric": "val_loss", "max_trials": 4,
-                      "max_length": {"batches": 8}}),
-            model_folder(tmp_path / "import", extra="import not_a_module"))
-        # 2. A failure in build_model, the same for every trial of a grid.
-        home.cli("submit", experiment(
-            tmp_path, "setup-fails", max_restarts=3,
-            hyperparameters={"global_batch_size": 8,
-                             "width": {"type": "categorical", "vals": [2, 3, 4]}},
-            searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
-            model_folder(tmp_path / "setup",
-                         build="raise ValueError('the model needs a column named label')"))
-        # 3. A script that fails at import.
-        script = tmp_path / "script"
-        script.mkdir()
-        (script / "train.py").write_text("import os\nfrom determined.keras import NoSuchName\n")
-        home.cli("submit", experiment(tmp_path, "script-fails", entrypoint="python3 train.py",
-                                      max_restarts=4), script)
-        # 4. A trial that trains 3 batches, then fails: the same error every time, but it
-        #    trained, so it is restarted as often as max_restarts says.
-        home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
-                 model_folder(tmp_path / "late", fail_after=3))
-        # 5. A legacy optimizer argument under Keras 3: the error is about the Keras line.
-        home.cli("submit", experiment(tmp_path, "keras-line", max_restarts=3),
-                 model_folder(tmp_path / "keras", build="tf.keras.optimizers.Adam(lr=0.1)"))
-        # 6. A grid whose widest trial raises det.InvalidHP: it alone ends, at once.
-        home.cli("submit", experiment(
-            tmp_path, "invalid-hp", max_restarts=3,
-            hyperparameters={"global_batch_size": 8,
-                             "width": {"type": "categorical", "vals": [2, 9]}},
-            searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
-            model_folder(tmp_path / "invalid", build=(
-                "if self.context.get_hparam('width') > 4: "
-                "raise det.InvalidHP('width 9 does not fit the data')"),
-                extra="import determined as det"))
-        ids = {name: home.experiment_named(name)["id"] for name in
-               ("import-fails", "setup-fails", "script-fails", "fails-after-training",
-                "keras-line", "invalid-hp")}
-        facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
-        status = home.cli("status", ids["import-fails"]).stdout
-        listing = home.cli("status").stdout
-        keras_status = home.cli("status", ids["keras-line"]).stdout
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--slots", "1")
+    # 1. A search whose model folder fails at import: two launches of its first trial.
+    home.cli("submit", experiment(
+        tmp_path, "import-fails", max_restarts=5,
+        hyperparameters={"global_batch_size": 8,
+                         "width": {"type": "int", "minval": 2, "maxval": 9}},
+        searcher={"name": "random", "metric": "val_loss", "max_trials": 4,
+                  "max_length": {"batches": 8}}),
+        model_folder(tmp_path / "import", extra="import not_a_module"))
+    # 2. A failure in build_model, the same for every trial of a grid.
+    home.cli("submit", experiment(
+        tmp_path, "setup-fails", max_restarts=3,
+        hyperparameters={"global_batch_size": 8,
+                         "width": {"type": "categorical", "vals": [2, 3, 4]}},
+        searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
+        model_folder(tmp_path / "setup",
+                     build="raise ValueError('the model needs a column named label')"))
+    # 3. A script that fails at import.
+    script = tmp_path / "script"
+    script.mkdir()
+    (script / "train.py").write_text("import os\nfrom determined.keras import NoSuchName\n")
+    home.cli("submit", experiment(tmp_path, "script-fails", entrypoint="python3 train.py",
+                                  max_restarts=4), script)
+    # 4. A trial that trains 3 batches, then fails: the same error every time, but it
+    #    trained, so it is restarted as often as max_restarts says.
+    home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
+             model_folder(tmp_path / "late", fail_after=3))
+    # 5. A legacy optimizer argument under Keras 3: the error is about the Keras line.
+    home.cli("submit", experiment(tmp_path, "keras-line", max_restarts=3),
+             model_folder(tmp_path / "keras", build="tf.keras.optimizers.Adam(lr=0.1)"))
+    # 6. A grid whose widest trial raises det.InvalidHP: it alone ends, at once.
+    home.cli("submit", experiment(
+        tmp_path, "invalid-hp", max_restarts=3,
+        hyperparameters={"global_batch_size": 8,
+                         "width": {"type": "categorical", "vals": [2, 9]}},
+        searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}}),
+        model_folder(tmp_path / "invalid", build=(
+            "if self.context.get_hparam('width') > 4: "
+            "raise det.InvalidHP('width 9 does not fit the data')"),
+            extra="import determined as det"))
+    ids = {name: home.experiment_named(name)["id"] for name in
+           ("import-fails", "setup-fails", "script-fails", "fails-after-training",
+            "keras-line", "invalid-hp")}
+    facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
+    status = home.cli("status", ids["import-fails"]).stdout
+    listing = home.cli("status").stdout
+    keras_status = home.cli("status", ids["keras-line"]).stdout
+    daemon.stop()
 
     message = "ModuleNotFoundError: No module named 'not_a_module'"
     search = facts["import-fails"]

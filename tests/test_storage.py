@@ -12,7 +12,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, Daemon, Home, write_config
+from conftest import EXAMPLE, Home, write_config
 
 from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.store import CorruptBlobError, MissingBlobError, StoreError
@@ -259,7 +259,7 @@ def test_good_storage_keys_are_kept_and_open_their_store(layout):
 # -- end to end: a real daemon, a real trial -----------------------------------------------------
 
 @pytest.fixture(scope="module")
-def finished(s3_endpoint, tmp_path_factory):
+def finished(s3_endpoint, tmp_path_factory, module_daemons):
     """One daemon runs a tiny digits trial to a shared_fs store and one to S3; the daemon
     (and so the trials it starts) has the S3 credentials in its environment."""
     root = tmp_path_factory.mktemp("storage")
@@ -268,16 +268,14 @@ def finished(s3_endpoint, tmp_path_factory):
     shared = root / "shared"
     shared.mkdir()
     s3 = {"type": "s3", "bucket": BUCKET, "prefix": "e2e/", "endpoint_url": s3_endpoint}
-    daemon = Daemon(home)
-    try:
-        for name, storage in (("on-shared-fs", {"type": "shared_fs", "host_path": str(shared)}),
-                              ("on-s3", s3)):
-            home.cli("submit", write_config(root / name, name, checkpoint_storage=storage),
-                     EXAMPLE)
-        facts = {name: home.wait_until_ended(home.experiment_named(name)["id"])
-                 for name in ("on-shared-fs", "on-s3")}
-    finally:
-        daemon.stop()
+    daemon = module_daemons(home)
+    for name, storage in (("on-shared-fs", {"type": "shared_fs", "host_path": str(shared)}),
+                          ("on-s3", s3)):
+        home.cli("submit", write_config(root / name, name, checkpoint_storage=storage),
+                 EXAMPLE)
+    facts = {name: home.wait_until_ended(home.experiment_named(name)["id"])
+             for name in ("on-shared-fs", "on-s3")}
+    daemon.stop()
     return home, shared, facts
 
 
