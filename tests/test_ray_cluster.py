@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import TEST_TRIALS, Daemon, Home, wait_for
+from conftest import TEST_TRIALS, Home, wait_for
 
 # Before Ray is imported (it reads this once): every Ray process on 127.0.0.1, none on the
 # machine's other addresses. The daemons these tests start inherit it.
@@ -133,23 +133,25 @@ def events(home: Home, kind: str) -> list:
         db.close()
 
 
-def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_path):
+def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_path,
+                                                                   daemons):
     asha = {"name": "adaptive_asha", "max_length": {"batches": 16}, "max_trials": 4,
             "max_rungs": 2, "divisor": 2, "max_concurrent_trials": 1,
             "variant": {"type": "int", "minval": 0, "maxval": 9}}
+    # The two searches run side by side, each under a daemon of its own.
+    homes = {where: Home(tmp_path / where) for where in ("local", "ray")}
+    started = {where: daemons(homes[where], *args) for where, args in (
+        ("local", ("--slots", "1")), ("ray", ("--ray", cluster.address)))}
+    for where, home in homes.items():
+        home.cli("submit", counter_config(tmp_path, f"asha-{where}", dict(asha), 0.0), COUNTER)
     results = {}
-    for where, args in (("local", ("--slots", "1")), ("ray", ("--ray", cluster.address))):
-        home = Home(tmp_path / where)
-        daemon = Daemon(home, *args)
-        try:
-            home.cli("submit", counter_config(tmp_path, f"asha-{where}", dict(asha), 0.0),
-                     COUNTER)
-            home.experiment_named(f"asha-{where}")
-            facts = home.wait_until_ended(1, timeout=240)
-            assert facts["state"] == "COMPLETED", facts
-            results[where] = (outcomes(home, 1), launches(home, 1))
-        finally:
-            daemon.stop()
+    for where, home in homes.items():
+        home.experiment_named(f"asha-{where}")
+        facts = home.wait_until_ended(1, timeout=240)
+        assert facts["state"] == "COMPLETED", facts
+        results[where] = (outcomes(home, 1), launches(home, 1))
+    for daemon in started.values():
+        daemon.stop()
     (local, _), (on_ray, ray_launches) = results["local"], results["ray"]
     assert on_ray == local and len(local) == 4
     assert {len(t["metrics"]) for t in local.values()} != {0}
@@ -162,32 +164,31 @@ def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_
     assert "on Ray node 127.0.0.1" in trial_log.read_text().splitlines()[0]
 
 
-def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, tmp_path):
+def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, tmp_path,
+                                                                       daemons):
     home = Home(tmp_path / "home")
     single = {"name": "single", "max_length": {"batches": 80}, "variant": 1}
     config = counter_config(tmp_path, "remote", single, 0.04)
-    daemon = Daemon(home, "--ray", cluster.address)
-    try:
-        home.cli("submit", config, COUNTER)
-        home.experiment_named("remote")
-        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] >= 12, 120,
-                 "the trial to train on its node")
-        home.cli("pause", "1")
-        wait_for(lambda: home.experiment(1)["trials"][0]["state"] == "PAUSED", 60,
-                 "the remote trial to pause")
-        paused_at = home.experiment(1)["trials"][0]["batches_trained"]
-        assert 12 <= paused_at < 80
-        home.cli("resume", "1")
-        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] > paused_at + 8,
-                 120, "the resumed trial to train")
-        daemon.process.send_signal(signal.SIGKILL)  # its actor is detached: it goes on
-        daemon.process.wait()
-        daemon = Daemon(home, "--ray", cluster.address)
-        facts = home.wait_until_ended(1, timeout=180)
-        assert facts["state"] == "COMPLETED", facts
-        assert "adopted trial 1 (Ray actor" in daemon.log_path.read_text()
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--ray", cluster.address)
+    home.cli("submit", config, COUNTER)
+    home.experiment_named("remote")
+    wait_for(lambda: home.first_trial(1).get("batches_trained", 0) >= 12, 120,
+             "the trial to train on its node", 0.1)
+    home.cli("pause", "1")
+    wait_for(lambda: home.first_trial(1)["state"] == "PAUSED", 60,
+             "the remote trial to pause", 0.1)
+    paused_at = home.experiment(1)["trials"][0]["batches_trained"]
+    assert 12 <= paused_at < 80
+    home.cli("resume", "1")
+    wait_for(lambda: home.first_trial(1)["batches_trained"] > paused_at + 8,
+             120, "the resumed trial to train", 0.1)
+    daemon.process.send_signal(signal.SIGKILL)  # its actor is detached: it goes on
+    daemon.process.wait()
+    daemon = daemons(home, "--ray", cluster.address)
+    facts = home.wait_until_ended(1, timeout=180)
+    assert facts["state"] == "COMPLETED", facts
+    assert "adopted trial 1 (Ray actor" in daemon.log_path.read_text()
+    daemon.stop()
     # Two launches (before and after the pause), none after the kill: adopted, not rerun.
     assert len(launches(home, 1)) == 2
     (trial,) = outcomes(home, 1).values()
@@ -196,29 +197,26 @@ def test_remote_trials_pause_resume_and_outlive_a_daemon_killed_with_9(cluster, 
 
     # Killing a remote trial ends its actor and its process.
     home2 = Home(tmp_path / "kill")
-    daemon = Daemon(home2, "--ray", cluster.address)
+    daemons(home2, "--ray", cluster.address)
+    home2.cli("submit", counter_config(tmp_path, "killed", dict(single), 0.05), COUNTER)
+    home2.experiment_named("killed")
+    wait_for(lambda: home2.first_trial(1).get("batches_trained", 0) >= 4, 120,
+             "the trial to train", 0.1)
+    running = trial_row(home2, 1)
+    home2.cli("kill", "1")
+    assert home2.wait_until_ended(1, timeout=60)["state"] == "CANCELED"
+    import ray
+
+    from localdet.scheduling.ray_cluster import actor_name
+
+    ray.init(address=cluster.address, namespace=_namespace(home2), log_to_driver=False)
     try:
-        home2.cli("submit", counter_config(tmp_path, "killed", dict(single), 0.05), COUNTER)
-        home2.experiment_named("killed")
-        wait_for(lambda: home2.experiment(1)["trials"][0]["batches_trained"] >= 4, 120,
-                 "the trial to train")
-        running = trial_row(home2, 1)
-        home2.cli("kill", "1")
-        assert home2.wait_until_ended(1, timeout=60)["state"] == "CANCELED"
-        import ray
-
-        from localdet.scheduling.ray_cluster import actor_name
-
-        ray.init(address=cluster.address, namespace=_namespace(home2), log_to_driver=False)
-        try:
-            wait_for(lambda: not _actor_alive(actor_name(running)), 30,
-                     "the trial's actor to end")
-        finally:
-            ray.shutdown()
-        pid = running.pid
-        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the trial process to end")
+        wait_for(lambda: not _actor_alive(actor_name(running)), 30,
+                 "the trial's actor to end", 0.1)
     finally:
-        daemon.stop()
+        ray.shutdown()
+    pid = running.pid
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the trial process to end", 0.1)
 
 
 def _namespace(home: Home) -> str:
@@ -238,7 +236,8 @@ def _actor_alive(name: str) -> bool:
         return False
 
 
-def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(cluster, tmp_path):
+def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(cluster, tmp_path,
+                                                                            daemons):
     """Each worker node has one slot: a 2-slot Keras 2 trial runs one rank on each, in a
     placement group, MultiWorkerMirroredStrategy over the nodes' addresses; paused and
     resumed (both ranks stop, and start again on both nodes), it ends within 1e-5 of the
@@ -250,30 +249,28 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     config = dict(KERAS2, scheduling_unit=10,
                   searcher=dict(KERAS2["searcher"], max_length={"batches": 100}))
     home = Home(tmp_path / "home")
-    daemon = Daemon(home, "--ray", cluster.address)
-    try:
-        for name, slots in (("two", 2), ("one", 1)):  # two first: it takes both nodes
-            home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
-                                            **config), EXAMPLE)
-        two, one = (home.experiment_named(name)["id"] for name in ("two", "one"))
-        pause_soon_after(home, two, 20)
-        wait_for(lambda: home.experiment(two)["trials"][0]["state"] == "PAUSED", 120,
-                 "the 2-node trial to pause")
-        assert home.experiment(two)["trials"][0]["batches_trained"] < 100
-        home.cli("resume", str(two))
-        for experiment in (one, two):
-            facts = home.wait_until_ended(experiment, timeout=300)
-            assert facts["state"] == "COMPLETED", facts
-        keras3 = tmp_path / "keras3"
-        write_config(keras3, "keras3", resources={"slots_per_trial": 2})
-        (keras3 / "model_def.py").write_text((EXAMPLE / "model_def.py").read_text())
-        keras3.rename(home.path / "queue" / "keras3")  # whole, at once
-        error = home.path / "queue" / "rejected" / "keras3" / "error.txt"
-        wait_for(error.exists, 60, "the Keras 3 submission to be refused")
-        assert ("no node of the Ray cluster has more than 1 slot(s), and engine mirrored keeps "
-                "a trial within one node") in error.read_text()
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--ray", cluster.address)
+    for name, slots in (("two", 2), ("one", 1)):  # two first: it takes both nodes
+        home.cli("submit", write_config(tmp_path, name, resources={"slots_per_trial": slots},
+                                        **config), EXAMPLE)
+    two, one = (home.experiment_named(name)["id"] for name in ("two", "one"))
+    pause_soon_after(home, two, 20)
+    wait_for(lambda: home.first_trial(two)["state"] == "PAUSED", 120,
+             "the 2-node trial to pause", 0.1)
+    assert home.experiment(two)["trials"][0]["batches_trained"] < 100
+    home.cli("resume", str(two))
+    for experiment in (one, two):
+        facts = home.wait_until_ended(experiment, timeout=300)
+        assert facts["state"] == "COMPLETED", facts
+    keras3 = tmp_path / "keras3"
+    write_config(keras3, "keras3", resources={"slots_per_trial": 2})
+    (keras3 / "model_def.py").write_text((EXAMPLE / "model_def.py").read_text())
+    keras3.rename(home.path / "queue" / "keras3")  # whole, at once
+    error = home.path / "queue" / "rejected" / "keras3" / "error.txt"
+    wait_for(error.exists, 60, "the Keras 3 submission to be refused", 0.1)
+    assert ("no node of the Ray cluster has more than 1 slot(s), and engine mirrored keeps "
+            "a trial within one node") in error.read_text()
+    daemon.stop()
     first, second = launches(home, two)
     for launch in (first, second):
         assert launch["engine"] == "multi_worker_mirrored" and len(set(launch["nodes"])) == 2
@@ -286,22 +283,21 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     assert "[rank 0] " in log and "[rank 1] " in log
 
 
-def test_a_trial_whose_node_dies_restarts_elsewhere_and_ends_bit_identical(cluster, tmp_path):
+def test_a_trial_whose_node_dies_restarts_elsewhere_and_ends_bit_identical(cluster, tmp_path,
+                                                                            daemons):
     home = Home(tmp_path / "home")
     single = {"name": "single", "max_length": {"batches": 80}, "variant": 2}
-    daemon = Daemon(home, "--ray", cluster.address)
-    try:
-        home.cli("submit", counter_config(tmp_path, "node-lost", single, 0.05), COUNTER)
-        home.experiment_named("node-lost")
-        wait_for(lambda: home.experiment(1)["trials"][0]["batches_trained"] >= 16, 120,
-                 "the trial to checkpoint on its node")
-        (first,) = launches(home, 1)
-        node = next(n for n in cluster.workers if n.node_id == first["node"])
-        cluster.remove_node(node, allow_graceful=False)  # the machine goes away
-        facts = home.wait_until_ended(1, timeout=180)
-        assert facts["state"] == "COMPLETED", facts
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--ray", cluster.address)
+    home.cli("submit", counter_config(tmp_path, "node-lost", single, 0.05), COUNTER)
+    home.experiment_named("node-lost")
+    wait_for(lambda: home.first_trial(1).get("batches_trained", 0) >= 16, 120,
+             "the trial to checkpoint on its node", 0.1)
+    (first,) = launches(home, 1)
+    node = next(n for n in cluster.workers if n.node_id == first["node"])
+    cluster.remove_node(node, allow_graceful=False)  # the machine goes away
+    facts = home.wait_until_ended(1, timeout=180)
+    assert facts["state"] == "COMPLETED", facts
+    daemon.stop()
     first, second = launches(home, 1)
     assert second["node"] != first["node"]
     assert len(events(home, "trial_node_lost")) == 1

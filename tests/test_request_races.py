@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TEST_TRIALS, Daemon, wait_for
+from conftest import TEST_TRIALS, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -206,36 +206,35 @@ def run_sequence(bench: Bench, index: int, references: dict, tally: dict,
         tally["refused"] = tally.get("refused", 0) + sum("refused" in s for s in sent)
 
 
-def test_random_request_sequences_end_where_the_last_request_says(home, tmp_path):
+def test_random_request_sequences_end_where_the_last_request_says(home, tmp_path, daemons):
     from localdet.paths import Layout
 
     layout = Layout(home.path)
-    daemon = Daemon(home, "--slots", str(WORKERS))
-    try:
-        bench = Bench(layout, tmp_path)
-        references = {}
-        for searcher in ("single", "grid"):  # uninterrupted runs, one at a time
-            experiment_id = bench.submit(f"reference-{searcher}", searcher)
-            wait_for(lambda: bench.db.experiment(experiment_id).state == "COMPLETED", 120,
-                     f"the {searcher} reference to complete", 0.1)
-            for trial in bench.db.trials(experiment_id):
-                references[(searcher, trial.request_id)] = bench.weights(trial)
-        tally, lock = {}, threading.Lock()
-        with ThreadPoolExecutor(WORKERS) as pool:
-            for future in [pool.submit(run_sequence, bench, i, references, tally, lock)
-                           for i in range(SEQUENCES)]:
-                future.result()
-        print(f"{SEQUENCES} sequences: {tally}")
-        assert daemon.process.poll() is None, "the daemon died"
-        assert "unexpected error" not in daemon.log_path.read_text()
-        assert sum(tally.get(s, 0) for s in SETTLED) == SEQUENCES
-        # The draw covers every ending, so each rule above was exercised.
-        assert all(tally.get(s, 0) > 0 for s in ("COMPLETED", "CANCELED", "PAUSED"))
-        # ... and the resume that came while its trial was already pausing (it had seen
-        # the pause and was checkpointing to exit) relaunched that trial.
-        requeued = daemon.log_path.read_text().count("queued again as resumed")
-        print(f"resumed while pausing, relaunched: {requeued}")
-        assert requeued > 0
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--slots", str(WORKERS))
+    bench = Bench(layout, tmp_path)
+    references = {}
+    for searcher in ("single", "grid"):  # uninterrupted runs, one at a time
+        experiment_id = bench.submit(f"reference-{searcher}", searcher)
+        wait_for(lambda experiment_id=experiment_id:
+                 bench.db.experiment(experiment_id).state == "COMPLETED", 120,
+                 f"the {searcher} reference to complete", 0.1)
+        for trial in bench.db.trials(experiment_id):
+            references[(searcher, trial.request_id)] = bench.weights(trial)
+    tally, lock = {}, threading.Lock()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for future in [pool.submit(run_sequence, bench, i, references, tally, lock)
+                       for i in range(SEQUENCES)]:
+            future.result()
+    print(f"{SEQUENCES} sequences: {tally}")
+    assert daemon.process.poll() is None, "the daemon died"
+    assert "unexpected error" not in daemon.log_path.read_text()
+    assert sum(tally.get(s, 0) for s in SETTLED) == SEQUENCES
+    # The draw covers every ending, so each rule above was exercised.
+    assert all(tally.get(s, 0) > 0 for s in ("COMPLETED", "CANCELED", "PAUSED"))
+    # ... and the resume that came while its trial was already pausing (it had seen
+    # the pause and was checkpointing to exit) relaunched that trial.
+    requeued = daemon.log_path.read_text().count("queued again as resumed")
+    print(f"resumed while pausing, relaunched: {requeued}")
+    assert requeued > 0
+    daemon.stop()
     shutil.rmtree(tmp_path / "exported", ignore_errors=True)

@@ -6,11 +6,12 @@ twice."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, Daemon, Home, wait_for, write_config
+from conftest import EXAMPLE, Home, wait_for, write_config
 from test_pause_resume_e2e import final_weights
 
 pytestmark = pytest.mark.slow
@@ -28,14 +29,9 @@ LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_be
 
 def launches(home: Home, experiment_id: int) -> list[bool]:
     """Whether each launch of the experiment's trials ran in a warm process, in order."""
-    from localdet.records.db import StateDB
-
-    db = StateDB.open(home.path / "localdet.db")
-    try:
-        return [e["payload"]["warm"] for e in db.events(experiment_id)
-                if e["kind"] == "trial_launched"]
-    finally:
-        db.close()
+    return [json.loads(row["payload"])["warm"] for row in home.rows(
+        "SELECT payload FROM events WHERE experiment_id = ? AND kind = 'trial_launched' "
+        "ORDER BY id", experiment_id)]
 
 
 def request(home: Home, action: str, experiment_id: int) -> None:
@@ -50,33 +46,21 @@ def request(home: Home, action: str, experiment_id: int) -> None:
         db.close()
 
 
-def batches(home: Home, experiment_id: int) -> int:
-    from localdet.records.db import StateDB
-
-    db = StateDB.open(home.path / "localdet.db")
-    try:
-        trials = db.trials(experiment_id)
-        return trials[0].batches_trained if trials else 0
-    finally:
-        db.close()
-
-
-def run_both(home: Home, tmp_path: Path, warm: str) -> dict:
-    daemon = Daemon(home, "--warm", warm)
-    try:
-        home.cli("submit", write_config(tmp_path, f"grid-{warm}", **GRID), EXAMPLE)
-        grid = home.experiment_named(f"grid-{warm}")["id"]
-        assert home.wait_until_ended(grid)["state"] == "COMPLETED"
-        home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), EXAMPLE)
-        long = home.experiment_named(f"long-{warm}")["id"]
-        wait_for(lambda: batches(home, long) >= 40, 180, "40 batches", 0.05)
-        request(home, "pause", long)
-        wait_for(lambda: home.experiment(long)["trials"][0]["state"] == "PAUSED", 120,
-                 "the pause")
-        request(home, "resume", long)
-        assert home.wait_until_ended(long)["state"] == "COMPLETED"
-    finally:
-        daemon.stop()
+def run_both(home: Home, tmp_path: Path, warm: str, daemons) -> dict:
+    daemon = daemons(home, "--warm", warm)
+    home.cli("submit", write_config(tmp_path, f"grid-{warm}", **GRID), EXAMPLE)
+    grid = home.experiment_named(f"grid-{warm}")["id"]
+    assert home.wait_until_ended(grid)["state"] == "COMPLETED"
+    home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), EXAMPLE)
+    long = home.experiment_named(f"long-{warm}")["id"]
+    wait_for(lambda: home.first_trial(long).get("batches_trained", 0) >= 40, 180,
+             "40 batches", 0.05)
+    request(home, "pause", long)
+    wait_for(lambda: home.first_trial(long)["state"] == "PAUSED", 120, "the pause", 0.1)
+    assert home.experiment(long)["trials"][0]["state"] == "PAUSED"
+    request(home, "resume", long)
+    assert home.wait_until_ended(long)["state"] == "COMPLETED"
+    daemon.stop()
     said = daemon.log_path.read_text()
     return {
         "said": said,
@@ -88,9 +72,13 @@ def run_both(home: Home, tmp_path: Path, warm: str) -> dict:
     }
 
 
-def test_warm_and_cold_processes_train_alike(tmp_path):
-    warm = run_both(Home(tmp_path / "warm"), tmp_path, "1")
-    cold = run_both(Home(tmp_path / "cold"), tmp_path, "0")
+def test_warm_and_cold_processes_train_alike(tmp_path, daemons):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as both:  # two homes, two daemons: side by side
+        warm, cold = both.map(lambda args: run_both(Home(tmp_path / args[0]), tmp_path,
+                                                    args[1], daemons),
+                              [("warm", "1"), ("cold", "0")])
     assert "warm trial processes: 1 (--warm)" in warm["said"]
     assert "warm trial processes: 0 (off (--warm 0))" in cold["said"]
     # The first trial starts cold and leaves a warm process behind; later ones fork from it,
@@ -99,7 +87,7 @@ def test_warm_and_cold_processes_train_alike(tmp_path):
     assert warm["long_launches"] == [True, True]
     assert cold["grid_launches"] == [False] * 3 and cold["long_launches"] == [False] * 2
     assert warm["grid"] == cold["grid"]
-    for (name_a, a), (name_b, b) in zip(warm["weights"], cold["weights"]):
+    for (name_a, a), (name_b, b) in zip(warm["weights"], cold["weights"], strict=True):
         assert name_a == name_b and (a == b).all()
 
 
@@ -121,38 +109,33 @@ def warm_processes(home: Home) -> set[int]:
     return found
 
 
-def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(tmp_path):
+def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(tmp_path,
+                                                                                daemons):
     home = Home(tmp_path / "home")
     config = dict(GRID, searcher=dict(GRID["searcher"], max_length={"batches": 300}),
                   scheduling_unit=10,
                   hyperparameters=dict(GRID["hyperparameters"],
                                        hidden_units={"type": "categorical", "vals": [16, 32]}))
-    daemon = Daemon(home, "--warm", "1")
-    try:
-        home.cli("submit", write_config(tmp_path, "killed", **config), EXAMPLE)
-        experiment = home.experiment_named("killed")["id"]
-        wait_for(lambda: launches(home, experiment) == [False, True], 300,
-                 "the second trial to start in a warm process", 0.1)
-        trial = home.experiment(experiment)["trials"][1]
-        from localdet.records.db import StateDB
+    daemon = daemons(home, "--warm", "1")
+    home.cli("submit", write_config(tmp_path, "killed", **config), EXAMPLE)
+    experiment = home.experiment_named("killed")["id"]
+    wait_for(lambda: launches(home, experiment) == [False, True], 300,
+             "the second trial to start in a warm process", 0.1)
+    trial = home.experiment(experiment)["trials"][1]
+    from localdet.records.db import StateDB
 
-        db = StateDB.open(home.path / "localdet.db")
-        pid = db.trial(trial["id"]).pid
-        db.close()
-        warm = warm_processes(home) - {pid}
-        assert warm, "no warm process was kept beside the running trial"
-        daemon.process.send_signal(signal.SIGKILL)
-        daemon.process.wait()
-        wait_for(lambda: not warm & warm_processes(home), 30, "the warm process to end", 0.1)
-    finally:
-        daemon.log.close()
-    daemon = Daemon(home, "--warm", "1")
-    try:
-        facts = home.wait_until_ended(experiment, timeout=300)
-        assert facts["state"] == "COMPLETED"
-        # Finished by the process the first daemon forked (adopted, or judged from its
-        # records if it ended before the new daemon looked): never launched again.
-        assert launches(home, experiment) == [False, True]
-        assert all(t["restarts"] == 0 for t in facts["trials"])
-    finally:
-        daemon.stop()
+    db = StateDB.open(home.path / "localdet.db")
+    pid = db.trial(trial["id"]).pid
+    db.close()
+    warm = warm_processes(home) - {pid}
+    assert warm, "no warm process was kept beside the running trial"
+    daemon.process.send_signal(signal.SIGKILL)
+    daemon.process.wait()
+    wait_for(lambda: not warm & warm_processes(home), 30, "the warm process to end", 0.1)
+    daemons(home, "--warm", "1")  # (the fixture ends both daemons, and the trials they left)
+    facts = home.wait_until_ended(experiment, timeout=300)
+    assert facts["state"] == "COMPLETED"
+    # Finished by the process the first daemon forked (adopted, or judged from its
+    # records if it ended before the new daemon looked): never launched again.
+    assert launches(home, experiment) == [False, True]
+    assert all(t["restarts"] == 0 for t in facts["trials"])
