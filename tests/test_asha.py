@@ -169,11 +169,14 @@ def test_search_from_config_splits_into_brackets():
     ops = search.initial_operations()
     creates = [op for op in ops if isinstance(op, Create)]
     assert [c.request_id for c in creates] == list(range(1, 17))  # one counter for all brackets
-    assert [op.length for op in ops if isinstance(op, ValidateAfter)] == [15] * 6 + [62] * 5 + [250] * 5
+    assert [op.length for op in ops if isinstance(op, ValidateAfter)] == \
+        [15] * 6 + [62] * 5 + [250] * 5
     for c in creates:
-        assert c.hparams == sample(search.settings.hyperparameters, np.random.default_rng([0, c.request_id]))
+        assert c.hparams == sample(search.settings.hyperparameters,
+                                   np.random.default_rng([0, c.request_id]))
         assert c.seed == derive_seed(0, c.request_id)
-    explicit = AdaptiveASHASearch(asha_config(max_trials=10, max_length=64, bracket_rungs=[1, 3]), 0)
+    explicit = AdaptiveASHASearch(
+        asha_config(max_trials=10, max_length=64, bracket_rungs=[1, 3]), 0)
     assert [len(b.rungs) for b in explicit.brackets] == [3, 1]
 
 
@@ -255,10 +258,13 @@ def test_a_trial_exiting_early_counts_as_the_worst_result():
     search = make_search_method(asha_config(max_trials=4, max_length=8, divisor=2, max_rungs=2,
                                             mode="aggressive", max_concurrent_trials=1), 0)
     assert shape(search.initial_operations()) == [Create(1, ..., ...), ValidateAfter(1, 4)]
-    assert shape(search.on_validation_completed(1, 1.0, 4)) == [Create(2, ..., ...), ValidateAfter(2, 4)]
+    assert shape(search.on_validation_completed(1, 1.0, 4)) == [Create(2, ..., ...),
+                                                                  ValidateAfter(2, 4)]
     assert search.on_trial_exited_early(1) == []
-    assert shape(search.on_validation_completed(2, 2.0, 4)) == [Create(3, ..., ...), ValidateAfter(3, 4)]
-    assert shape(search.on_validation_completed(3, 3.0, 4)) == [Create(4, ..., ...), ValidateAfter(4, 4)]
+    assert shape(search.on_validation_completed(2, 2.0, 4)) == [Create(3, ..., ...),
+                                                                  ValidateAfter(3, 4)]
+    assert shape(search.on_validation_completed(3, 3.0, 4)) == [Create(4, ..., ...),
+                                                                  ValidateAfter(4, 4)]
     assert search.on_validation_completed(4, 0.5, 4) == [ValidateAfter(4, 8), Close(2), Close(3)]
     assert search.on_trial_closed(2) == [] and search.on_trial_closed(3) == []
     assert search.on_validation_completed(4, 0.7, 8) == [Close(4), Shutdown()]

@@ -56,7 +56,7 @@ def test_a_flooded_log_stays_under_its_cap_and_keeps_head_and_tail(tmp_path):
 
 def test_a_follower_gets_every_line_in_order_or_the_line_saying_what_it_missed(tmp_path):
     path, cap = tmp_path / "trial.log", 20_000
-    log, written, close, missed = CappedLog(path, cap), b"", b"", b""
+    log, written, close = CappedLog(path, cap), b"", b""
     rng = random.Random(2)
     slow_offset, slow = 0, b""
     for line in stream(2, 2000):
@@ -86,10 +86,12 @@ def test_a_follower_gets_every_line_in_order_or_the_line_saying_what_it_missed(t
 
 def test_the_writer_process_caps_a_pipe_and_a_second_writer_waits_for_the_first(tmp_path):
     path = tmp_path / "trial.log"
-    first = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path), "50000"],
+    first = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path),
+                               "50000"],
                              stdin=subprocess.PIPE)
     wait_for(lambda: path.exists(), 30, "the first writer to open the log", 0.02)
-    second = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path), "50000"],
+    second = subprocess.Popen([sys.executable, "-m", "localdet.processes.capped_log", str(path),
+                               "50000"],
                               stdin=subprocess.PIPE)
     second.stdin.write(b"second writer's line\n")
     second.stdin.close()

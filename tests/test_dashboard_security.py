@@ -23,7 +23,6 @@ from conftest import wait_for
 
 from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.store import Store
-from localdet.records.db import StateDB
 from localdet.ui.web.app import create_app
 from localdet.ui.web.server import WebError, start_in_thread
 

@@ -34,9 +34,9 @@ def take(source, count: int, start: int = 0) -> list:
 
 def assert_same_batches(left: list, right: list) -> None:
     assert len(left) == len(right)
-    for k, (a, b) in enumerate(zip(left, right)):
+    for k, (a, b) in enumerate(zip(left, right, strict=True)):
         assert len(a) == len(b), f"batch {k}: structures differ"
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), \
                 f"batch {k} differs"
 
@@ -102,7 +102,8 @@ def test_numpy_batches_hold_whole_records_each_pass_a_permutation(form):
     assert [list(b[0].ravel().astype(int)) for b in natural] == [[0, 1, 2, 3], [4, 5, 6, 7],
                                                                   [8, 9, 0, 1]]
     other_seed = take(_data.training_stream(loader, BS, SEED + 1), 5)
-    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(batches, other_seed))
+    assert not all(np.array_equal(a[0], b[0])
+                   for a, b in zip(batches, other_seed, strict=True))
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -120,8 +121,8 @@ def test_ranks_read_their_rows_of_the_global_batches_one_process_reads(shuffle):
         parts = [take(_data.training_stream(tuple(_sharding.whole(shards[rank])), BS // 2, SEED,
                                             start_batch=k, shuffle=shuffle, part=(rank, 2)),
                       8 - k) for rank in (0, 1)]
-        for batch, rank0, rank1 in zip(one[k:], *parts):
-            for column, a, b in zip(batch, rank0, rank1):
+        for batch, rank0, rank1 in zip(one[k:], *parts, strict=True):
+            for column, a, b in zip(batch, rank0, rank1, strict=True):
                 assert len(a) == len(b) == BS // 2
                 assert np.array_equal(column[0::2], a) and np.array_equal(column[1::2], b)
     plain = np.arange(3)
@@ -202,13 +203,14 @@ def test_sequence_stream_started_at_k_replays_the_hooks_and_matches(mode, shuffl
     for p in range(3):  # each pass reads every batch once; hooks once per pass
         assert sorted(indices[3 * p:3 * p + 3]) == [0, 1, 2]
         assert {s - i for s, i in zip(stamps(reference[3 * p:3 * p + 3]),
-                                      indices[3 * p:3 * p + 3])} == {100 * p + 10_000 * (p + 1)}
+                                      indices[3 * p:3 * p + 3], strict=True)} \
+            == {100 * p + 10_000 * (p + 1)}
     if shuffle:
         assert indices != [0, 1, 2] * 3
     else:
         assert indices == [0, 1, 2] * 3
     assert all(np.array_equal(b[2], np.full(2, 0.5 + i, "float32"))
-               for b, i in zip(reference, indices))
+               for b, i in zip(reference, indices, strict=True))
     for k in (4, 6):  # inside pass 1; the start of pass 2
         resumed = stream(k)
         assert_same_batches(take(resumed, 9 - k), reference[k:])

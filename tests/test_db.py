@@ -1,4 +1,5 @@
-"""Tests of localdet.records.db.StateDB on a real SQLite file: schema, metrics, events, checkpoints."""
+"""Tests of localdet.records.db.StateDB on a real SQLite file: schema, metrics, events,
+checkpoints."""
 
 from __future__ import annotations
 

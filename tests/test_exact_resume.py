@@ -208,7 +208,7 @@ def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_cla
     # 25 batches per pass: pauses mid-pass (7, 35) and just after a pass (28).
     _, paused, paused_metrics = run(trial_class, tmp_path / "paused", target=60,
                                     pause_at=(7, 28, 35), **BIT_FOR_BIT)
-    for a, b in zip(straight, paused):
+    for a, b in zip(straight, paused, strict=True):
         np.testing.assert_array_equal(a, b)
     assert paused_metrics == straight_metrics
 

@@ -220,7 +220,7 @@ def test_hostile_submissions_while_an_experiment_trains(home, tmp_path):
             for case in batch:
                 os.rename(drops / (case.name + (".again" if case.later else "")),
                           (jobs if case.job else queue) / case.name)
-            done += batch
+            done.extend(batch)  # the same list: the lambda below reads it now, within this pass
             wait_for(lambda: resolved(done), 180, "the batch to be ingested or rejected")
         for writer in writers:
             assert writer.wait(timeout=120) == 0

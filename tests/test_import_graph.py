@@ -84,7 +84,8 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_both_packages():
     edges = graph()
     assert "localdet.records.db" in edges and "determined.core._reporting" in edges
-    assert "determined.core" in edges["localdet.reporting.sqlite_reporter"]  # `from determined.core import`
+    # `from determined.core import`
+    assert "determined.core" in edges["localdet.reporting.sqlite_reporter"]
     assert "localdet.records.states" in edges["localdet.records.db"]
 
 

@@ -162,7 +162,7 @@ def test_a_paused_and_resumed_fit_ends_with_the_same_weights(tmp_path, data):
 
     straight, straight_metrics = run(tmp_path / "straight", ())
     paused, paused_metrics = run(tmp_path / "paused", (5, 15, 25))
-    for a, b in zip(straight, paused):
+    for a, b in zip(straight, paused, strict=True):
         np.testing.assert_array_equal(a, b)
     assert paused_metrics == straight_metrics
 
@@ -203,7 +203,7 @@ def test_a_job_has_no_training_context(tmp_path):
     context = KerasContext(info, reporter)
     assert context.config_data == {"batch_size": 64}
     with pytest.raises(JobHasNoTrainingError, match="jobs have no training context"):
-        context.training
+        _ = context.training
     with pytest.raises(JobHasNoTrainingError):
         context.fit(None, X, Y, validation_data=(X_VAL, Y_VAL))
 

@@ -29,7 +29,8 @@ def test_the_config_decides_when_it_names_the_line(tmp_path):
 
 
 @pytest.mark.parametrize("code, spelling", [
-    ("from tensorflow.keras.optimizers import legacy\n", "from tensorflow.keras.optimizers import legacy"),
+    ("from tensorflow.keras.optimizers import legacy\n",
+     "from tensorflow.keras.optimizers import legacy"),
     ("from keras.optimizers.legacy import Adam\n", "from keras.optimizers.legacy import Adam"),
     ("import tensorflow as tf\nopt = tf.keras.optimizers.legacy.RMSprop(lr=1)\n",
      "tf.keras.optimizers.legacy.RMSprop"),
@@ -54,7 +55,8 @@ def test_the_config_decides_when_it_names_the_line(tmp_path):
      "tf.keras.layers.experimental.preprocessing.Rescaling"),
     ("from tensorflow.keras.layers.experimental import preprocessing\n",
      "from tensorflow.keras.layers.experimental import preprocessing"),
-    ("import tensorflow as tf\ntf.keras.layers.DenseFeatures([])\n", "tf.keras.layers.DenseFeatures"),
+    ("import tensorflow as tf\ntf.keras.layers.DenseFeatures([])\n",
+     "tf.keras.layers.DenseFeatures"),
     ("import tensorflow as tf\ntf.keras.estimator.model_to_estimator\n",
      "tf.keras.estimator.model_to_estimator"),
     ("def build():\n    from tensorflow.keras.optimizers.legacy import SGD\n    return SGD()\n",
@@ -125,7 +127,8 @@ def test_a_package_entrypoint_runs_its_init_and_absolute_imports_of_the_folder(t
     })
     config = {"entrypoint_kind": "trial_class", "trial_class": "pkg.model:Trial"}
     line, reason = keras_choice.choose(tmp_path, {}, config)
-    assert line == "keras2" and reason.startswith("pkg/common.py:1 uses from keras.optimizers.legacy")
+    assert line == "keras2"
+    assert reason.startswith("pkg/common.py:1 uses from keras.optimizers.legacy")
 
 
 @pytest.mark.parametrize("entrypoint", [
@@ -134,7 +137,8 @@ def test_a_package_entrypoint_runs_its_init_and_absolute_imports_of_the_folder(t
 ])
 def test_script_entrypoints_start_from_the_script(tmp_path, entrypoint):
     _folder(tmp_path, {"train.py": "import model\n",
-                       "model.py": "import tensorflow as tf\nopt = tf.keras.optimizers.legacy.Adam()\n",
+                       "model.py": "import tensorflow as tf\n"
+                                   "opt = tf.keras.optimizers.legacy.Adam()\n",
                        "unused.py": "import tf_keras\n"})
     config = parse_config({"entrypoint": entrypoint}).config
     line, reason = keras_choice.choose(tmp_path, {}, config)
@@ -145,7 +149,8 @@ def test_the_launcher_form_starts_from_its_trial_class(tmp_path):
     _folder(tmp_path, {"model_def.py": "from tensorflow.keras.optimizers import legacy\n",
                        "other.py": "import tf_keras\n"})
     config = parse_config({
-        "entrypoint": "python3 -m determined.launch.horovod --autohorovod --trial model_def:IrisTrial",
+        "entrypoint": "python3 -m determined.launch.horovod --autohorovod "
+                      "--trial model_def:IrisTrial",
         "hyperparameters": {"global_batch_size": 8},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}}}).config
     line, reason = keras_choice.choose(tmp_path, {}, config)

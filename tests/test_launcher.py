@@ -1,4 +1,5 @@
-"""Tests of localdet.processes.launcher: the argv, environment and folder a trial (or job) starts with."""
+"""Tests of localdet.processes.launcher: the argv, environment and folder a trial (or job)
+starts with."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def test_scripts_and_trial_classes_get_the_same_environment_and_folder(layout):
         "environment": {"environment_variables": ["MY_FLAG=1"]}}).config)
     specs = [launcher.launch_spec(layout, script, script_trial, [0, 1]),
              launcher.launch_spec(layout, trial_class, class_trial, [0, 1])]
-    for spec, experiment, trial in zip(specs, (script, trial_class), (script_trial, class_trial)):
+    for spec, experiment, trial in zip(specs, (script, trial_class), (script_trial, class_trial),
+                                       strict=True):
         assert spec.env["LOCALDET_HOME"] == str(layout.home)
         assert spec.env["LOCALDET_TRIAL_ID"] == str(trial.id)
         assert spec.env["LOCALDET_SLOTS"] == "0,1"
@@ -98,7 +100,8 @@ def test_a_script_process_starts_in_the_model_folder_and_logs(layout):
 
 
 def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
-    experiment, trial = recorded(layout, parse_config({"entrypoint": "no-such-program-x --y"}).config)
+    experiment, trial = recorded(layout,
+                                 parse_config({"entrypoint": "no-such-program-x --y"}).config)
     spec = launcher.launch_spec(layout, experiment, trial, [0])
     with pytest.raises(launcher.LaunchError) as error:
         launcher.start(spec)

@@ -111,7 +111,7 @@ def test_determined_checkpoints_load_under_keras_2(determined_checkpoints, tmp_p
                         "0.38.0", "0.17.7", keras2=True)
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     expected = np.load(determined_checkpoints / "expected.npz")
-    for version, facts in loaded.items():
+    for facts in loaded.values():
         np.testing.assert_allclose(facts["predictions"], expected["predictions"], atol=1e-6)
         assert facts["metrics"]["loss"] == pytest.approx(float(expected["loss"]), rel=1e-6)
 

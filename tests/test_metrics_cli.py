@@ -93,8 +93,8 @@ def test_csv_holds_exactly_what_was_recorded(home, recorded):
         key = (int(trial), kind, int(batches))
         seen.append(key)
         expected = recorded.rows[key]
-        assert {name: float(v) for name, v in zip(NAMES, values) if v} == expected
-        assert [name for name, v in zip(NAMES, values) if not v] == [
+        assert {name: float(v) for name, v in zip(NAMES, values, strict=True) if v} == expected
+        assert [name for name, v in zip(NAMES, values, strict=True) if not v] == [
             name for name in NAMES if name not in expected]
     # By trial, then batches, training before validation.
     assert seen == sorted(recorded.rows, key=lambda k: (k[0], k[2], k[1]))

@@ -101,7 +101,7 @@ KERAS2 = dict(SHORT, environment={"environment_variables": ["TF_DETERMINISTIC_OP
 
 def assert_same_weights(home, a: int, b: int, tmp_path) -> None:
     for (name_a, wa), (name_b, wb) in zip(final_weights(home, a, tmp_path),
-                                          final_weights(home, b, tmp_path)):
+                                          final_weights(home, b, tmp_path), strict=True):
         assert name_a == name_b
         np.testing.assert_allclose(wa, wb, atol=1e-5)
 

@@ -42,7 +42,8 @@ def trial_of(home, experiment_id):
 def assert_ended_alike(home, experiment_a, experiment_b, tmp_path):
     """The two experiments' last checkpoints hold the same weights, bit for bit."""
     for (name_a, a), (name_b, b) in zip(final_weights(home, experiment_a, tmp_path),
-                                        final_weights(home, experiment_b, tmp_path)):
+                                        final_weights(home, experiment_b, tmp_path),
+                                        strict=True):
         assert name_a == name_b
         np.testing.assert_array_equal(a, b)
     assert (trial_of(home, experiment_a)["latest_validation"]

@@ -28,8 +28,8 @@ PREAMBLE = textwrap.dedent("""\
 
 
 def supervisor(size: int, script: str, *args: str, options: tuple = (), env=None):
-    """`python -m localdet.processes.ranks` running `python -c PREAMBLE+script ARGS` in its own session,
-    as the launcher starts it."""
+    """`python -m localdet.processes.ranks` running `python -c PREAMBLE+script ARGS` in its own
+    session, as the launcher starts it."""
     return subprocess.Popen(
         [*SUPERVISOR, "--size", str(size), *options, "--",
          sys.executable, "-c", PREAMBLE + textwrap.dedent(script), *args],

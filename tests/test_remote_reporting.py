@@ -372,5 +372,5 @@ def test_over_http_a_trial_paused_resumed_and_outliving_its_daemon_ends_as_over_
     # Every workload's metrics once, the same as over SQLite; the same weights, bit for bit.
     assert http["metrics"] == sqlite["metrics"]
     assert [b for kind, b, _ in http["metrics"] if kind == "training"] == list(range(10, 101, 10))
-    for (name_a, a), (name_b, b) in zip(http["weights"], sqlite["weights"]):
+    for (name_a, a), (name_b, b) in zip(http["weights"], sqlite["weights"], strict=True):
         assert name_a == name_b and (a == b).all()

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 # Long enough that the pause, asked the moment 20 batches are recorded, lands well before
 # the end even when a warm process trains the script at once.
 LENGTH = 240
-EXAMPLE = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "digits_script"
+EXAMPLE = (__import__("pathlib").Path(__file__).resolve().parent.parent
+           / "examples" / "digits_script")
 
 
 def script_config(folder, name, **overrides):

@@ -148,7 +148,7 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
     for request_id, expected_weights in expected["final_weights"].items():
         actual_weights = actual["final_weights"][request_id]
         assert [name for name, _ in actual_weights] == [name for name, _ in expected_weights]
-        for (_, a), (_, b) in zip(actual_weights, expected_weights):
+        for (_, a), (_, b) in zip(actual_weights, expected_weights, strict=True):
             np.testing.assert_array_equal(a, b)
     # No searcher decision was taken twice.
     assert (query(stormy, "SELECT kind, request_id, length FROM searcher_events ORDER BY id")

@@ -4,6 +4,7 @@ searchers' operations, and their config validation (adaptive_asha's own: test_as
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 
@@ -87,7 +88,8 @@ def test_int_bounds_are_inclusive_and_every_choice_is_drawn():
 
 def test_log_is_uniform_in_the_exponent():
     space = config({"lr": {"type": "log", "minval": -4, "maxval": -2},
-                    "width": {"type": "log", "minval": 1, "maxval": 3, "base": 2}})["hyperparameters"]
+                    "width": {"type": "log", "minval": 1, "maxval": 3, "base": 2}}
+                   )["hyperparameters"]
     values = draws(space, seed=2, n=2000)
     exponents = [math.log10(hp["lr"]) for hp in values]
     # Uniform on [-4, -2]: about half the draws fall below the midpoint exponent -3.
@@ -206,14 +208,15 @@ def test_progress_is_batches_over_max_length_capped_at_one():
 
 def test_operations_are_plain_frozen_values():
     op = Close(3)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         op.request_id = 4  # type: ignore[misc]
     assert Close(3) == op and hash(Close(3)) == hash(op)
 
 
 def test_a_script_without_max_length_gets_target_zero_so_it_decides():
     cfg = parse_config({"entrypoint_script": "python3 train.py",
-                        "hyperparameters": {"lr": {"type": "double", "minval": 0, "maxval": 1}}}).config
+                        "hyperparameters": {"lr": {"type": "double", "minval": 0,
+                                                   "maxval": 1}}}).config
     search = make_search_method(cfg, 3)
     create, validate = search.initial_operations()
     assert validate == ValidateAfter(create.request_id, 0)
@@ -391,7 +394,8 @@ def test_random_with_one_seed_makes_the_same_trials_twice_and_another_seed_other
     again = Drive(make_search_method(random_config(), 42)).run().creates
     other = Drive(make_search_method(random_config(), 43)).run().creates
     assert first == again
-    assert [c.hparams["dropout"] for c in first.values()] != [c.hparams["dropout"] for c in other.values()]
+    assert [c.hparams["dropout"] for c in first.values()] != \
+        [c.hparams["dropout"] for c in other.values()]
     assert {c.seed for c in first.values()}.isdisjoint({c.seed for c in other.values()})
     space = random_config()["hyperparameters"]
     for r, create in first.items():  # request r's draws depend on (seed, r) only
@@ -430,7 +434,8 @@ def test_random_progress_counts_batches_capped_at_max_length():
 @pytest.mark.parametrize("name, extra", [("grid", {}), ("random", {"max_trials": 3})])
 def test_a_script_without_max_length_trains_each_trial_as_its_script_says(name, extra):
     cfg = parse_config({"entrypoint_script": "python3 train.py",
-                        "hyperparameters": {"n": {"type": "int", "minval": 1, "maxval": 3, "count": 3}},
+                        "hyperparameters": {"n": {"type": "int", "minval": 1, "maxval": 3,
+                                                  "count": 3}},
                         "searcher": {"name": name, "metric": "loss", **extra}}).config
     drive = Drive(make_search_method(cfg, 1)).run()
     assert [op.length for op in drive.ops if isinstance(op, ValidateAfter)] == [0, 0, 0]
@@ -446,7 +451,8 @@ def test_adaptive_asha_defaults_are_filled_and_others_get_none_of_them():
                     "max_trials": 16, "smaller_is_better": True, "max_concurrent_trials": 16,
                     "max_rungs": 5, "divisor": 4, "mode": "standard", "stop_once": False}
     grid = searcher_config("grid", {"a": 1})["searcher"]
-    assert set(grid) == {"name", "metric", "max_length", "smaller_is_better", "max_concurrent_trials"}
+    assert set(grid) == {"name", "metric", "max_length", "smaller_is_better",
+                         "max_concurrent_trials"}
 
 
 def test_stop_once_is_ignored_with_a_warning():

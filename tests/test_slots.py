@@ -1,5 +1,6 @@
-"""Tests of localdet.scheduling.slots: finding the machine's GPUs (through a stand-in for subprocess.run,
-since this machine has none), CUDA_VISIBLE_DEVICES, the slot table and the slot file."""
+"""Tests of localdet.scheduling.slots: finding the machine's GPUs (through a stand-in for
+subprocess.run, since this machine has none), CUDA_VISIBLE_DEVICES, the slot table and the slot
+file."""
 
 from __future__ import annotations
 

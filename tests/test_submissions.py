@@ -295,7 +295,8 @@ def test_submit_refuses_a_bad_config_before_writing_anything(tmp_path, layout):
     with pytest.raises(ConfigError) as error:
         submit(layout, bad, model)
     assert error.value.path == "searcher.metric"
-    assert sorted(layout.queue.iterdir()) == [layout.job_queue, layout.rejected]  # nothing new, nothing hidden
+    # Nothing new, nothing hidden:
+    assert sorted(layout.queue.iterdir()) == [layout.job_queue, layout.rejected]
 
 
 def test_submit_refuses_missing_paths(tmp_path, layout):
@@ -479,7 +480,8 @@ def test_a_folder_in_queue_jobs_becomes_a_job_with_its_one_trial(layout, db, int
     assert job.config["script_command"] == "python3 batch_inference.py"
     assert job.config["data"] == {"trial_id": 777, "batch_size": 64}
     [trial] = db.trials(job_id)
-    assert (trial.request_id, trial.hparams, trial.target_batches, trial.state) == (0, {}, 0, "QUEUED")
+    assert (trial.request_id, trial.hparams, trial.target_batches, trial.state) == \
+        (0, {}, 0, "QUEUED")
     assert (layout.model_dir(job_id) / "batch_inference.py").is_file()
     assert list(layout.job_queue.iterdir()) == []
     warnings = [e["payload"]["message"] for e in db.events(job_id) if e["kind"] == "config_warning"]

@@ -251,7 +251,8 @@ def test_session_config_is_honoured(tmp_path):
     try:
         TrialController.for_trial_class(HardPlacementTrial, info, reporter)
         assert tf.config.get_soft_device_placement() is False
-        TrialController.for_trial_class(ConstantLossTrial, info, reporter)  # the default: soft placement
+        # The default: soft placement.
+        TrialController.for_trial_class(ConstantLossTrial, info, reporter)
         assert tf.config.get_soft_device_placement() is True
     finally:
         tf.config.set_soft_device_placement(True)

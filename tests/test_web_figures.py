@@ -15,7 +15,8 @@ def search(db, hparams_of: list[dict], accuracies: list[list[float]]):
     experiment_id = db.create_experiment(
         name="s", description="", config={}, original_config="", searcher="random",
         metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
-    for request, (hparams, values) in enumerate(zip(hparams_of, accuracies), start=1):
+    for request, (hparams, values) in enumerate(zip(hparams_of, accuracies, strict=True),
+                                                start=1):
         trial_id = db.create_trial(experiment_id=experiment_id, request_id=request,
                                    hparams=hparams, seed=request, target_batches=30)
         for step, value in enumerate(values, start=1):
