@@ -1,4 +1,5 @@
-"""Tests for localdet.config.experiment: Determined experiment configs -> canonical, validated form."""
+"""Tests for localdet.config.experiment: Determined experiment configs -> canonical, validated
+form."""
 
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def test_mnist_const_canonical_values():
     assert cfg["min_validation_period"] == {"epochs": 1}
     assert cfg["min_checkpoint_period"] == {"batches": 0}
     # "=" inside the value must survive: split on the first "=" only.
-    assert cfg["environment"] == {"environment_variables": {"TF_CPP_MIN_LOG_LEVEL": "2", "EXTRA": "a=b"}}
+    assert cfg["environment"] == {"environment_variables": {"TF_CPP_MIN_LOG_LEVEL": "2",
+                                                            "EXTRA": "a=b"}}
     assert cfg["resources"] == {"slots_per_trial": 1, "priority": None, "max_slots": None,
                                 "engine": "auto", "max_memory": None}
     assert "bind_mounts" not in cfg
@@ -153,7 +155,8 @@ def test_defaults_filled_on_minimal_config():
     assert cfg["perform_initial_validation"] is False
     assert cfg["checkpoint_policy"] == "best"
     assert cfg["max_restarts"] == 5
-    assert cfg["checkpoint_storage"] == {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
+    assert cfg["checkpoint_storage"] == {"save_experiment_best": 0, "save_trial_best": 1,
+                                         "save_trial_latest": 1}
     assert cfg["resources"]["slots_per_trial"] == 1
     assert cfg["reproducibility"] == {"experiment_seed": None}
     assert cfg["environment"] == {"environment_variables": {}}
@@ -168,7 +171,8 @@ def test_given_values_are_not_overwritten_by_defaults():
         resources={"slots_per_trial": 2, "priority": 10},
     )).config
     assert cfg["max_restarts"] == 0
-    assert cfg["checkpoint_storage"] == {"save_experiment_best": 0, "save_trial_best": 3, "save_trial_latest": 1}
+    assert cfg["checkpoint_storage"] == {"save_experiment_best": 0, "save_trial_best": 3,
+                                         "save_trial_latest": 1}
     assert cfg["reproducibility"]["experiment_seed"] == 42
     assert cfg["resources"] == {"slots_per_trial": 2, "priority": 10, "max_slots": None,
                                 "engine": "auto", "max_memory": None}
@@ -207,7 +211,8 @@ def test_checkpoint_storage_container_keys_give_one_warning():
 
 def test_silently_kept_keys_and_other_searcher_fields():
     parsed = parse_config(minimal(labels=["a", "b"], debug=True, workspace="w", project="p")
-                          | {"searcher": {**MINIMAL["searcher"], "max_concurrent_trials": 4, "max_trials": 1}})
+                          | {"searcher": {**MINIMAL["searcher"], "max_concurrent_trials": 4,
+                                         "max_trials": 1}})
     assert parsed.config["labels"] == ["a", "b"]
     assert parsed.config["debug"] is True
     assert parsed.config["searcher"]["max_concurrent_trials"] == 4
@@ -234,13 +239,14 @@ def test_nested_hyperparameters_and_bare_values_normalised():
     assert hps["flag"] == {"type": "const", "val": True}
     assert hps["nothing"] == {"type": "const", "val": None}
     assert hps["optimizer"]["name"] == {"type": "const", "val": "adam"}
-    assert hps["optimizer"]["lr"] == {"type": "log", "minval": -5, "maxval": -1, "base": 2, "count": 3}
+    assert hps["optimizer"]["lr"] == {"type": "log", "minval": -5, "maxval": -1, "base": 2,
+                                      "count": 3}
     assert hps["optimizer"]["inner"]["momentum"] == {"type": "const", "val": 0.9}
 
 
 def test_equal_bounds_are_allowed():
-    cfg = parse_config(minimal(hyperparameters={"global_batch_size": 8,
-                                                "d": {"type": "int", "minval": 4, "maxval": 4}})).config
+    cfg = parse_config(minimal(hyperparameters={
+        "global_batch_size": 8, "d": {"type": "int", "minval": 4, "maxval": 4}})).config
     assert cfg["hyperparameters"]["d"]["minval"] == 4
 
 
@@ -250,11 +256,14 @@ ERROR_CASES = [
     # (description, config, expected .path, substrings the message must contain)
     ("wrong type", minimal(resources={"slots_per_trial": "two"}), "resources.slots_per_trial",
      ["resources.slots_per_trial: expected an integer, got 'two'"]),
-    ("float where int", minimal(max_restarts=2.0), "max_restarts", ["max_restarts: expected an integer"]),
-    ("bool where int", minimal(scheduling_unit=True), "scheduling_unit", ["expected an integer, got True"]),
+    ("float where int", minimal(max_restarts=2.0), "max_restarts",
+     ["max_restarts: expected an integer"]),
+    ("bool where int", minimal(scheduling_unit=True), "scheduling_unit",
+     ["expected an integer, got True"]),
     ("hp number", minimal(hyperparameters={"lr": {"type": "double", "minval": "abc", "maxval": 1}}),
      "hyperparameters.lr.minval", ["hyperparameters.lr.minval: expected a number, got 'abc'"]),
-    ("int hp bound not int", minimal(hyperparameters={"n": {"type": "int", "minval": 1.5, "maxval": 4}}),
+    ("int hp bound not int",
+     minimal(hyperparameters={"n": {"type": "int", "minval": 1.5, "maxval": 4}}),
      "hyperparameters.n.minval", ["hyperparameters.n.minval: expected an integer"]),
     ("missing entrypoint", {k: v for k, v in MINIMAL.items() if k != "entrypoint"}, "entrypoint",
      ["missing required key 'entrypoint'"]),
@@ -268,52 +277,62 @@ ERROR_CASES = [
      ["unknown key 'serocher' at top level; did you mean 'searcher'?"]),
     ("unknown nested key", with_searcher(max_lenght=5), "searcher.max_lenght",
      ["unknown key 'max_lenght' at searcher; did you mean 'max_length'?"]),
-    ("unknown resources key", minimal(resources={"slots_per_trail": 2}), "resources.slots_per_trail",
+    ("unknown resources key", minimal(resources={"slots_per_trail": 2}),
+     "resources.slots_per_trail",
      ["unknown key 'slots_per_trail' at resources; did you mean 'slots_per_trial'?"]),
-    ("unknown hp leaf key", minimal(hyperparameters={"g": {"n": {"type": "int", "minval": 1, "maxval": 2,
-                                                                 "cnt": 2}}}),
-     "hyperparameters.g.n.cnt", ["unknown key 'cnt' at hyperparameters.g.n; did you mean 'count'?"]),
+    ("unknown hp leaf key",
+     minimal(hyperparameters={"g": {"n": {"type": "int", "minval": 1, "maxval": 2, "cnt": 2}}}),
+     "hyperparameters.g.n.cnt",
+     ["unknown key 'cnt' at hyperparameters.g.n; did you mean 'count'?"]),
     ("unknown key, nothing close", minimal(reproducibility={"zzz": 1}), "reproducibility.zzz",
      ["unknown key 'zzz' at reproducibility"]),
     ("bad max_length unit", with_searcher(max_length={"steps": 10}), "searcher.max_length",
      ["searcher.max_length: expected one of 'batches', 'records', 'epochs' (got {'steps': 10})"]),
-    ("two max_length units", with_searcher(max_length={"batches": 1, "epochs": 1}), "searcher.max_length",
-     ["searcher.max_length", "exactly one"]),
+    ("two max_length units", with_searcher(max_length={"batches": 1, "epochs": 1}),
+     "searcher.max_length", ["searcher.max_length", "exactly one"]),
     ("zero max_length", with_searcher(max_length={"epochs": 0}), "searcher.max_length.epochs",
      ["searcher.max_length.epochs: expected a value >= 1, got 0"]),
     ("hp range", minimal(hyperparameters={"dense1": {"type": "int", "minval": 256, "maxval": 32}}),
      "hyperparameters.dense1.minval", ["hyperparameters.dense1.minval", "maxval (32)", "256"]),
-    ("nested hp range", minimal(hyperparameters={"opt": {"lr": {"type": "log", "minval": -1, "maxval": -3}}}),
+    ("nested hp range",
+     minimal(hyperparameters={"opt": {"lr": {"type": "log", "minval": -1, "maxval": -3}}}),
      "hyperparameters.opt.lr.minval", ["hyperparameters.opt.lr.minval"]),
     ("empty vals", minimal(hyperparameters={"a": {"type": "categorical", "vals": []}}),
      "hyperparameters.a.vals", ["hyperparameters.a.vals: must not be empty"]),
-    ("count < 1", minimal(hyperparameters={"a": {"type": "double", "minval": 0, "maxval": 1, "count": 0}}),
+    ("count < 1",
+     minimal(hyperparameters={"a": {"type": "double", "minval": 0, "maxval": 1, "count": 0}}),
      "hyperparameters.a.count", ["hyperparameters.a.count"]),
-    ("unknown hp type", minimal(hyperparameters={"a": {"type": "float", "val": 1}}), "hyperparameters.a.type",
-     ["hyperparameters.a.type: expected one of 'const'"]),
+    ("unknown hp type", minimal(hyperparameters={"a": {"type": "float", "val": 1}}),
+     "hyperparameters.a.type", ["hyperparameters.a.type: expected one of 'const'"]),
     ("bad env var", minimal(environment={"environment_variables": ["A=1", "NOVALUE"]}),
-     "environment.environment_variables[1]", ["environment.environment_variables[1]", "KEY=VALUE", "NOVALUE"]),
+     "environment.environment_variables[1]",
+     ["environment.environment_variables[1]", "KEY=VALUE", "NOVALUE"]),
     ("bad per-device env var", minimal(environment={"environment_variables": {"cuda": ["X"]}}),
      "environment.environment_variables.cuda[0]", ["environment.environment_variables.cuda[0]"]),
     ("unsupported searcher", with_searcher(name="pbt"), "searcher.name",
      ["searcher.name: 'pbt' is not supported yet; supported: single, grid, random, adaptive_asha"]),
-    ("unsupported searcher async_halving", with_searcher(name="async_halving", max_trials=16), "searcher.name",
-     ["'async_halving' is not supported yet"]),
-    ("unknown searcher", with_searcher(name="gird"), "searcher.name", ["searcher.name", "did you mean 'grid'?"]),
+    ("unsupported searcher async_halving", with_searcher(name="async_halving", max_trials=16),
+     "searcher.name", ["'async_halving' is not supported yet"]),
+    ("unknown searcher", with_searcher(name="gird"), "searcher.name",
+     ["searcher.name", "did you mean 'grid'?"]),
     ("bad checkpoint_policy", minimal(checkpoint_policy="sometimes"), "checkpoint_policy",
      ["checkpoint_policy: expected one of 'best', 'all', 'none'"]),
-    ("negative seed", minimal(reproducibility={"experiment_seed": -1}), "reproducibility.experiment_seed",
-     ["reproducibility.experiment_seed"]),
-    ("bad trial class", minimal(entrypoint="model-def:Trial"), "entrypoint", ["entrypoint", "module:ClassName"]),
+    ("negative seed", minimal(reproducibility={"experiment_seed": -1}),
+     "reproducibility.experiment_seed", ["reproducibility.experiment_seed"]),
+    ("bad trial class", minimal(entrypoint="model-def:Trial"), "entrypoint",
+     ["entrypoint", "module:ClassName"]),
     ("blank entrypoint", minimal(entrypoint="   "), "entrypoint", ["entrypoint"]),
-    ("epochs without records_per_epoch", minimal(min_validation_period={"epochs": 1}), "min_validation_period",
-     ["min_validation_period", "records_per_epoch"]),
-    ("records without global_batch_size", minimal(hyperparameters={}, min_checkpoint_period={"records": 10}),
-     "hyperparameters.global_batch_size", ["hyperparameters.global_batch_size", "min_checkpoint_period"]),
+    ("epochs without records_per_epoch", minimal(min_validation_period={"epochs": 1}),
+     "min_validation_period", ["min_validation_period", "records_per_epoch"]),
+    ("records without global_batch_size",
+     minimal(hyperparameters={}, min_checkpoint_period={"records": 10}),
+     "hyperparameters.global_batch_size",
+     ["hyperparameters.global_batch_size", "min_checkpoint_period"]),
 ]
 
 
-@pytest.mark.parametrize(("config", "path", "parts"), [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES])
+@pytest.mark.parametrize(("config", "path", "parts"), [c[1:] for c in ERROR_CASES],
+                         ids=[c[0] for c in ERROR_CASES])
 def test_errors_name_the_key_path(config, path, parts):
     with pytest.raises(ConfigError) as info:
         parse_config(config)
@@ -322,10 +341,12 @@ def test_errors_name_the_key_path(config, path, parts):
         assert part in str(info.value)
 
 
-@pytest.mark.parametrize(("missing", "typo"), [("searcher", "serocher"), ("entrypoint", "entrypiont")])
+@pytest.mark.parametrize(("missing", "typo"),
+                         [("searcher", "serocher"), ("entrypoint", "entrypiont")])
 def test_unknown_key_preferred_over_missing_key_it_explains(missing, typo):
     raw = {k: v for k, v in MINIMAL.items() if k != missing} | {typo: MINIMAL[missing]}
-    with pytest.raises(ConfigError, match=f"unknown key '{typo}' at top level; did you mean '{missing}'"):
+    with pytest.raises(ConfigError,
+                       match=f"unknown key '{typo}' at top level; did you mean '{missing}'"):
         parse_config(raw)
 
 
@@ -361,7 +382,8 @@ def test_per_device_env_vars_merge_cpu_then_cuda():
     parsed = parse_config(minimal(environment={"environment_variables": {
         "cpu": ["A=cpu", "ONLY_CPU=1"], "cuda": ["A=cuda", "ONLY_CUDA=1"], "rocm": ["R=1"],
     }}))
-    assert parsed.config["environment"]["environment_variables"] == {"A": "cuda", "ONLY_CPU": "1", "ONLY_CUDA": "1"}
+    assert parsed.config["environment"]["environment_variables"] == {"A": "cuda", "ONLY_CPU": "1",
+                                                                     "ONLY_CUDA": "1"}
     assert any("rocm" in w for w in parsed.warnings)
 
 
@@ -373,7 +395,8 @@ def test_per_device_env_vars_merge_cpu_then_cuda():
     ("pkg.sub.model_def:Trial", "trial_class", "pkg.sub.model_def:Trial", None),
     ("python3 -m determined.launch.horovod --autohorovod --trial model_def:Trial",
      "trial_class", "model_def:Trial", None),
-    ("python3 -m determined.launch.torch_distributed --trial=pkg.m:T", "trial_class", "pkg.m:T", None),
+    ("python3 -m determined.launch.torch_distributed --trial=pkg.m:T", "trial_class", "pkg.m:T",
+     None),
     ("python3 -m determined.launch.horovod --fusion-threshold-mb 1 -- --trial model_def:Trial",
      "trial_class", "model_def:Trial", None),
     ("python3 -m determined.launch.tensorflow -- python3 train.py --epochs 3",
@@ -385,15 +408,17 @@ def test_per_device_env_vars_merge_cpu_then_cuda():
 ])
 def test_entrypoint_forms(entrypoint, kind, trial_class, script):
     cfg = parse_config(minimal(entrypoint=entrypoint)).config
-    assert (cfg["entrypoint_kind"], cfg["trial_class"], cfg["script_command"]) == (kind, trial_class, script)
+    assert (cfg["entrypoint_kind"], cfg["trial_class"], cfg["script_command"]) == \
+        (kind, trial_class, script)
 
 
-@pytest.mark.parametrize(("script", "command"), [("train.py", "python3 train.py"),
-                                                 ("python3 train.py --x 1", "python3 train.py --x 1")])
+@pytest.mark.parametrize(("script", "command"), [
+    ("train.py", "python3 train.py"), ("python3 train.py --x 1", "python3 train.py --x 1")])
 def test_entrypoint_script(script, command):
     raw = {k: v for k, v in MINIMAL.items() if k != "entrypoint"} | {"entrypoint_script": script}
     cfg = parse_config(raw).config
-    assert (cfg["entrypoint_kind"], cfg["trial_class"], cfg["script_command"]) == ("script", None, command)
+    assert (cfg["entrypoint_kind"], cfg["trial_class"], cfg["script_command"]) == \
+        ("script", None, command)
     assert cfg["entrypoint"] is None
 
 
@@ -408,7 +433,8 @@ def test_bad_launcher_entrypoints(entrypoint):
 
 # --- lengths -----------------------------------------------------------------------------------
 
-LENGTH_CFG = {"records_per_epoch": 1000, "hyperparameters": {"global_batch_size": {"type": "const", "val": 64}}}
+LENGTH_CFG = {"records_per_epoch": 1000,
+              "hyperparameters": {"global_batch_size": {"type": "const", "val": 64}}}
 
 
 @pytest.mark.parametrize(("length", "batches"), [
@@ -426,7 +452,8 @@ def test_length_to_batches(length, batches):
 
 def test_length_in_epochs_needs_records_per_epoch():
     with pytest.raises(ConfigError) as info:
-        length_to_batches({"epochs": 2}, {**LENGTH_CFG, "records_per_epoch": 0}, "searcher.max_length")
+        length_to_batches({"epochs": 2}, {**LENGTH_CFG, "records_per_epoch": 0},
+                          "searcher.max_length")
     assert info.value.path == "searcher.max_length"
     assert "records_per_epoch" in str(info.value)
 
@@ -435,7 +462,8 @@ def test_length_in_records_needs_const_int_batch_size():
     cfg = {"hyperparameters": {"global_batch_size": {"type": "int", "minval": 16, "maxval": 64}}}
     with pytest.raises(ConfigError, match="hyperparameters.global_batch_size"):
         length_to_batches({"records": 100}, cfg, "min_validation_period")
-    assert length_to_batches({"batches": 5}, cfg, "min_validation_period") == 5  # batches need no batch size
+    # Batches need no batch size.
+    assert length_to_batches({"batches": 5}, cfg, "min_validation_period") == 5
 
 
 def test_length_with_unknown_unit():
@@ -490,7 +518,8 @@ def test_a_script_may_leave_out_max_length(entrypoint):
     cfg = parse_config({**entrypoint, "searcher": {"name": "single", "metric": "val_accuracy",
                                                    "smaller_is_better": False}}).config
     assert cfg["searcher"]["max_length"] is None
-    assert (cfg["searcher"]["metric"], cfg["searcher"]["smaller_is_better"]) == ("val_accuracy", False)
+    assert (cfg["searcher"]["metric"], cfg["searcher"]["smaller_is_better"]) == \
+        ("val_accuracy", False)
 
 
 def test_a_script_with_max_length_keeps_it():
@@ -586,16 +615,19 @@ JOB_ERRORS = [
     ("slots not int", {"entrypoint": "python3 x.py", "resources": {"slots": "2"}},
      "resources.slots", ["resources.slots: expected an integer"]),
     ("experiment's slot key", {"entrypoint": "python3 x.py", "resources": {"slots_per_trial": 2}},
-     "resources.slots_per_trial", ["unknown key 'slots_per_trial' at resources; did you mean 'slots'?"]),
+     "resources.slots_per_trial",
+     ["unknown key 'slots_per_trial' at resources; did you mean 'slots'?"]),
     ("experiment-only key", {"entrypoint": "python3 x.py", "records_per_epoch": 5},
      "records_per_epoch", ["unknown key 'records_per_epoch' at top level"]),
     ("negative restarts", {"entrypoint": "python3 x.py", "max_restarts": -1}, "max_restarts",
      ["max_restarts: expected a value >= 0"]),
-    ("data not a mapping", {"entrypoint": "python3 x.py", "data": [1]}, "data", ["data: expected a mapping"]),
+    ("data not a mapping", {"entrypoint": "python3 x.py", "data": [1]}, "data",
+     ["data: expected a mapping"]),
 ]
 
 
-@pytest.mark.parametrize(("raw", "path", "parts"), [c[1:] for c in JOB_ERRORS], ids=[c[0] for c in JOB_ERRORS])
+@pytest.mark.parametrize(("raw", "path", "parts"), [c[1:] for c in JOB_ERRORS],
+                         ids=[c[0] for c in JOB_ERRORS])
 def test_job_config_errors_name_the_key_path(raw, path, parts):
     with pytest.raises(ConfigError) as info:
         parse_job_config(raw)

@@ -72,8 +72,9 @@ _Validator = jsonschema.validators.extend(
 )
 # An unknown key explains a "missing" key (a typo) better than the other way round.
 _relevance = by_relevance(strong=frozenset({"additionalProperties"}))
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
-               "object": "a mapping", "array": "a list", "null": "null"}
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string",
+               "boolean": "true or false", "object": "a mapping", "array": "a list",
+               "null": "null"}
 _TRIAL_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
@@ -95,14 +96,17 @@ def _translate(error: ValidationError) -> ConfigError:
     """Turn the most relevant schema error into one sentence."""
     node: ValidationError | None = error
     while node is not None:  # x-messages may sit on an enclosing node best_match descended from
-        message = node.schema.get("x-messages", {}).get(node.validator) if isinstance(node.schema, dict) else None
+        message = node.schema.get("x-messages", {}).get(node.validator) \
+            if isinstance(node.schema, dict) else None
         if message:
             path = _dotted(node.absolute_path)
-            return ConfigError(f"{path or 'top level'}: {message} (got {_shown(node.instance)})", path)
+            return ConfigError(f"{path or 'top level'}: {message} (got {_shown(node.instance)})",
+                               path)
         node = node.parent
     if error.parent is not None and error.parent.validator == "oneOf":
         error = error.parent  # report "missing entrypoint", not one branch of the oneOf
-    path, kind, value, instance = _dotted(error.absolute_path), error.validator, error.validator_value, error.instance
+    path, kind = _dotted(error.absolute_path), error.validator
+    value, instance = error.validator_value, error.instance
     where = path or "top level"
     if kind == "additionalProperties":
         known = list(error.schema.get("properties", {}))
@@ -115,18 +119,22 @@ def _translate(error: ValidationError) -> ConfigError:
     if kind == "oneOf" and all(set(branch) == {"required"} for branch in value):
         keys = [branch["required"][0] for branch in value]
         if not any(k in instance for k in keys):
-            return ConfigError(f"missing required key '{_join(path, keys[0])}'", _join(path, keys[0]))
+            missing = _join(path, keys[0])
+            return ConfigError(f"missing required key '{missing}'", missing)
         names = " and ".join(f"'{_join(path, k)}'" for k in keys)
         return ConfigError(f"{where}: give only one of {names}, not both", path)
     if kind == "type":
         wanted = " or ".join(_TYPE_WORDS[t] for t in ([value] if isinstance(value, str) else value))
         return ConfigError(f"{where}: expected {wanted}, got {_shown(instance)}", path)
     if kind == "enum":
-        hint = _did_you_mean(instance, [v for v in value if isinstance(v, str)]) if isinstance(instance, str) else ""
+        hint = _did_you_mean(instance, [v for v in value if isinstance(v, str)]) \
+            if isinstance(instance, str) else ""
         options = ", ".join(repr(v) for v in value)
-        return ConfigError(f"{where}: expected one of {options} (got {_shown(instance)}){hint}", path)
+        return ConfigError(f"{where}: expected one of {options} (got {_shown(instance)}){hint}",
+                           path)
     if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[kind]
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
+              "exclusiveMaximum": "<"}[kind]
         return ConfigError(f"{where}: expected a value {op} {value}, got {_shown(instance)}", path)
     if kind in ("minItems", "minLength"):
         return ConfigError(f"{where}: must not be empty", path)
@@ -145,8 +153,8 @@ def _normalize_hyperparameters(group: dict[str, Any], path: str) -> dict[str, An
         if leaf["type"] == "log":  # the one leaf default: the schema's base
             leaf.setdefault("base", _schema()["$defs"]["hp_log"]["properties"]["base"]["default"])
         if leaf["type"] in ("int", "double", "log") and leaf["minval"] > leaf["maxval"]:
-            raise ConfigError(f"{here}.minval: must be <= maxval ({_shown(leaf['maxval'])}), got {_shown(leaf['minval'])}",
-                              f"{here}.minval")
+            raise ConfigError(f"{here}.minval: must be <= maxval ({_shown(leaf['maxval'])}), "
+                              f"got {_shown(leaf['minval'])}", f"{here}.minval")
         _check_range(leaf, here)
         out[name] = leaf
     return out
@@ -169,12 +177,15 @@ def _check_range(leaf: dict[str, Any], here: str) -> None:
                           f"beyond what a float holds; narrow it", here)
 
 
-def _environment_variables(value: list[str] | dict[str, list[str]], warnings: list[str]) -> dict[str, str]:
+def _environment_variables(value: list[str] | dict[str, list[str]],
+                           warnings: list[str]) -> dict[str, str]:
     if isinstance(value, dict):
-        # Determined picks the list for the slot type it schedules on; here one process may see a GPU
-        # or not, so take the cpu settings as the base and let cuda's (the GPU-specific ones) override.
+        # Determined picks the list for the slot type it schedules on; here one process may see
+        # a GPU or not, so take the cpu settings as the base and let cuda's (the GPU-specific
+        # ones) override.
         if value.get("rocm"):
-            warnings.append("ignoring 'environment.environment_variables.rocm': localdet does not run on ROCm")
+            warnings.append("ignoring 'environment.environment_variables.rocm': localdet does "
+                            "not run on ROCm")
         value = [*value.get("cpu", []), *value.get("cuda", [])]
     return dict(entry.split("=", 1) for entry in value)
 
@@ -188,7 +199,8 @@ def _entrypoint(config: dict[str, Any]) -> None:
     if config["entrypoint_script"] is not None:
         script = config["entrypoint_script"].strip()
         if script.endswith(".py") and not any(c.isspace() for c in script):
-            script = f"python3 {shlex.quote(script)}"  # a bare script path, run the way Determined's examples do
+            # A bare script path, run the way Determined's examples do.
+            script = f"python3 {shlex.quote(script)}"
     else:
         if isinstance(config["entrypoint"], list):
             config["entrypoint"] = shlex.join(config["entrypoint"])
@@ -196,14 +208,17 @@ def _entrypoint(config: dict[str, Any]) -> None:
         if _TRIAL_CLASS.match(text):
             trial_class = text
         elif ":" in text and not any(c.isspace() for c in text):
-            raise ConfigError(f"entrypoint: expected 'module:ClassName' (a dotted module, a colon, a class name) "
-                              f"or a command such as 'python3 train.py', got {_shown(text)}", "entrypoint")
+            raise ConfigError(f"entrypoint: expected 'module:ClassName' (a dotted module, a colon, "
+                              f"a class name) or a command such as 'python3 train.py', got "
+                              f"{_shown(text)}", "entrypoint")
         else:
             try:
                 tokens = shlex.split(text)
             except ValueError as e:
-                raise ConfigError(f"entrypoint: cannot split the command ({e}): {_shown(text)}", "entrypoint") from None
-            is_launcher = len(tokens) >= 3 and tokens[1] == "-m" and tokens[2].startswith("determined.launch.")
+                raise ConfigError(f"entrypoint: cannot split the command ({e}): {_shown(text)}",
+                                  "entrypoint") from None
+            is_launcher = len(tokens) >= 3 and tokens[1] == "-m" \
+                and tokens[2].startswith("determined.launch.")
             trial_class, script = _launcher(tokens) if is_launcher else (None, text)
     config["entrypoint_kind"] = "trial_class" if trial_class else "script"
     config["trial_class"] = trial_class
@@ -214,18 +229,20 @@ def _launcher(tokens: list[str]) -> tuple[str | None, str | None]:
     """Split ``python3 -m determined.launch.X [[OVERRIDES...] --] (--trial T | SCRIPT...)``."""
     rest = tokens[3:]
     if "--" in rest:
-        rest = rest[rest.index("--") + 1:]  # what precedes "--" is for the launcher (horovodrun etc.)
+        # What precedes "--" is for the launcher (horovodrun etc.).
+        rest = rest[rest.index("--") + 1:]
     else:
         while rest and rest[0].startswith("-") and not rest[0].startswith("--trial"):
             rest = rest[1:]  # launcher flags such as --autohorovod
     if rest and (rest[0] == "--trial" or rest[0].startswith("--trial=")):
         trial = rest[0].partition("=")[2] or (rest[1] if len(rest) > 1 else "")
         if not _TRIAL_CLASS.match(trial):
-            raise ConfigError(f"entrypoint: --trial expects 'module:ClassName', got {_shown(trial)}", "entrypoint")
+            raise ConfigError(f"entrypoint: --trial expects 'module:ClassName', got "
+                              f"{_shown(trial)}", "entrypoint")
         return trial, None
     if not rest:
-        raise ConfigError(f"entrypoint: {tokens[2]} needs '--trial module:ClassName' or a script to run",
-                          "entrypoint")
+        raise ConfigError(f"entrypoint: {tokens[2]} needs '--trial module:ClassName' or a "
+                          f"script to run", "entrypoint")
     return None, shlex.join(rest)
 
 
@@ -234,7 +251,8 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
     if raw is None:
         raise ConfigError(f"the config is empty; it needs at least {needs}")
     if not isinstance(raw, dict):
-        raise ConfigError(f"top level: expected a mapping of config keys, got {type(raw).__name__} {_shown(raw)}")
+        raise ConfigError(f"top level: expected a mapping of config keys, got "
+                          f"{type(raw).__name__} {_shown(raw)}")
     error = best_match(_Validator(schema).iter_errors(raw), key=_relevance)
     if error is not None:
         raise _translate(error)
@@ -245,11 +263,14 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
 
 
 def parse_config(raw: dict[str, Any]) -> ParsedConfig:
-    """Validate a Determined experiment config (already loaded from YAML) and return its canonical form.
+    """Validate a Determined experiment config (already loaded from YAML) and return its
+    canonical form.
 
-    >>> cfg = parse_config({"entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 32},
+    >>> cfg = parse_config({"entrypoint": "model_def:Trial",
+    ...     "hyperparameters": {"global_batch_size": 32},
     ...     "searcher": {"name": "single", "metric": "val_loss", "max_length": 100}}).config
-    >>> cfg["searcher"]["max_length"], cfg["hyperparameters"]["global_batch_size"], cfg["trial_class"]
+    >>> (cfg["searcher"]["max_length"], cfg["hyperparameters"]["global_batch_size"],
+    ...  cfg["trial_class"])
     ({'batches': 100}, {'type': 'const', 'val': 32}, 'model_def:Trial')
 
     A script entrypoint ('python3 train.py') may leave out the searcher (single, val_loss) and
@@ -261,9 +282,10 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     searcher = config["searcher"]
     supported = _schema()["$defs"]["searcher"]["properties"]["name"]["x-supported"]
     if searcher["name"] not in supported:
-        raise ConfigError(f"searcher.name: {_shown(searcher['name'])} is not supported yet; supported: "
-                          f"{', '.join(supported)}", "searcher.name")
-    config["hyperparameters"] = _normalize_hyperparameters(config["hyperparameters"], "hyperparameters")
+        raise ConfigError(f"searcher.name: {_shown(searcher['name'])} is not supported yet; "
+                          f"supported: {', '.join(supported)}", "searcher.name")
+    config["hyperparameters"] = _normalize_hyperparameters(config["hyperparameters"],
+                                                           "hyperparameters")
     env = config["environment"]
     env["environment_variables"] = _environment_variables(env["environment_variables"], warnings)
     _entrypoint(config)
@@ -273,8 +295,9 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             raise ConfigError("missing required key 'searcher'; a trial class entrypoint needs a "
                               "searcher with a metric and a max_length", "searcher")
         if searcher["max_length"] is None:
-            raise ConfigError("missing required key 'searcher.max_length'; a trial class entrypoint "
-                              "trains for as long as the searcher says", "searcher.max_length")
+            raise ConfigError("missing required key 'searcher.max_length'; a trial class "
+                              "entrypoint trains for as long as the searcher says",
+                              "searcher.max_length")
     for holder, key, what in ((searcher, "max_length", "searcher.max_length"),
                               (config, "min_validation_period", "min_validation_period"),
                               (config, "min_checkpoint_period", "min_checkpoint_period")):
@@ -325,7 +348,8 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             raise ConfigError(str(missing), missing.path) from None
         if size > MAX_GRID_POINTS:
             raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
-                              f"{MAX_GRID_POINTS:,} are allowed: lower some counts", "hyperparameters")
+                              f"{MAX_GRID_POINTS:,} are allowed: lower some counts",
+                              "hyperparameters")
 
 
 _STORAGE_KEYS = {"shared_fs": ("host_path", "storage_path"),
@@ -355,7 +379,8 @@ def _check_checkpoint_storage(storage: dict[str, Any]) -> None:
         given = "access_key" if storage.get("access_key") else "secret_key"
         missing = "secret_key" if given == "access_key" else "access_key"
         raise ConfigError(f"checkpoint_storage.{missing}: needed with {given}; give both, or "
-                          f"neither to use the usual AWS credentials", f"checkpoint_storage.{missing}")
+                          f"neither to use the usual AWS credentials",
+                          f"checkpoint_storage.{missing}")
 
 
 def _job_schema() -> dict[str, Any]:
@@ -390,7 +415,8 @@ def parse_job_config(raw: dict[str, Any]) -> ParsedConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads 1e-4 as a float (YAML 1.2, as Determined's CLI does)."""
+    """SafeLoader that rejects duplicate keys and reads 1e-4 as a float (YAML 1.2, as
+    Determined's CLI does)."""
 
     composed = 0
 
@@ -407,8 +433,8 @@ class _Loader(yaml.SafeLoader):
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 key = self.construct_object(key_node)
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_shown(key)}",
-                                                            key_node.start_mark)
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {_shown(key)}", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -425,7 +451,8 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 def _too_many_values() -> ConfigError:
     return ConfigError(f"the config holds more than {MAX_CONFIG_VALUES:,} values (counting what "
-                       f"its aliases repeat); keep data out of the config, in files the model reads")
+                       f"its aliases repeat); keep data out of the config, in files the model "
+                       f"reads")
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
@@ -513,7 +540,7 @@ def _load_yaml(text: str) -> Any:
         raise _yaml_error(e, text) from None
     except ConfigError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError) as e:  # e.g. `!!int nope`
+    except (ValueError, TypeError, KeyError, AttributeError):  # e.g. `!!int nope`
         raise ConfigError("invalid YAML: a value does not fit its explicit tag (such as !!int "
                           "or !!map); fix the value or remove the tag") from None
     except RecursionError:
