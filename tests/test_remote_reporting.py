@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, Daemon, Home, start_trial, wait_for, write_config
+from conftest import Daemon, Home, start_trial, wait_for, write_config
 
 from localdet.paths import Layout
 from localdet.records import lifecycle
