@@ -32,7 +32,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import Daemon, wait_for, write_config
+from conftest import wait_for, write_config
 from fuzz.hostile import (
     ACCEPTED,
     BASE,
@@ -152,7 +152,7 @@ def write_slowly(path: Path, chunks: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(path), *chunks])
 
 
-def test_hostile_submissions_while_an_experiment_trains(home, tmp_path):
+def test_hostile_submissions_while_an_experiment_trains(home, tmp_path, daemons):
     # Sentinels outside the queue, which symbolic links in the submissions point at.
     outside = tmp_path / "outside"
     (outside / "folder" / "sub").mkdir(parents=True)
@@ -172,75 +172,75 @@ def test_hostile_submissions_while_an_experiment_trains(home, tmp_path):
         make(case, drops / (case.name + (".again" if case.later else "")))
 
     hold = tmp_path / "hold"
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        # The reference: the experiment alone.
-        home.cli("submit", held_experiment(tmp_path / "reference", "reference", hold), HELD)
-        reference = home.wait_until_ended(home.experiment_named("reference")["id"])
-        assert reference["state"] == "COMPLETED", reference
-        reference_checkpoints = home.json("checkpoints", reference["id"], "--all")
+    daemon = daemons(home, "--slots", "2")
+    # The reference: the experiment alone.
+    home.cli("submit", held_experiment(tmp_path / "reference", "reference", hold), HELD)
+    reference = home.wait_until_ended(home.experiment_named("reference")["id"])
+    assert reference["state"] == "COMPLETED", reference
+    reference_checkpoints = home.json("checkpoints", reference["id"], "--all")
 
-        # The same experiment again, held after its fifth batch while the storm passes.
-        hold.touch()
-        home.cli("submit", held_experiment(tmp_path / "real", "real", hold), HELD)
-        real_id = home.experiment_named("real")["id"]
-        wait_for(Path(f"{hold}.held").exists, 180, "the experiment to be training")
+    # The same experiment again, held after its fifth batch while the storm passes.
+    hold.touch()
+    home.cli("submit", held_experiment(tmp_path / "real", "real", hold), HELD)
+    real_id = home.experiment_named("real")["id"]
+    wait_for(Path(f"{hold}.held").exists, 180, "the experiment to be training")
 
-        control = tmp_path / "control"
-        control.write_text("read me\n")
-        watch = Inotify([*(p for p in sentinels if p.is_dir()), control])
-        control.read_text()  # the watch sees a read, or it proves nothing
-        assert any(str(control) in event for event in watch.events())
+    control = tmp_path / "control"
+    control.write_text("read me\n")
+    watch = Inotify([*(p for p in sentinels if p.is_dir()), control])
+    control.read_text()  # the watch sees a read, or it proves nothing
+    assert any(str(control) in event for event in watch.events())
 
-        queue, jobs = home.path / "queue", home.path / "queue" / "jobs"
-        slow = [
-            ("slow-accepted.yaml", [dump({**BASE, "name": "slow accepted"}).decode(),
-                                    "description: the whole file\n", "labels: [complete]\n"]),
-            ("slow-rejected.yaml", [dump(BASE).decode(), "description: nearly\n",
-                                    "max_restarts: -1\n"]),
-        ]
-        writers = [write_slowly(queue / name, chunks) for name, chunks in slow]
-        (queue / "slow-folder").mkdir()
-        (queue / "slow-folder" / "const.yaml").write_bytes(
-            dump({**BASE, "name": "slow folder"}))
-        slow_code = ["class Trial:\n", "    pass\n", "COMPLETE = True\n"]
-        writers.append(write_slowly(queue / "slow-folder" / "model_def.py", slow_code))
+    queue, jobs = home.path / "queue", home.path / "queue" / "jobs"
+    slow = [
+        ("slow-accepted.yaml", [dump({**BASE, "name": "slow accepted"}).decode(),
+                                "description: the whole file\n", "labels: [complete]\n"]),
+        ("slow-rejected.yaml", [dump(BASE).decode(), "description: nearly\n",
+                                "max_restarts: -1\n"]),
+    ]
+    writers = [write_slowly(queue / name, chunks) for name, chunks in slow]
+    (queue / "slow-folder").mkdir()
+    (queue / "slow-folder" / "const.yaml").write_bytes(
+        dump({**BASE, "name": "slow folder"}))
+    slow_code = ["class Trial:\n", "    pass\n", "COMPLETE = True\n"]
+    writers.append(write_slowly(queue / "slow-folder" / "model_def.py", slow_code))
 
-        def resolved(batch: list[Case]) -> bool:
-            found = outcomes(home)
-            wanted = collections.Counter(case.name for case in batch)
-            return all(len(found.get(name, [])) >= count for name, count in wanted.items())
-
-        first = [c for c in cases if c.category == "model code"]
-        rest = [c for c in cases if c.category != "model code" and not c.later]
-        random.Random(SEED).shuffle(rest)
-        batches = [first + rest[0::3], rest[1::3], rest[2::3] + [c for c in cases if c.later]]
-        done: list[Case] = []
-        for batch in batches:
-            for case in batch:
-                os.rename(drops / (case.name + (".again" if case.later else "")),
-                          (jobs if case.job else queue) / case.name)
-            done.extend(batch)  # the same list: the lambda below reads it now, within this pass
-            wait_for(lambda: resolved(done), 180, "the batch to be ingested or rejected")
-        for writer in writers:
-            assert writer.wait(timeout=120) == 0
-        wait_for(lambda: {"slow-accepted.yaml", "slow-rejected.yaml", "slow-folder"}
-                 <= set(outcomes(home)), 120, "the slow submissions")
-
-        errors = [c for c in cases if c.expect == ERROR]
+    def resolved(batch: list[Case]) -> bool:
         found = outcomes(home)
-        ids = {case.name: found[case.name][0]["experiment_id"] for case in errors}
-        wait_for(lambda: all(home.experiment(ids[c.name])["state"] == "ERROR" for c in errors),
-                 300, "the failing model code to end")
-        assert home.experiment(real_id)["trials"][0]["state"] == "RUNNING"  # held all along
+        wanted = collections.Counter(case.name for case in batch)
+        return all(len(found.get(name, [])) >= count for name, count in wanted.items())
 
-        events = watch.events()
-        watch.close()
-        hold.unlink()
-        real = home.wait_until_ended(real_id)
-        assert daemon.process.poll() is None, "the daemon died"
-    finally:
-        daemon.stop()
+    first = [c for c in cases if c.category == "model code"]
+    rest = [c for c in cases if c.category != "model code" and not c.later]
+    random.Random(SEED).shuffle(rest)
+    batches = [first + rest[0::3], rest[1::3], rest[2::3] + [c for c in cases if c.later]]
+    done: list[Case] = []
+    for batch in batches:
+        for case in batch:
+            os.rename(drops / (case.name + (".again" if case.later else "")),
+                      (jobs if case.job else queue) / case.name)
+        done.extend(batch)  # the same list: the lambda below reads it now, within this pass
+        wait_for(lambda: resolved(done), 180, "the batch to be ingested or rejected")
+    for writer in writers:
+        assert writer.wait(timeout=120) == 0
+    wait_for(lambda: {"slow-accepted.yaml", "slow-rejected.yaml", "slow-folder"}
+             <= set(outcomes(home)), 120, "the slow submissions")
+
+    errors = [c for c in cases if c.expect == ERROR]
+    found = outcomes(home)
+    ids = {case.name: found[case.name][0]["experiment_id"] for case in errors}
+    wait_for(lambda: all(home.rows("SELECT 1 FROM experiments WHERE id = ? AND state = "
+                                   "'ERROR'", ids[c.name]) for c in errors),
+             300, "the failing model code to end", 0.1)
+    assert all(home.experiment(ids[c.name])["state"] == "ERROR" for c in errors)
+    assert home.experiment(real_id)["trials"][0]["state"] == "RUNNING"  # held all along
+
+    events = watch.events()
+    watch.close()
+    hold.unlink()
+    real = home.wait_until_ended(real_id)
+    assert daemon.process.poll() is None, "the daemon died"
+    daemon.stop()
     log = daemon.log_path.read_text(errors="replace")
     assert "unexpected error" not in log and "Traceback" not in log, log[-3000:]
 

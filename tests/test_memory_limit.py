@@ -106,11 +106,12 @@ def test_the_daemon_refuses_a_fraction_outside_zero_to_one(home, fraction):
 MECHANISMS = ["auto", "watcher"]
 
 
-def start_daemon(home, mechanism: str, *args: str) -> Daemon:
+def start_daemon(daemons, home, mechanism: str, *args: str) -> Daemon:
+    """A daemon from the `daemons` fixture (stopped, its trials ended, at the test's end)."""
     home.env.pop("LOCALDET_MEMORY_WATCHER", None)
     if mechanism == "watcher":
         home.env["LOCALDET_MEMORY_WATCHER"] = "1"
-    return Daemon(home, *args)
+    return daemons(home, *args)
 
 
 def stop_leaving_trials(daemon: Daemon) -> None:
@@ -173,86 +174,78 @@ def assert_stopped_for_memory(home, experiment_id: int, limit: str, source: str,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path, mechanism):
+def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path, mechanism,
+                                                                 daemons):
     # The daemon-wide default: about 400 MB on any machine.
     fraction = f"{400e6 / memory_limit.physical_memory():.6f}"
     default = memory_limit.gigabytes(int(float(fraction) * memory_limit.physical_memory()))
-    daemon = start_daemon(home, mechanism, "--slots", "4", "--trial-memory-fraction", fraction)
+    daemon = start_daemon(daemons, home, mechanism, "--slots", "4",
+                          "--trial-memory-fraction", fraction)
     release = tmp_path / "release"
-    try:
-        # A TensorFlow trial that trains within its limit, meanwhile.
-        home.cli("submit", tiny_experiment(tmp_path, "within", resources={"max_memory": "3GB"}),
-                 model_folder(tmp_path / "within"))
-        within = home.experiment_named("within")["id"]
-        # A job that runs meanwhile and ends when told.
-        bystander = submit(home, tmp_path, "bystander", f"--release {release}", job=True)
-        wait_for(lambda: "waiting for release" in trial_log(home, bystander), 60,
-                 "the job to start")
-        # One process that grows without end, over its config's limit.
-        grows = submit(home, tmp_path, "grows", max_memory="200MB")
-        # Four processes of 150 MB each: none alone reaches the daemon's 400 MB default,
-        # their sum does.
-        tree = submit(home, tmp_path, "tree", "--children 4 --each 150")
-        # Two ranks under the rank supervisor (localdet.processes.ranks), 150 MB each.
-        ranks = submit(home, tmp_path, "ranks", "--hold 150", max_memory="250MB",
-                       slots_per_trial=2, engine="multi_worker_mirrored",
-                       environment=["TF_USE_LEGACY_KERAS=1"])
-        enforcement = expected_enforcement(mechanism)
-        assert_stopped_for_memory(home, grows, "0.2 GB", "resources.max_memory", enforcement)
-        assert_stopped_for_memory(home, tree, default,
-                                  f"localdet daemon --trial-memory-fraction {float(fraction):g}",
-                                  enforcement)
-        assert_stopped_for_memory(home, ranks, "0.25 GB", "resources.max_memory", enforcement)
-        assert home.experiment(bystander)["state"] == "ACTIVE"
-        release.touch()
-        assert home.wait_until_ended(bystander, timeout=60)["state"] == "COMPLETED"
-        assert home.wait_until_ended(within, timeout=120)["state"] == "COMPLETED"
-        assert f"[localdet] memory limit 3 GB (resources.max_memory) over all its processes, " \
-               f"{enforcement}" in trial_log(home, within)
-        assert daemon.process.poll() is None  # the daemon lived through it all
-        told = daemon.log_path.read_text()
-        assert "trial memory limits are enforced by " in told
-    finally:
-        release.touch()
-        daemon.stop()
+    # A TensorFlow trial that trains within its limit, meanwhile.
+    home.cli("submit", tiny_experiment(tmp_path, "within", resources={"max_memory": "3GB"}),
+             model_folder(tmp_path / "within"))
+    within = home.experiment_named("within")["id"]
+    # A job that runs meanwhile and ends when told.
+    bystander = submit(home, tmp_path, "bystander", f"--release {release}", job=True)
+    wait_for(lambda: "waiting for release" in trial_log(home, bystander), 60,
+             "the job to start")
+    # One process that grows without end, over its config's limit.
+    grows = submit(home, tmp_path, "grows", max_memory="200MB")
+    # Four processes of 150 MB each: none alone reaches the daemon's 400 MB default,
+    # their sum does.
+    tree = submit(home, tmp_path, "tree", "--children 4 --each 150")
+    # Two ranks under the rank supervisor (localdet.processes.ranks), 150 MB each.
+    ranks = submit(home, tmp_path, "ranks", "--hold 150", max_memory="250MB",
+                   slots_per_trial=2, engine="multi_worker_mirrored",
+                   environment=["TF_USE_LEGACY_KERAS=1"])
+    enforcement = expected_enforcement(mechanism)
+    assert_stopped_for_memory(home, grows, "0.2 GB", "resources.max_memory", enforcement)
+    assert_stopped_for_memory(home, tree, default,
+                              f"localdet daemon --trial-memory-fraction {float(fraction):g}",
+                              enforcement)
+    assert_stopped_for_memory(home, ranks, "0.25 GB", "resources.max_memory", enforcement)
+    assert home.experiment(bystander)["state"] == "ACTIVE"
+    release.touch()
+    assert home.wait_until_ended(bystander, timeout=60)["state"] == "COMPLETED"
+    assert home.wait_until_ended(within, timeout=120)["state"] == "COMPLETED"
+    assert f"[localdet] memory limit 3 GB (resources.max_memory) over all its processes, " \
+           f"{enforcement}" in trial_log(home, within)
+    assert daemon.process.poll() is None  # the daemon lived through it all
+    told = daemon.log_path.read_text()
+    assert "trial memory limits are enforced by " in told
+    daemon.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_an_adopted_trial_is_still_held_to_its_limit(home, tmp_path, mechanism):
+def test_an_adopted_trial_is_still_held_to_its_limit(home, tmp_path, mechanism, daemons):
     go = tmp_path / "go"
-    first = start_daemon(home, mechanism)
-    try:
-        grows = submit(home, tmp_path, "adopted", f"--wait {go}", max_memory="300MB")
-        wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
-    finally:
-        stop_leaving_trials(first)
-    second = start_daemon(home, mechanism)
-    try:
-        wait_for(lambda: "adopted trial 1" in second.log_path.read_text(), 30, "the adoption")
-        go.touch()  # only now does it grow
-        assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
-                                  expected_enforcement(mechanism))
-        assert second.process.poll() is None
-    finally:
-        go.touch()
-        second.stop()
+    first = start_daemon(daemons, home, mechanism)
+    grows = submit(home, tmp_path, "adopted", f"--wait {go}", max_memory="300MB")
+    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
+    stop_leaving_trials(first)
+    second = start_daemon(daemons, home, mechanism)
+    wait_for(lambda: "adopted trial 1" in second.log_path.read_text(), 30, "the adoption")
+    go.touch()  # only now does it grow
+    assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
+                              expected_enforcement(mechanism))
+    assert second.process.poll() is None
+    second.stop()
 
 
 @pytest.mark.slow
 def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limit(
-        home, tmp_path):
+        home, tmp_path, daemons):
     if memory_limit.enforcement()[0] is None:
         pytest.skip("no enforcing cgroup v1 memory controller here: only a running daemon's "
                     "watcher enforces limits")
     go = tmp_path / "go"
-    first = start_daemon(home, "auto")
-    try:
-        grows = submit(home, tmp_path, "unwatched", f"--wait {go}", max_memory="300MB")
-        wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
-    finally:
-        stop_leaving_trials(first)
-    from localdet.processes.pids import alive
+    first = start_daemon(daemons, home, "auto")
+    grows = submit(home, tmp_path, "unwatched", f"--wait {go}", max_memory="300MB")
+    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
+    stop_leaving_trials(first)
+    from localdet.pids import alive
     from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
@@ -260,9 +253,7 @@ def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limi
     db.close()
     go.touch()
     wait_for(lambda: not alive(pid), 60, "the kernel to stop the trial")
-    second = start_daemon(home, "auto")
-    try:
-        assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
-                                  "enforced by a cgroup")
-    finally:
-        second.stop()
+    second = start_daemon(daemons, home, "auto")
+    assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
+                              "enforced by a cgroup")
+    second.stop()

@@ -11,8 +11,11 @@ from conftest import EXAMPLE, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
+# Long enough that a pause asked through the CLI lands well before the end (it landed some
+# 550 batches after the 60 the test waits for, on a loaded 2-core machine).
+LENGTH = 2000
 LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
-                      "max_length": {"batches": 4000}},
+                      "max_length": {"batches": LENGTH}},
             scheduling_unit=20, min_validation_period={"batches": 100},
             hyperparameters={"global_batch_size": 32, "hidden_units": 256, "dropout": 0.2,
                              "learning_rate": 0.01},
@@ -64,7 +67,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
              and home.first_trial(paused_id)["state"] == "PAUSED", 60, "the pause", 0.1)
     assert home.experiment(paused_id)["state"] == "PAUSED"
     stopped_at = trial_of(home, paused_id)["batches_trained"]
-    assert 60 <= stopped_at < 4000 and stopped_at % 20 == 0  # at a workload boundary
+    assert 60 <= stopped_at < LENGTH and stopped_at % 20 == 0  # at a workload boundary
     assert "PAUSED" in home.cli("status").stdout
     daemon.stop()
 
@@ -74,7 +77,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     assert trial_of(home, paused_id)["state"] == "PAUSED"
     home.cli("resume", paused_id)
     facts = home.wait_until_ended(paused_id)
-    assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 4000
+    assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == LENGTH
 
     home.cli("submit", write_config(tmp_path, "straight", **LONG), EXAMPLE)
     straight_id = home.experiment_named("straight")["id"]

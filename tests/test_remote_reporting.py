@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Home, start_trial, wait_for, write_config
+from conftest import Home, start_trial, wait_for, write_config
 
 from localdet.paths import Layout
 from localdet.records import lifecycle
@@ -297,7 +297,7 @@ def reports_over_http(pid: int) -> bool:
     return any(v.startswith(b"LOCALDET_REPORT_URL=http://127.0.0.1:") for v in environment)
 
 
-def paused_and_resumed(tmp_path: Path, report: str, kill: bool = False) -> dict:
+def paused_and_resumed(tmp_path: Path, report: str, daemons, kill: bool = False) -> dict:
     """Run the PAUSED experiment under a daemon with `--report REPORT`: pause it at 30
     batches, resume it, and with `kill`, kill the daemon with -9 once the resumed launch has
     trained to 50 and start another."""
@@ -307,29 +307,27 @@ def paused_and_resumed(tmp_path: Path, report: str, kill: bool = False) -> dict:
     home = Home(tmp_path / report)
     # No warm process: on two cores its start-up slows the trial it would not serve (the
     # experiment sets environment variables); launches over HTTP fitting one is tested above.
-    daemon = Daemon(home, "--report", report, "--warm", "0")
-    try:
-        home.cli("submit", write_config(tmp_path, f"paused-{report}", **PAUSED), SLOW_DIGITS)
-        experiment = home.experiment_named(f"paused-{report}")["id"]
-        trial = wait_for(lambda: (t := trial_row(home, experiment)) and t.batches_trained >= 30
-                         and t, 180, "30 batches", 0.05)
-        over_http = reports_over_http(trial.pid)
-        request(home, "pause", experiment)
-        wait_for(lambda: trial_row(home, experiment).state == "PAUSED", 120, "the pause", 0.1)
-        request(home, "resume", experiment)
-        if kill:
-            resumed = wait_for(lambda: (t := trial_row(home, experiment)).state == "RUNNING"
-                               and t.batches_trained >= 50 and t, 180, "50 batches", 0.05)
-            port = (home.path / PORT_FILE).read_text().strip()
-            daemon.process.send_signal(signal.SIGKILL)  # no chance to tidy up
-            daemon.process.wait()
-            daemon.log.close()
-            daemon = Daemon(home, "--report", report, "--warm", "0")
-        wait_for(lambda: trial_row(home, experiment).state in ("COMPLETED", "ERROR"), 180,
-                 "the trial to end", 0.2)
-        facts = home.wait_until_ended(experiment)
-    finally:
-        daemon.stop()
+    daemon = daemons(home, "--report", report, "--warm", "0")
+    home.cli("submit", write_config(tmp_path, f"paused-{report}", **PAUSED), SLOW_DIGITS)
+    experiment = home.experiment_named(f"paused-{report}")["id"]
+    trial = wait_for(lambda: (t := trial_row(home, experiment)) and t.batches_trained >= 30
+                     and t, 180, "30 batches", 0.05)
+    over_http = reports_over_http(trial.pid)
+    request(home, "pause", experiment)
+    wait_for(lambda: trial_row(home, experiment).state == "PAUSED", 120, "the pause", 0.1)
+    request(home, "resume", experiment)
+    if kill:
+        resumed = wait_for(lambda: (t := trial_row(home, experiment)).state == "RUNNING"
+                           and t.batches_trained >= 50 and t, 180, "50 batches", 0.05)
+        port = (home.path / PORT_FILE).read_text().strip()
+        daemon.process.send_signal(signal.SIGKILL)  # no chance to tidy up
+        daemon.process.wait()
+        daemon.log.close()
+        daemon = daemons(home, "--report", report, "--warm", "0")
+    wait_for(lambda: trial_row(home, experiment).state in ("COMPLETED", "ERROR"), 180,
+             "the trial to end", 0.2)
+    facts = home.wait_until_ended(experiment)
+    daemon.stop()
     found = {"facts": facts, "over_http": over_http, "launches": launches(home, experiment),
              "said": daemon.log_path.read_text(),
              "metrics": [(m.kind, m.batches_trained, m.metrics)
@@ -351,13 +349,14 @@ def metrics(home: Home, experiment_id: int):
 
 
 @pytest.mark.slow
-def test_over_http_a_trial_paused_resumed_and_outliving_its_daemon_ends_as_over_sqlite(tmp_path):
+def test_over_http_a_trial_paused_resumed_and_outliving_its_daemon_ends_as_over_sqlite(
+        tmp_path, daemons):
     """Over HTTP the daemon is also killed with -9 after the resume: the resumed process
     keeps reporting to the next daemon, on the same port, and completes once."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as both:  # two homes, two daemons: side by side
-        http, sqlite = both.map(lambda report: paused_and_resumed(tmp_path, report,
+        http, sqlite = both.map(lambda report: paused_and_resumed(tmp_path, report, daemons,
                                                                   kill=report == "http"),
                                 ["http", "sqlite"])
     assert http["facts"]["state"] == sqlite["facts"]["state"] == "COMPLETED"

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, Daemon, Home, write_config
+from conftest import REPO, Home, write_config
 from test_pause_resume_e2e import h5_weights
 
 pytestmark = pytest.mark.slow
@@ -91,39 +91,37 @@ def outcome(home: Home, tmp_path) -> dict:
         db.close()
 
 
-def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_path):
+def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_path, daemons):
     config = write_config(tmp_path, "asha", **ASHA)
     calm, stormy = Home(tmp_path / "calm"), Home(tmp_path / "stormy")
-    daemons = [Daemon(calm), Daemon(stormy)]
-    try:
-        for home in (calm, stormy):
-            home.cli("submit", config, SLOW_DIGITS)
-            home.experiment_named("asha")
-        kill_daemon_at = [2, 6, 10]   # searcher events recorded so far
-        killed_trial = None
-        deadline = time.monotonic() + 600
-        while query(stormy, "SELECT state FROM experiments")[0][0] == "ACTIVE":
-            assert time.monotonic() < deadline, "the interrupted search did not end"
-            if (kill_daemon_at and searcher_events(stormy) >= kill_daemon_at[0]
-                    and query(stormy, "SELECT id FROM trials WHERE state = 'RUNNING'")):
-                kill_daemon_at.pop(0)
-                daemons[1].process.kill()      # kill -9: no chance to tidy up
-                daemons[1].process.wait()
-                daemons[1].log.close()
-                daemons[1] = Daemon(stormy)
-            if killed_trial is None:
-                running = promoted_trial_past_a_checkpoint(stormy)
-                if running:
-                    killed_trial = running[0]
-                    os.killpg(running[1], signal.SIGKILL)
-            time.sleep(0.02)
-        assert not kill_daemon_at, "the search ended before every planned daemon kill"
-        assert killed_trial is not None, "no promoted trial was caught between checkpoints"
-        stormy.wait_until_ended(1)
-        calm.wait_until_ended(1, timeout=600)
-    finally:
-        for daemon in daemons:
-            daemon.stop()
+    started = [daemons(calm), daemons(stormy)]
+    for home in (calm, stormy):
+        home.cli("submit", config, SLOW_DIGITS)
+        home.experiment_named("asha")
+    kill_daemon_at = [2, 6, 10]   # searcher events recorded so far
+    killed_trial = None
+    deadline = time.monotonic() + 600
+    while query(stormy, "SELECT state FROM experiments")[0][0] == "ACTIVE":
+        assert time.monotonic() < deadline, "the interrupted search did not end"
+        if (kill_daemon_at and searcher_events(stormy) >= kill_daemon_at[0]
+                and query(stormy, "SELECT id FROM trials WHERE state = 'RUNNING'")):
+            kill_daemon_at.pop(0)
+            started[1].process.kill()      # kill -9: no chance to tidy up
+            started[1].process.wait()
+            started[1].log.close()
+            started[1] = daemons(stormy)
+        if killed_trial is None:
+            running = promoted_trial_past_a_checkpoint(stormy)
+            if running:
+                killed_trial = running[0]
+                os.killpg(running[1], signal.SIGKILL)
+        time.sleep(0.02)
+    assert not kill_daemon_at, "the search ended before every planned daemon kill"
+    assert killed_trial is not None, "no promoted trial was caught between checkpoints"
+    stormy.wait_until_ended(1)
+    calm.wait_until_ended(1, timeout=600)
+    for daemon in started:
+        daemon.stop()
 
     restarted = query(stormy, "SELECT restarts FROM trials WHERE id = ?", [killed_trial])[0][0]
     assert restarted == 1
@@ -155,21 +153,19 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
             == query(calm, "SELECT kind, request_id, length FROM searcher_events ORDER BY id"))
 
 
-def test_a_failing_trial_does_not_stop_its_siblings(home, tmp_path):
-    daemon = Daemon(home, "--slots", "2")
-    try:
-        home.cli("submit", write_config(
-            tmp_path, "grid", entrypoint="model_def:SlowDigitsTrial",
-            # A negative width makes Keras raise in build_model: that trial fails.
-            hyperparameters={"global_batch_size": 16, "learning_rate": 0.1, "batch_sleep": 0,
-                             "hidden_units": {"type": "categorical", "vals": [16, -1, 32]}},
-            searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
-                      "max_length": {"batches": 8}},
-            max_restarts=1), SLOW_DIGITS)
-        experiment_id = home.experiment_named("grid")["id"]
-        facts = home.wait_until_ended(experiment_id)
-    finally:
-        daemon.stop()
+def test_a_failing_trial_does_not_stop_its_siblings(home, tmp_path, daemons):
+    daemon = daemons(home, "--slots", "2")
+    home.cli("submit", write_config(
+        tmp_path, "grid", entrypoint="model_def:SlowDigitsTrial",
+        # A negative width makes Keras raise in build_model: that trial fails.
+        hyperparameters={"global_batch_size": 16, "learning_rate": 0.1, "batch_sleep": 0,
+                         "hidden_units": {"type": "categorical", "vals": [16, -1, 32]}},
+        searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
+                  "max_length": {"batches": 8}},
+        max_restarts=1), SLOW_DIGITS)
+    experiment_id = home.experiment_named("grid")["id"]
+    facts = home.wait_until_ended(experiment_id)
+    daemon.stop()
     by_width = {t["hparams"]["hidden_units"]: t for t in facts["trials"]}
     assert sorted(by_width) == [-1, 16, 32]
     assert by_width[16]["state"] == by_width[32]["state"] == "COMPLETED"
