@@ -193,7 +193,7 @@ def test_logs_prints_the_trials_log_as_written(home, recorded):
     assert_one_sentence_error(home.cli("logs", 99, check=False), "there is no trial 99")
 
 
-def test_logs_follow_prints_new_lines_until_the_trial_ends(home, recorded):
+def test_logs_follow_prints_new_lines_until_the_trial_ends(home, recorded, processes):
     trial = recorded.trials[2]
     db = StateDB.open(recorded.layout.db)
     # Reopened behind StateDB's back, which refuses to take a trial out of COMPLETED.
@@ -204,9 +204,8 @@ def test_logs_follow_prints_new_lines_until_the_trial_ends(home, recorded):
     log.write_text(LOG)
     later = [f"[rank {i % 2}] batch {i}\n" for i in range(6)]
 
-    follower = subprocess.Popen([sys.executable, "-m", "localdet", "logs", str(trial), "-f"],
-                                env=home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    follower = processes([sys.executable, "-m", "localdet", "logs", trial, "-f"], env=home.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def write_then_end():
         for line in later:
@@ -225,8 +224,7 @@ def test_logs_follow_prints_new_lines_until_the_trial_ends(home, recorded):
     try:
         stdout, stderr = follower.communicate(timeout=30)
     finally:
-        follower.kill()
-        writer.join()
+        writer.join()  # (the processes fixture ends the follower if it still runs)
     assert follower.returncode == 0, stderr
     assert stdout == LOG + "".join(later) + "[localdet] trial ended\n"
     assert time.monotonic() - started >= 6 * 0.25  # it followed, rather than read once

@@ -295,23 +295,19 @@ signal.pause()
 """
 
 
-def test_an_acknowledged_report_survives_a_kill_right_after_the_answer(running, tmp_path):
+def test_an_acknowledged_report_survives_a_kill_right_after_the_answer(running, tmp_path,
+                                                                        processes):
     db, trial_id, layout = running
-    server = subprocess.Popen([sys.executable, "-c", CRASHING_SERVER, str(layout.home)],
-                              stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        port = int(server.stdout.readline())
-        reporter = HTTPReporter(f"http://127.0.0.1:{port}", trial_id, 1,
-                                launch_token(daemon_secret(layout), trial_id, 1),
-                                trial_dir=tmp_path / "node", retry_seconds=5)
-        reporter.report_training_metrics(10, {"loss": 0.5})
-        reporter.flush()  # returns once acknowledged; the server dies as it answers
-        assert server.wait(30) == -signal.SIGKILL
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    server = processes([sys.executable, "-c", CRASHING_SERVER, layout.home],
+                       stdout=subprocess.PIPE, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    port = int(server.stdout.readline())
+    reporter = HTTPReporter(f"http://127.0.0.1:{port}", trial_id, 1,
+                            launch_token(daemon_secret(layout), trial_id, 1),
+                            trial_dir=tmp_path / "node", retry_seconds=5)
+    reporter.report_training_metrics(10, {"loss": 0.5})
+    reporter.flush()  # returns once acknowledged; the server dies as it answers
+    assert server.wait(30) == -signal.SIGKILL
     rows = [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]
     assert rows == [("training", 10, {"loss": 0.5})]
     assert db.trial(trial_id).batches_trained == 10
