@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from localdet.config.experiment import parse_config
+from localdet.config.hparams import sample
 from localdet.search.methods import (
     AdaptiveASHASearch,
     Close,
@@ -24,7 +25,6 @@ from localdet.search.methods.asha import (
     rung_units,
 )
 from localdet.search.methods.base import derive_seed
-from localdet.search.methods.hparams import sample
 
 SPACE = {"global_batch_size": 32, "x": {"type": "double", "minval": 0.0, "maxval": 1.0}}
 

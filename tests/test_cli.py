@@ -7,7 +7,7 @@ import json
 
 from conftest import EXAMPLE, write_config
 
-from localdet.config.submissions import Intake
+from localdet.daemon.submissions import Intake
 from localdet.paths import Layout
 from localdet.records.db import StateDB
 
@@ -122,7 +122,7 @@ def test_status_shows_jobs_apart_and_json_has_kind_and_runner(home):
 
 
 def test_submit_refuses_more_slots_than_the_running_daemon_has(home, tmp_path):
-    from localdet.processes.pids import DaemonLock
+    from localdet.pids import DaemonLock
     from localdet.scheduling.slots import Slot, cpu_only, write_slot_file
 
     layout = Layout(home.path).ensure()

@@ -6,7 +6,7 @@ import pytest
 
 from localdet.config import engines
 from localdet.config.experiment import parse_config
-from localdet.config.submissions import SubmissionError, read_submission
+from localdet.daemon.submissions import SubmissionError, read_submission
 
 
 def config(slots: int, **environment) -> dict:
@@ -95,7 +95,7 @@ def test_submit_refuses_a_config_no_engine_can_run(tmp_path):
 
 
 def test_on_a_cluster_only_multi_worker_mirrored_trials_may_be_bigger_than_a_node(tmp_path):
-    from localdet.config.submissions import check_engine
+    from localdet.daemon.submissions import check_engine
 
     folder = model_dir(tmp_path)
     with pytest.raises(SubmissionError) as error:  # Keras 3: one process, one node

@@ -15,7 +15,7 @@ from conftest import Home, wait_for
 
 from localdet.daemon.daemon import SCRIPT_GONE
 from localdet.paths import Layout
-from localdet.processes.pids import DaemonLock
+from localdet.pids import DaemonLock
 from localdet.records.db import StateDB
 
 SCRIPT = textwrap.dedent("""\

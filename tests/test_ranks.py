@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import wait_for
 
-from localdet.processes.pids import alive
+from localdet.pids import alive
 
 SUPERVISOR = [sys.executable, "-P", "-m", "localdet.processes.ranks"]  # as the launcher runs it
 

@@ -73,7 +73,7 @@ class Bench:
         return self.local.db
 
     def submit(self, name: str, searcher: str, crash_at: int = 0) -> int:
-        from localdet.config.submissions import submit
+        from localdet.daemon.submissions import submit
 
         submit(self.layout, counter_config(self.tmp_path, name, searcher, crash_at), COUNTER)
         return wait_for(lambda: next((e.id for e in self.db.experiments() if e.name == name),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from localdet.config.experiment import parse_config
+from localdet.config.hparams import sample
 from localdet.search.methods import Create, ValidateAfter, make_search_method
 from localdet.search.methods.base import Pacing, derive_seed, ranked, worst_if_nan
-from localdet.search.methods.hparams import sample
 from localdet.search.methods.sources import GridPoints, RandomDraws
 
 NAN = float("nan")

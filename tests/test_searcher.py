@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from localdet.config.experiment import ConfigError, parse_config
+from localdet.config.hparams import sample
 from localdet.search.methods import (
     Close,
     Create,
@@ -21,7 +22,6 @@ from localdet.search.methods import (
     make_search_method,
 )
 from localdet.search.methods.base import derive_seed
-from localdet.search.methods.hparams import sample
 from localdet.search.methods.single import SingleSearch
 
 HYPERPARAMETERS = {

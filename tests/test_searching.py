@@ -145,7 +145,7 @@ def test_nan_counts_as_the_worst_result(db):
 
 def test_a_recorded_pid_now_held_by_another_process_is_not_adopted(layout, db):
     from localdet.daemon.daemon import Daemon
-    from localdet.processes.pids import process_start
+    from localdet.pids import process_start
 
     experiment_id = new_experiment(db, parse_config({
         "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},

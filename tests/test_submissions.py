@@ -1,4 +1,4 @@
-"""Tests of localdet.config.submissions: the queue folder, settling, rejection, submit and recovery.
+"""Tests of localdet.daemon.submissions: the queue folder, settling, rejection, submit and recovery.
 
 Real folders and a real SQLite file; the settle time is made small and poll() is called
 repeatedly, as the daemon loop does.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import localdet.config.submissions as submissions
+import localdet.daemon.submissions as submissions
 from localdet.config.experiment import ConfigError
-from localdet.config.submissions import (
+from localdet.daemon.submissions import (
     SUBMITTED_CONFIG,
     Intake,
     SubmissionError,
@@ -22,7 +22,7 @@ from localdet.config.submissions import (
     submit,
 )
 from localdet.paths import Layout
-from localdet.processes.pids import DaemonLock
+from localdet.pids import DaemonLock
 from localdet.scheduling.slots import Slot, cpu_only, write_slot_file
 
 SETTLE = 0.05

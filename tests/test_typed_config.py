@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from localdet.checkpoints.retention import describe
 from localdet.config import engines, schema
 from localdet.config.experiment import parse_config, parse_job_config, schema_path
 from localdet.config.typed import CheckpointStorage, ExperimentConfig, Length
@@ -96,7 +95,7 @@ def test_a_default_changed_in_the_schema_reaches_every_consumer(monkeypatch):
     _, old_asha = old_stored(ASHA)
     search = make_search_method(old_asha, 1)
     assert {bracket.divisor for bracket in search.brackets} == {2.0}
-    assert describe(old).startswith("checkpoint_storage.save_trial_best: 2,")
+    assert CheckpointStorage.of(old).describe().startswith("checkpoint_storage.save_trial_best: 2,")
 
 
 def test_the_stored_dict_is_left_as_it_is_and_reads_back_the_same():
@@ -144,8 +143,8 @@ def test_a_search_over_an_old_stored_config_makes_the_same_trials():
 
 def test_consumers_read_the_schema_defaults_of_an_old_stored_config(tmp_path):
     _, old = old_stored(BARE)
-    assert describe(old) == ("checkpoint_storage.save_trial_best: 1, save_trial_latest: 1, "
-                             "save_experiment_best: 0")
+    assert CheckpointStorage.of(old).describe() == (
+        "checkpoint_storage.save_trial_best: 1, save_trial_latest: 1, save_experiment_best: 0")
     assert CheckpointStorage.of({"save_trial_best": 3}).save_trial_latest == 1  # a section
     assert engines.choose(old, tmp_path) == (engines.SINGLE, "one slot")
 

@@ -37,9 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep, describe
+from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
 from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
+from localdet.config.typed import CheckpointStorage
 from localdet.paths import Layout
 from localdet.records.db import StateDB
 from localdet.records.states import CheckpointState
@@ -151,7 +152,7 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
         trial_states={t[0]: t[1] for t in trials}, resume_from={t[0]: t[2] for t in trials})
     doomed = sorted((c for c in live if c.uuid not in keep),
                     key=lambda c: (c.trial_id, c.batches_trained, c.uuid))
-    return doomed, describe(experiment.config)
+    return doomed, CheckpointStorage.of(experiment.config).describe()
 
 
 def _retain(db: StateDB, store: CheckpointStore, experiment_id: int, dry_run: bool,

@@ -64,13 +64,6 @@ class CheckpointRef:
 Config = ExperimentConfig | CheckpointStorage | Mapping[str, Any]
 
 
-def describe(config: Config) -> str:
-    """``checkpoint_storage.save_trial_best: 1, save_trial_latest: 1, save_experiment_best: 0``"""
-    s = CheckpointStorage.of(config)
-    return (f"checkpoint_storage.save_trial_best: {s.save_trial_best}, save_trial_latest: "
-            f"{s.save_trial_latest}, save_experiment_best: {s.save_experiment_best}")
-
-
 def _score(metrics: Mapping[str, Any] | None, metric: str) -> float | None:
     if not metrics or not metric:
         return None

@@ -341,7 +341,7 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             searcher["stop_once"] = False
     if name == "grid":
         # Imported here: the searcher package imports this module.
-        from localdet.search.methods.hparams import MAX_GRID_POINTS, MissingCount, grid_size
+        from localdet.config.hparams import MAX_GRID_POINTS, MissingCount, grid_size
         try:
             size = grid_size(config["hyperparameters"])
         except MissingCount as missing:

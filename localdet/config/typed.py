@@ -127,6 +127,12 @@ class CheckpointStorage:
                    endpoint_url=filled.get("endpoint_url"), access_key=filled.get("access_key"),
                    secret_key=filled.get("secret_key"))
 
+    def describe(self) -> str:
+        """``checkpoint_storage.save_trial_best: 1, save_trial_latest: 1, save_experiment_best: 0``
+        (what retention keeps, as an error message names it)."""
+        return (f"checkpoint_storage.save_trial_best: {self.save_trial_best}, save_trial_latest: "
+                f"{self.save_trial_latest}, save_experiment_best: {self.save_experiment_best}")
+
     @classmethod
     def of(cls, config: Any) -> CheckpointStorage:
         """From an ExperimentConfig, an experiment config dict or its `checkpoint_storage`

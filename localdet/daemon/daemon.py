@@ -33,13 +33,13 @@ from rich.console import Console
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from localdet.checkpoints import gc
+from localdet.checkpoints import disk_space, gc
 from localdet.config import engines, keras_choice
-from localdet.config.submissions import Intake
 from localdet.config.typed import ExperimentConfig
+from localdet.daemon.submissions import Intake
 from localdet.paths import Layout
+from localdet.pids import DaemonLock, alive, exit_description, process_start
 from localdet.processes import capped_log, failures, launcher, memory_limit
-from localdet.processes.pids import DaemonLock, alive, exit_description, process_start
 from localdet.processes.warm_pool import WarmPool, environment_kind
 from localdet.records import lifecycle
 from localdet.records.db import Experiment, NotFound, StateDB, Trial, now
@@ -50,7 +50,7 @@ from localdet.records.states import (
     Runner,
     TrialState,
 )
-from localdet.scheduling import disk_space, placement
+from localdet.scheduling import placement
 from localdet.scheduling.local_machine import LocalMachine
 from localdet.scheduling.ray_cluster import RayCluster
 from localdet.scheduling.slots import (

@@ -26,12 +26,12 @@ from determined.core._reporting import (
     TRIAL_DIR_VAR,
     TRIAL_ID_VAR,
 )
+from localdet.checkpoints import disk_space
 from localdet.config import engines, keras_choice
 from localdet.paths import Layout
 from localdet.processes import capped_log
 from localdet.records.db import Experiment, Trial
 from localdet.records.states import ExperimentKind
-from localdet.scheduling import disk_space
 
 
 @dataclass(frozen=True)

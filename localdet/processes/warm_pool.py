@@ -42,7 +42,7 @@ from determined.core._reporting import (
 )
 from localdet.config import engines
 from localdet.paths import Layout
-from localdet.processes.pids import alive
+from localdet.pids import alive
 from localdet.processes.warm_process import is_warm_command
 
 # What a launch sets for its trial alone; everything else must match for a process to fit.

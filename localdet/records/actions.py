@@ -22,7 +22,7 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
             trial_id: int | None = None) -> str:
     """Record the request; returns what was requested, with a note when nothing runs to
     carry it out yet."""
-    from localdet.processes.pids import DaemonLock
+    from localdet.pids import DaemonLock
 
     if action not in lifecycle.ACTIONS:
         raise ActionError(f"unknown action {action!r}; it is one of "

@@ -25,6 +25,7 @@ from typing import Any, Iterable, cast
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from localdet.config.typed import CheckpointStorage
 from localdet.paths import state_formats_dir
 from localdet.records.states import (  # noqa: F401  (the groupings: imported from here too)
     EXPERIMENT_INITIAL_STATE,
@@ -480,10 +481,9 @@ class StateDB:
         return Checkpoint.from_row(rows[0])
 
     def _deleted_message(self, checkpoint: Checkpoint) -> str:
-        from localdet.checkpoints.retention import describe  # needed by this message only
-
         config = self.experiment(checkpoint.experiment_id).config
-        return (f"checkpoint {checkpoint.uuid} was deleted by retention ({describe(config)}), "
+        retention = CheckpointStorage.of(config).describe()
+        return (f"checkpoint {checkpoint.uuid} was deleted by retention ({retention}), "
                 f"so its files are gone; `localdet checkpoints {checkpoint.experiment_id}` "
                 "lists the checkpoints that are kept")
 

@@ -239,7 +239,7 @@ class HTTPReporter:
             refused.status = response.status
             raise refused
         if response.status == INSUFFICIENT_STORAGE:
-            from localdet.scheduling.disk_space import (
+            from localdet.checkpoints.disk_space import (
                 DiskFull,  # the daemon tells a full disk apart
             )
 

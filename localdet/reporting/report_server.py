@@ -58,6 +58,7 @@ from determined.core._reporting import (
     REPORT_URL_VAR,
     TRIAL_ID_VAR,
 )
+from localdet.checkpoints.disk_space import DiskFull, Reserve
 from localdet.checkpoints.manifest import files_of
 from localdet.checkpoints.store import FileEntry, Lease, Store, StoreError
 from localdet.paths import Layout
@@ -65,7 +66,6 @@ from localdet.records.db import NotFound, StateDB
 from localdet.records.states import TERMINAL_STATES, TrialState
 from localdet.reporting import http_reporter as wire
 from localdet.reporting.sqlite_reporter import SQLiteReporter
-from localdet.scheduling.disk_space import DiskFull, Reserve
 
 SECRET_FILE = "report_secret"
 PORT_FILE = "report_port"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, cast
 
 from determined.core import TrialInfo
+from localdet.checkpoints.disk_space import DiskFull, Reserve
 from localdet.checkpoints.manifest import build_manifest, files_of
 from localdet.checkpoints.storage import checkpoint_store, experiment_store
 from localdet.checkpoints.store import FileEntry, StoreError
@@ -26,7 +27,6 @@ from localdet.paths import Layout
 from localdet.records import lifecycle
 from localdet.records.db import Checkpoint, NotFound, StateDB, now
 from localdet.records.states import TrialState
-from localdet.scheduling.disk_space import DiskFull, Reserve
 
 
 class SQLiteReporter:

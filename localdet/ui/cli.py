@@ -110,10 +110,10 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
            report_port: int | None) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
+    from localdet.checkpoints.disk_space import Reserve
     from localdet.daemon.daemon import Daemon
-    from localdet.processes.pids import DaemonAlreadyRunning
+    from localdet.pids import DaemonAlreadyRunning
     from localdet.reporting.report_server import ReportServerError
-    from localdet.scheduling.disk_space import Reserve
     from localdet.scheduling.ray_cluster import RayError
 
     layout = Layout.from_environment()
@@ -155,8 +155,8 @@ def web(host: str, port: int, no_token: bool) -> None:
 @click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 def submit(config: Path, model_dir: Path | None) -> None:
     """Queue an experiment: CONFIG (YAML) and the MODEL_DIR holding its code."""
-    from localdet.config.submissions import SubmissionError
-    from localdet.config.submissions import submit as submit_experiment
+    from localdet.daemon.submissions import SubmissionError
+    from localdet.daemon.submissions import submit as submit_experiment
 
     layout = Layout.from_environment().ensure()
     try:
@@ -177,8 +177,8 @@ def submit(config: Path, model_dir: Path | None) -> None:
 @click.option("--quiet", is_flag=True, help="Show progress bars, not the trials' logs.")
 def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
     """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
-    from localdet.config.submissions import SubmissionError
-    from localdet.daemon import foreground
+    from localdet.daemon.submissions import SubmissionError
+    from localdet.ui import foreground
 
     layout = Layout.from_environment()
     try:
@@ -202,9 +202,9 @@ def job() -> None:
 @click.option("--detach", is_flag=True, help="Queue the job and return at once.")
 def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
     """Queue a job (CONFIG and the MODEL_DIR holding its code) and follow its log."""
-    from localdet.config.submissions import JOB, SubmissionError
-    from localdet.config.submissions import submit as submit_job
-    from localdet.processes.pids import DaemonLock
+    from localdet.daemon.submissions import JOB, SubmissionError
+    from localdet.daemon.submissions import submit as submit_job
+    from localdet.pids import DaemonLock
     from localdet.ui.jobs import JobNotTaken, follow
 
     layout = Layout.from_environment()
@@ -248,7 +248,7 @@ def status(experiment_id: int | None, as_json: bool) -> None:
 
 def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool) -> None:
     """`localdet status` over the open database."""
-    from localdet.processes.pids import DaemonLock
+    from localdet.pids import DaemonLock
 
     facts: Any  # every experiment's facts, or the one's
     try:

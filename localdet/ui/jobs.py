@@ -13,10 +13,10 @@ import time
 
 import click
 
-from localdet.config.submissions import ingested_as
+from localdet.daemon.submissions import ingested_as
 from localdet.paths import Layout
+from localdet.pids import DaemonLock
 from localdet.processes import capped_log
-from localdet.processes.pids import DaemonLock
 from localdet.records.db import StateDB
 from localdet.records.states import TERMINAL_STATES, ExperimentState
 from localdet.ui.trial_logs import copy_new

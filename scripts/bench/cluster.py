@@ -414,8 +414,8 @@ class Sections:
 
 
 def run(slots: int, nodes: int, trials: int, args) -> dict:
-    from localdet.config.submissions import submit
     from localdet.daemon.daemon import Daemon
+    from localdet.daemon.submissions import submit
     from localdet.paths import Layout
 
     home = Path(tempfile.mkdtemp(prefix="localdet-cluster-bench-"))

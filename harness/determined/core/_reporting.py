@@ -44,7 +44,7 @@ RANK_VAR = "LOCALDET_RANK"              # this process's rank: 0 .. size-1 (rank
 SIZE_VAR = "LOCALDET_SIZE"              # how many processes the trial has
 CHIEF_ADDR_VAR = "LOCALDET_CHIEF_ADDR"  # "127.0.0.1:PORT": where rank 0 listens for the others
 AUTHKEY_VAR = "LOCALDET_DIST_AUTHKEY"   # the key the trial's ranks share
-# The disk reserve the daemon holds checkpoints to (localdet/scheduling/disk_space.py).
+# The disk reserve the daemon holds checkpoints to (localdet/checkpoints/disk_space.py).
 MIN_FREE_BYTES_VAR = "LOCALDET_MIN_FREE_BYTES"
 MIN_FREE_PERCENT_VAR = "LOCALDET_MIN_FREE_PERCENT"
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from localdet.config.hparams import grid_points, sample
 from localdet.search.methods.base import Create, derive_seed
-from localdet.search.methods.hparams import grid_points, sample
 
 
 class HparamSource:

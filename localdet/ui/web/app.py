@@ -52,8 +52,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from localdet.paths import Layout
+from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
-from localdet.processes.pids import DaemonLock
 from localdet.records import actions
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind

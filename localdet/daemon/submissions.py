@@ -44,7 +44,7 @@ from localdet.config.experiment import (
     load_job_config_text,
 )
 from localdet.paths import Layout
-from localdet.processes.pids import DaemonLock
+from localdet.pids import DaemonLock
 from localdet.records.db import StateDB
 from localdet.records.states import ExperimentKind, Runner
 from localdet.scheduling.slots import GPU, Slot, cpu_only, describe, read_slot_file

@@ -28,11 +28,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from localdet.config.submissions import EXPERIMENT, Intake, copy_submission, read_submission
 from localdet.daemon.daemon import Daemon
+from localdet.daemon.submissions import EXPERIMENT, Intake, copy_submission, read_submission
 from localdet.paths import Layout
+from localdet.pids import DaemonLock
 from localdet.processes import capped_log
-from localdet.processes.pids import DaemonLock
 from localdet.records import lifecycle
 from localdet.records.db import StateDB
 from localdet.records.states import TERMINAL_STATES, ExperimentState, Runner, TrialState
