@@ -1,2 +1,3 @@
-"""What users submit: experiment configs (validated, typed), queue submissions, and what is
-chosen from them once at submission (the engine, the Keras line)."""
+"""What users write: experiment configs (validated, then typed; every default in the schema),
+hyperparameter ranges, and what is chosen from them once at submission (the engine, the Keras
+line)."""

@@ -1,2 +1,2 @@
 """The daemon: the loop that watches the queue, drives searches, places and launches trials
-and notices them end; `localdet run` runs the same loop in the foreground."""
+and notices them end, and its intake (queue folders become experiments and jobs)."""

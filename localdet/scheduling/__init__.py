@@ -1,2 +1,2 @@
 """Where and when queued trials run: the slots (this machine or a Ray cluster), placement of
-waiting trials on free slots, and the disk-space reserve that holds launches back."""
+waiting trials on free slots."""
