@@ -297,24 +297,28 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
     return db, trial_id, reporter, reporter.trial_info()
 
 
-# The files that take longest, longest first (measured on the 2-core machine, seconds of
-# wall time under two workers). `scripts/test` runs whole files per worker (`--dist
-# loadfile`) in collection order, so a long file collected last would run alone at the end
-# while the other worker idles.
+# The files that take longest, longest first. `scripts/test` runs whole files per worker
+# (`--dist loadfile`) in collection order, so a long file collected last would run alone at
+# the end while the other worker idles. Seconds of wall time, each file alone on the 2-core
+# machine beside other work (noisy), and the CPU seconds of its processes where known: the
+# CPU-bound files stretch most under two workers.
 LONGEST_FILES = [
-    "test_multi_slot_e2e.py",   # ~410
-    "test_exact_resume.py",     # ~375
-    "test_compat.py",           # ~280
-    "test_ray_cluster.py",      # ~250
-    "test_request_races.py",    # ~180
-    "test_warm.py",             # ~170
-    "test_keras_api.py",        # ~155
-    "test_search_e2e.py",       # ~150
-    "test_horovod_e2e.py",      # ~140
-    "test_fuzz_intake.py",      # ~125
-    "test_memory_limit.py",     # ~120
-    "test_callback_order.py",   # ~110
-    "test_data.py",             # ~105
+    "test_request_races.py",    # ~230 (CPU ~220)
+    "test_multi_slot_e2e.py",   # ~165 (CPU ~175)
+    "test_ray_cluster.py",      # ~215 (CPU ~45: mostly waiting on Ray)
+    "test_compat.py",           # ~130 (CPU ~165)
+    "test_search_e2e.py",       # ~110
+    "test_keras_api.py",        # ~100
+    "test_exact_resume.py",     # ~95 (CPU ~100)
+    "test_callback_order.py",   # ~90
+    "test_memory_limit.py",     # ~85
+    "test_horovod_e2e.py",      # ~85
+    "test_data.py",             # ~80
+    "test_warm.py",             # ~80
+    "test_end_to_end.py",       # ~70
+    "test_script_e2e.py",       # ~60
+    "test_pause_resume_e2e.py", # ~50
+    "test_fuzz_intake.py",      # ~45
 ]
 
 
