@@ -298,7 +298,8 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
 
 
 # The files that take longest, longest first. `scripts/test` runs whole files per worker
-# (`--dist loadfile`) in collection order, so a long file collected last would run alone at
+# (`--dist loadfile`) in collection order (`--no-loadscope-reorder`: xdist would otherwise
+# order files by their number of tests), so a long file collected last would run alone at
 # the end while the other worker idles. Seconds of wall time, each file alone on the 2-core
 # machine beside other work (noisy), and the CPU seconds of its processes where known: the
 # CPU-bound files stretch most under two workers.
