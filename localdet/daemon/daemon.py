@@ -35,7 +35,7 @@ from watchdog.observers import Observer
 
 from localdet.checkpoints import disk_space, gc
 from localdet.config import engines, keras_choice
-from localdet.config.typed import ExperimentConfig
+from localdet.config.typed import ExperimentConfig, Resources
 from localdet.daemon.submissions import Intake
 from localdet.paths import Layout
 from localdet.pids import DaemonLock, alive, exit_description, process_start
@@ -136,6 +136,7 @@ class Daemon:
     _to_collect: set = field(default_factory=set)      # experiments with exits to retain after
     _collect_due: dict = field(default_factory=dict)   # experiment id -> next retention from
     _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
+    _resources: dict = field(default_factory=dict)     # experiment id -> its typed resources
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -461,7 +462,7 @@ class Daemon:
         for experiment in self.db.experiments(states=(ExperimentState.ACTIVE,)):
             if not self._mine(experiment):
                 continue
-            resources = ExperimentConfig.from_dict(experiment.config).resources
+            resources = self._resources_of(experiment)
             per_trial = resources.slots_per_trial
             max_slots[experiment.id] = resources.max_slots
             spans = per_trial > 1 and self._spans_nodes(experiment)
@@ -487,6 +488,14 @@ class Daemon:
                                                  resources.priority, trial.id, spans))
         for trial_id, slots in placement.assign(waiting, free, busy, max_slots, node_of):
             self._launch(self.db.trial(trial_id), slots)
+
+    def _resources_of(self, experiment: Experiment) -> Resources:
+        """The experiment's typed `resources`, built once: a config never changes after
+        submission, and every scheduling pass asks for each active experiment's."""
+        if experiment.id not in self._resources:
+            self._resources[experiment.id] = ExperimentConfig.from_dict(
+                experiment.config).resources
+        return self._resources[experiment.id]
 
     def _spans_nodes(self, experiment: Experiment) -> bool:
         """Whether the experiment's trials may have their ranks on several nodes of the
