@@ -254,7 +254,8 @@ def collect_members(checkout: Path) -> Dict[str, Dict[str, Dict[str, str]]]:
     for section, members in seen.items():
         out[section] = {}
         for member, kinds in sorted(members.items()):
-            assignable = sorted(set(kinds.get("attribute", []) + kinds.get("settable property", [])))
+            assignable = sorted({*kinds.get("attribute", []),
+                                 *kinds.get("settable property", [])})
             out[section][member] = {
                 "releases": ranges(kinds[""], labels),
                 "assignable": ranges(assignable, labels),

@@ -20,14 +20,22 @@ The Keras line is whatever `tf.keras` is in the process: Keras 3 by default, Ker
 """
 
 from determined.keras import callbacks
+from determined.keras._adapters import (
+    _adapt_data_from_data_loader,
+    _adapt_data_from_fit_args,
+    _ArrayLikeAdapter,
+)
+from determined.keras._aggregation import _check_if_aggregation_frequency_will_work
 from determined.keras._context import (
     TFKerasExperimentalContext,
     TFKerasTrainConfig,
     TFKerasTrialContext,
 )
+from determined.keras._enqueuer import _build_enqueuer, _Enqueuer, _Sampler
 from determined.keras._init import init
 from determined.keras._keras_context import KerasContext, TrainingContext
 from determined.keras._load import load_model_from_checkpoint_path
+from determined.keras._rng import get_rng_state, set_rng_state
 from determined.keras._sequence import KerasDataAdapter, SequenceAdapter
 from determined.keras._trial import TFKerasTrial
 from determined.keras._types import (
@@ -61,4 +69,14 @@ __all__ = [
     "TFKerasTensorBoard",
     "TensorBoard",
     "DeterminedCallback",
+    "get_rng_state",
+    "set_rng_state",
+    # Determined exported these underscore names too; its own test trials use them.
+    "_ArrayLikeAdapter",
+    "_adapt_data_from_data_loader",
+    "_adapt_data_from_fit_args",
+    "_Enqueuer",
+    "_Sampler",
+    "_build_enqueuer",
+    "_check_if_aggregation_frequency_will_work",
 ]
