@@ -22,6 +22,10 @@ _refused.install()
 
 __version__ = "0.38.0+localdet"
 
+# Determined's format for `logging.basicConfig(format=det.LOG_FORMAT)` (0.18 on): the
+# level first, then the process id and the logger's name.
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+
 # name -> module that defines it (a name equal to its module is the module itself)
 _NAMES = {
     "core": "determined.core",
@@ -46,12 +50,29 @@ _NAMES = {
     "Double": "determined._hparams",
     "Integer": "determined._hparams",
     "Log": "determined._hparams",
+    "DistributedContext": "determined.core",
+    "_catch_sys_exit": "determined._runner_internals",
+    "_local_execution_manager": "determined._runner_internals",
+    "_get_gpus": "determined._runner_internals",
+    "_load_trial_for_checkpoint_export": "determined._runner_internals",
+    "_make_local_execution_env": "determined._runner_internals",
+    "_make_local_execution_exp_config": "determined._runner_internals",
+    "_make_test_experiment_config": "determined._runner_internals",
+    "NativeContext": "determined._runner_internals",
+    "RankInfo": "determined._runner_internals",
+    "_DistributedBackend": "determined._runner_internals",
 }
+# Determined 0.17.6 to 0.17.15 called its Core API `determined._core`.
+_MODULE_ALIASES = {"_core": "determined.core"}
 
-__all__ = ["__version__", *_NAMES]
+__all__ = ["__version__", "LOG_FORMAT", *_NAMES, *_MODULE_ALIASES]
 
 
 def __getattr__(name: str):
+    if name in _MODULE_ALIASES:
+        value = importlib.import_module(_MODULE_ALIASES[name])
+        globals()[name] = value
+        return value
     if name in _NAMES:
         module = importlib.import_module(_NAMES[name])
         value = module if _NAMES[name] == f"determined.{name}" else getattr(module, name)
@@ -63,4 +84,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted([*globals(), *_NAMES])
+    return sorted({*globals(), *_NAMES, *_MODULE_ALIASES})

@@ -36,6 +36,8 @@ REFUSED = {
             "read context.env.container_gpus or tf.config.list_physical_devices('GPU')"),
     "constants": ("Determined's cluster constants", "nothing here needs them"),
     "common": ("the master's API client", "use the localdet commands"),
+    "_generic": ("Determined 0.17's internal generic trial context",
+                 "localdet's runner drives the trial"),
 }
 
 

@@ -42,11 +42,27 @@ classes are written for):
   before building the trial.
 """
 
+import logging
+
+from determined.keras.callbacks._internals import (
+    _DeterminedHistory,
+    _DeterminedProfiler,
+    _MultiplexerBase,
+    _PolyLogs,
+    _tf_keras_callback_get_state,
+    _tf_keras_callback_load_state,
+)
 from determined.keras.callbacks.callback import Callback
 from determined.keras.callbacks.early_stopping import EarlyStopping
 from determined.keras.callbacks.progress import DeterminedProgress
 from determined.keras.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau, ReduceLRScheduler
 from determined.keras.callbacks.tensorboard import TensorBoard
 
+# Determined's name for the progress callback, and the module's logger (0.26.4 on).
+_DeterminedProgress = DeterminedProgress
+logger = logging.getLogger("determined.keras")
+
 __all__ = ["Callback", "DeterminedProgress", "EarlyStopping", "ReduceLROnPlateau",
-           "ReduceLRScheduler", "TensorBoard"]
+           "ReduceLRScheduler", "TensorBoard", "logger", "_DeterminedProgress",
+           "_DeterminedHistory", "_DeterminedProfiler", "_MultiplexerBase", "_PolyLogs",
+           "_tf_keras_callback_get_state", "_tf_keras_callback_load_state"]
