@@ -8,6 +8,7 @@ import socket
 from typing import Any, Callable, Dict, List, Optional
 
 from determined import errors
+from determined._assignable import computed, refused_attribute
 from determined.core import DistributedContext, TrialInfo
 from determined.core._reporting import SLOTS_VAR, reporter_factory
 
@@ -47,13 +48,17 @@ class EnvContext:
         self.det_agent_id = socket.gethostname()
         self.allocation_id = f"trial-{info.trial_id}"
         self.det_trial_unique_port_offset = 0
+        self.container_id = f"trial-{info.trial_id}"  # Determined 0.17's container, one here
         self.managed_training = managed_training
         self.on_cluster = managed_training
         self.test_mode = False
         self.debug = bool(info.config.get("debug", False))
 
+    # Every attribute can be assigned, as Determined's plain attributes could; those computed
+    # here are computed until then.
+
     # -- the batch position of the run ---------------------------------------------------
-    @property
+    @computed
     def steps_completed(self) -> int:
         """Batches the trial had trained when this run started (0 for a fresh trial)."""
         if self.latest_checkpoint is None:
@@ -64,7 +69,7 @@ class EnvContext:
             self._steps_completed = lambda: batches
         return self._steps_completed()
 
-    @property
+    @computed
     def latest_batch(self) -> int:
         """Determined 0.17's name for `steps_completed`."""
         return self.steps_completed
@@ -79,42 +84,49 @@ class EnvContext:
         return self.global_batch_size // self._distributed.size
 
     # -- devices --------------------------------------------------------------------------
-    @property
+    @computed
     def container_gpus(self) -> List[str]:
         """The GPUs this process may use, as `CUDA_VISIBLE_DEVICES` names them."""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
 
-    @property
+    @computed
     def slot_ids(self) -> List[int]:
         slots = os.environ.get(SLOTS_VAR, "")
         return [int(s) for s in slots.split(",") if s.strip().isdigit()]
 
-    @property
+    @computed
     def use_gpu(self) -> bool:
         return bool(self.container_gpus)
 
     # -- cluster-only ----------------------------------------------------------------------
-    @property
-    def master_url(self) -> str:
-        raise errors.refuse("context.env.master_url", "there is no master: the daemon and "
-                            "the database are local, and `localdet status` shows the state")
+    master_url = refused_attribute("context.env.master_url", "there is no master: the "
+                                   "daemon and the database are local, and `localdet status` "
+                                   "shows the state")
+    master_cert_file = refused_attribute("context.env.master_cert_file", "there is no master "
+                                         "to trust; nothing needs a certificate")
+    master_cert_name = refused_attribute("context.env.master_cert_name", "there is no master "
+                                         "to trust; nothing needs a certificate")
+    trial_run_id = refused_attribute("context.env.trial_run_id", "runs are not counted; "
+                                     "`context.env.latest_checkpoint` is set when a run resumes")
+    # Determined 0.17.0's cluster addresses and tokens.
+    master_addr = refused_attribute("context.env.master_addr", "there is no master: "
+                                    "`localdet status` shows the state")
+    master_port = refused_attribute("context.env.master_port", "there is no master: "
+                                    "`localdet status` shows the state")
+    use_tls = refused_attribute("context.env.use_tls", "there is no master to connect to")
+    det_allocation_token = refused_attribute("context.env.det_allocation_token", "there is no "
+                                             "master to authenticate to")
+    det_rendezvous_port = refused_attribute("context.env.det_rendezvous_port", "a trial's "
+                                            "processes all run here; `context.distributed` "
+                                            "has the ranks")
+    det_trial_runner_network_interface = refused_attribute(
+        "context.env.det_trial_runner_network_interface", "a trial's processes all run on this "
+        "machine and talk over its loopback interface")
 
-    @property
-    def master_cert_file(self) -> str:
-        raise errors.refuse("context.env.master_cert_file", "there is no master to trust; "
-                            "nothing needs a certificate")
-
-    @property
-    def master_cert_name(self) -> str:
-        raise errors.refuse("context.env.master_cert_name", "there is no master to trust; "
-                            "nothing needs a certificate")
-
-    @property
-    def trial_run_id(self) -> int:
-        raise errors.refuse("context.env.trial_run_id", "runs are not counted; "
-                            "`context.env.latest_checkpoint` is set when a run resumes")
-
+    def rendezvous_port(self) -> int:
+        raise errors.refuse("context.env.rendezvous_port()", "a trial's processes all run "
+                            "here; `context.distributed` has the ranks")
 
 def _global_batch_size(hparams: Dict[str, Any]) -> int:
     if "global_batch_size" not in hparams:

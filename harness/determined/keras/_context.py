@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from determined import errors
+from determined._assignable import computed, refused_attribute
 from determined._trial_context import TrialContext
 from determined.core import DistributedContext, TrialInfo
 from determined.keras import _engine
@@ -102,20 +102,27 @@ class TFKerasTrialContext(TrialContext):
         self.fit_config: Dict[str, Any] = {}
         self.checkpoint_metadata: Dict[str, Any] = {}
 
-    @property
+    # Determined's context held these as plain attributes, so user code may assign them.
+    @computed
     def model(self) -> Any:
         """The model last given to `wrap_model` (None before)."""
         return self.models[-1] if self.models else None
 
-    @property
+    @computed
     def dataset_initialized(self) -> bool:
         """Whether `wrap_dataset` has been called."""
         return bool(self._wrapped_datasets)
 
-    @property
-    def compile_args(self) -> Any:
-        raise errors.refuse("context.compile_args", "the model is compiled as it is, so read "
-                            "its settings from the model (model.optimizer, model.loss)")
+    compile_args = refused_attribute("context.compile_args", "the model is compiled as it "
+                                     "is, so read its settings from the model "
+                                     "(model.optimizer, model.loss)")
+    # Determined's runner filled it in; localdet's runner reads the trial's methods itself.
+    train_config: Optional[TFKerasTrainConfig] = None
+    hvd_config = refused_attribute("context.hvd_config", "Determined 0.17's Horovod settings "
+                                   "are not served; read context.distributed for the ranks")
+    rendezvous_info = refused_attribute("context.rendezvous_info", "a trial's processes all "
+                                        "run on this machine; context.distributed has the "
+                                        "ranks")
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "TFKerasTrialContext":
