@@ -151,7 +151,7 @@ def test_a_multi_process_engine_starts_the_rank_supervisor(layout, monkeypatch):
         "searcher": {"name": "single", "metric": "val_loss", "max_length": 10},
         "environment": {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}}).config)
     spec = launcher.launch_spec(layout, experiment, trial, [0, 1], visible_devices="")
-    assert spec.engine == spec.env["LOCALDET_ENGINE"] == "multi_worker_mirrored"
+    assert spec.engine == spec.env["LOCALDET_ENGINE"] == "gradient_allreduce"
     assert spec.argv == [sys.executable, "-P", "-m", "localdet.processes.ranks", "--size", "2",
                          "--tf-config", "--", sys.executable, "-m", "determined.exec.run_trial"]
     monkeypatch.setattr(engines, "horovod_installed", lambda: True)

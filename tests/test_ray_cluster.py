@@ -239,7 +239,8 @@ def _actor_alive(name: str) -> bool:
 def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(cluster, tmp_path,
                                                                             daemons):
     """Each worker node has one slot: a 2-slot Keras 2 trial runs one rank on each, in a
-    placement group, MultiWorkerMirroredStrategy over the nodes' addresses; paused and
+    placement group, their gradients averaged through the trial's process group
+    (gradient_allreduce, Horovod's semantics without Horovod); paused and
     resumed (both ranks stop, and start again on both nodes), it ends within 1e-5 of the
     same trial on one slot. A Keras 3 trial (one process) cannot span nodes: refused at
     submission."""
@@ -273,7 +274,7 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     daemon.stop()
     first, second = launches(home, two)
     for launch in (first, second):
-        assert launch["engine"] == "multi_worker_mirrored" and len(set(launch["nodes"])) == 2
+        assert launch["engine"] == "gradient_allreduce" and len(set(launch["nodes"])) == 2
     assert_same_weights(home, one, two, tmp_path)
     # status names both nodes of the trial's latest launch
     assert home.experiment(two)["trials"][0]["node"].count("127.0.0.1 (") == 2

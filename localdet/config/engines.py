@@ -6,18 +6,24 @@
 - "single": one slot, one process.
 - "mirrored" (Keras 3): one process, a `MirroredStrategy` over the slots' GPUs (or as many
   logical CPU devices).
-- "multi_worker_mirrored" (Keras 2): one process per slot, `MultiWorkerMirroredStrategy`
-  over free localhost ports (TF_CONFIG), started by the rank supervisor
-  (localdet/processes/ranks.py).
 - "horovod" (Keras 2, where `horovod.tensorflow` imports): one process per slot joined by
-  Horovod over Gloo, started by the rank supervisor.
+  Horovod over Gloo, started by the rank supervisor (localdet/processes/ranks.py).
+- "gradient_allreduce" (Keras 2): one process per slot, each a plain single-device Keras 2
+  process; the optimizers average their gradients across the processes before applying
+  them, as Horovod's DistributedOptimizer does (determined/keras/_engine.py). Started by the
+  rank supervisor, with TF_CONFIG set for code that builds its own strategy.
+- "multi_worker_mirrored" (Keras 2, when a config asks for it): one process per slot,
+  `MultiWorkerMirroredStrategy` over free localhost ports (TF_CONFIG), started by the rank
+  supervisor. tf_keras refuses SUM_OVER_BATCH_SIZE losses under it, which Horovod allowed.
 
 On a Ray cluster the ranks of a multi-process engine may run on several nodes, one actor
 each (localdet/scheduling/ray_cluster.py); "mirrored" stays within one node.
 
-`resources.engine: auto` picks Horovod for Keras 2 where it is installed, else
-multi_worker_mirrored; mirrored for Keras 3 (Horovod has no Keras 3 support, and Keras 3
-fails under MultiWorkerMirroredStrategy). A config may force one engine; one that cannot run
+`resources.engine: auto` gives a Keras 2 trial Horovod's semantics, as Determined ran every
+multi-slot TFKerasTrial (each rank's own loss, whatever its reduction; averaged gradients; the
+same batches per rank): Horovod where it is installed, else gradient_allreduce. Keras 3 gets
+mirrored (Horovod has no Keras 3 support, and Keras 3 fails under
+MultiWorkerMirroredStrategy). A config may force one engine; one that cannot run
 here is refused at submission with the reason (EngineRefusal).
 """
 
@@ -31,7 +37,8 @@ from localdet.config.typed import ExperimentConfig
 
 SINGLE, MIRRORED = "single", "mirrored"
 MULTI_WORKER_MIRRORED, HOROVOD = "multi_worker_mirrored", "horovod"
-MULTI_PROCESS = (MULTI_WORKER_MIRRORED, HOROVOD)
+GRADIENT_ALLREDUCE = "gradient_allreduce"
+MULTI_PROCESS = (MULTI_WORKER_MIRRORED, HOROVOD, GRADIENT_ALLREDUCE)
 
 
 class EngineRefusal(ValueError):
@@ -40,7 +47,8 @@ class EngineRefusal(ValueError):
 
 def spans_nodes(engine: str) -> bool:
     """Whether the engine's ranks may run on several machines of a cluster: each rank is its
-    own process, joined over the network (TF_CONFIG, or Horovod's Gloo rendezvous). Keras
+    own process, joined over the network (TF_CONFIG, Horovod's Gloo rendezvous, or the
+    trial's process group). Keras
     3's mirrored engine is one process, so it stays on one machine."""
     return engine in MULTI_PROCESS
 
@@ -72,24 +80,29 @@ def choose(config: dict, model_dir: Path) -> tuple[str, str]:
         if line == "keras3":
             wanted = MIRRORED
         else:
-            wanted = HOROVOD if horovod_installed() else MULTI_WORKER_MIRRORED
+            wanted = HOROVOD if horovod_installed() else GRADIENT_ALLREDUCE
     refusal = _refusal(wanted, line)
     if refusal:
         raise EngineRefusal(f"resources.engine {wanted} cannot train this trial: {refusal} "
                           f"(it runs under {keras} because {why})")
     how = {MIRRORED: "one process, MirroredStrategy over its devices",
            MULTI_WORKER_MIRRORED: "one process per slot, MultiWorkerMirroredStrategy",
-           HOROVOD: "one process per slot, Horovod over Gloo"}[wanted]
+           HOROVOD: "one process per slot, Horovod over Gloo",
+           GRADIENT_ALLREDUCE: "one process per slot, gradients averaged across them as "
+                               "under Horovod"}[wanted]
     return wanted, f"{slots} slots under {keras}: {how}"
 
 
 def _refusal(engine: str, line: str) -> str:
     if engine == MIRRORED and line == "keras2":
         return ("localdet runs Keras 2 on several slots with one process per slot; use "
-                "engine: auto or multi_worker_mirrored")
+                "engine: auto, gradient_allreduce or multi_worker_mirrored")
     if engine == MULTI_WORKER_MIRRORED and line == "keras3":
         return ("Keras 3 fails under MultiWorkerMirroredStrategy (keras issue 20585); use "
                 "engine: auto or mirrored, or Keras 2 (TF_USE_LEGACY_KERAS=1)")
+    if engine == GRADIENT_ALLREDUCE and line == "keras3":
+        return ("gradient_allreduce runs Keras 2 only; use engine: auto or mirrored, or "
+                "Keras 2 (TF_USE_LEGACY_KERAS=1)")
     if engine == HOROVOD and line == "keras3":
         return "Horovod does not support Keras 3; use engine: auto, or Keras 2"
     if engine == HOROVOD and not horovod_installed():

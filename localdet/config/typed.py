@@ -90,7 +90,7 @@ class Resources:
     priority: int | None
     max_slots: int | None        # None: no cap on the experiment's slots
     max_memory: int | None       # bytes (parse_config converts '4GB'); None: no cap
-    engine: str                  # "auto", "mirrored", "multi_worker_mirrored" or "horovod"
+    engine: str  # "auto", "mirrored", "multi_worker_mirrored", "horovod", "gradient_allreduce"
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> Resources:

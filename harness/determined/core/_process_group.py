@@ -5,6 +5,7 @@ the chief (rank 0).
     group.allgather("allgather", x)   # every rank: [rank 0's x, rank 1's x, ...]
     group.gather("gather", x)         # rank 0: that list; the other ranks: None
     group.broadcast("broadcast", x)   # every rank: rank 0's x
+    group.allreduce_mean("grads", [a, b])  # every rank: [mean of the ranks' a, ... of b]
     group.close()
 
 On its first collective rank 0 listens at the address and every other rank connects to it
@@ -15,9 +16,11 @@ HMAC challenge) before anything is unpickled; then objects travel pickled.
 Each collective is one round through the chief: every other rank sends (collective number,
 name, object); the chief checks that all ranks are at the same collective, then answers
 (allgather: the list; broadcast: its object; gather: nothing, so the other ranks go on at
-once). So every rank must call the same collectives in the same order. A rank that goes
-away, calls a different collective, or is silent past the timeout fails the round on every
-rank with an error naming it, and the group stays failed: the others never wait forever.
+once; allreduce_mean: the mean of the ranks' arrays, computed by the chief alone, so every
+rank gets the same bits and receives one set of arrays, not one per rank). So every rank
+must call the same collectives in the same order. A rank that goes away, calls a different
+collective, or is silent past the timeout fails the round on every rank with an error naming
+it, and the group stays failed: the others never wait forever.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import weakref
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, Optional, Tuple, Type, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, cast
 
 # Module constants rather than arguments so that tests can shorten them.
 CONNECT_TIMEOUT_S = 600.0      # ranks reach their first collective minutes apart (imports, data)
@@ -73,6 +76,15 @@ class ProcessGroup:
 
     def broadcast(self, name: str, obj: Any) -> Any:
         return self._round(name, obj, "broadcast")
+
+    def allreduce_mean(self, name: str, arrays: Sequence[Any]) -> List[Any]:
+        """The element-wise mean over the ranks of each of `arrays` (NumPy arrays, the same
+        shapes on every rank), in each array's dtype: summed in float64 (complex128 for
+        complex) by the chief and divided by the size, so two ranks get the correctly rounded
+        (a + b) / 2."""
+        import numpy as np  # only the ranks that average arrays need it
+
+        return self._round(name, [np.asarray(array) for array in arrays], "mean")
 
     def close(self) -> None:
         for connection in self._connections.values():
@@ -138,8 +150,10 @@ class ProcessGroup:
                         f"{rank} at {their_name} (collective #{their_number}); every rank "
                         "must call the same collectives in the same order")
                 values[rank] = value
+        if kind == "mean":
+            values = _mean(values, what, self._fail)
         if kind != "gather":
-            data = ForkingPickler.dumps(("ok", values if kind == "allgather" else obj))
+            data = ForkingPickler.dumps(("ok", obj if kind == "broadcast" else values))
             for rank, connection in self._connections.items():
                 try:
                     connection.send_bytes(data)
@@ -312,6 +326,29 @@ def _set_recv_timeout(target: Any, seconds: Optional[float]) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
     finally:
         sock.detach()  # the descriptor stays the connection's
+
+
+def _mean(values: List[Any], what: str, fail: Any) -> List[Any]:
+    """Each array's mean over the ranks' lists (`values[r]` is rank r's); `fail(message)`
+    gives the error to raise when the ranks' arrays do not pair up."""
+    import numpy as np
+
+    first = values[0]
+    for rank, arrays in enumerate(values[1:], 1):
+        shapes = [np.shape(a) for a in arrays]
+        if shapes != [np.shape(a) for a in first]:
+            raise fail(f"the ranks averaged different arrays in {what}: rank 0 gave shapes "
+                       f"{[np.shape(a) for a in first]}, rank {rank} {shapes}; every rank "
+                       "must train the same model")
+    means = []
+    for index, array in enumerate(first):
+        wide = np.complex128 if np.iscomplexobj(array) else np.float64
+        total = np.array(array, dtype=wide)
+        for arrays in values[1:]:
+            total += arrays[index]
+        total /= len(values)
+        means.append(total.astype(array.dtype, copy=False))
+    return means
 
 
 def _went_away(rank: int, size: int, what: str) -> str:

@@ -16,6 +16,10 @@ once, before TensorFlow starts its runtime:
 - multi_worker_mirrored (Keras 2): this process is one rank of several (one per slot), joined
   by a MultiWorkerMirroredStrategy over localhost (TF_CONFIG), likewise the default strategy.
 - horovod (Keras 2): one rank of several; Horovod's DistributedOptimizer averages gradients.
+- gradient_allreduce (Keras 2, where Horovod is not installed): one rank of several, each a
+  plain single-device Keras 2 process with no tf.distribute strategy; every wrapped optimizer
+  averages its gradients across the ranks before applying them, as Horovod's does. So each
+  rank computes its own loss, with whatever reduction the code asks for, as under Horovod.
 
 In the multi-process engines every rank is fed its own part of each global batch (the
 controller builds the parts), so N slots train on exactly the batches one slot does, and
@@ -53,7 +57,8 @@ def start(keras_line: str) -> "Single":
         name = os.environ.get(ENGINE_VAR) or (
             "mirrored" if slots_in_this_process() > 1 else "single")
         kinds = {"single": Single, "mirrored": Mirrored,
-                 "multi_worker_mirrored": MultiWorkerMirrored, "horovod": Horovod}
+                 "multi_worker_mirrored": MultiWorkerMirrored, "horovod": Horovod,
+                 "gradient_allreduce": GradientAllreduce}
         if name not in kinds:
             raise EngineError(f"LOCALDET_ENGINE={name!r} is not an engine; it is one of "
                               f"{', '.join(kinds)}")
@@ -202,9 +207,37 @@ class MultiWorkerMirrored(Single):
         return super().evaluate(model, distributed, steps, callbacks)
 
 
-class Horovod(Single):
+class _RanksAveraged(Single):
+    """One rank of several that each train on their own part of every batch, the way
+    Horovod runs them: their metrics are averaged here."""
+
+    iterator_checkpoints = False  # only the chief saves, and each rank has its own iterator
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        super().__init__(distributed, keras_line)
+        self._records: Dict[int, int] = {}
+
+    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
+        # Each rank's metrics cover its own part of the batches: average them.
+        local = super().training_metrics(logs)
+        every = self.distributed.allgather(local)
+        return {k: float(np.mean([ranks[k] for ranks in every])) for k in local}
+
+    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
+                 callbacks: List[Any]) -> Dict[str, float]:
+        local = super().evaluate(model, dataset, steps, callbacks)
+        key = id(dataset)
+        if key not in self._records:  # validation data does not change: count it once
+            self._records[key] = sum(int(tf.shape(tf.nest.flatten(batch)[0])[0])
+                                     for batch in dataset)
+        every = self.distributed.allgather((local, self._records[key]))
+        total = sum(records for _, records in every) or 1
+        return {k: float(sum(metrics[k] * records for metrics, records in every) / total)
+                for k in local}
+
+
+class Horovod(_RanksAveraged):
     name = "horovod"
-    iterator_checkpoints = False
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         super().__init__(distributed, keras_line)
@@ -220,7 +253,6 @@ class Horovod(Single):
         if (hvd.rank(), hvd.size()) != (distributed.rank, distributed.size):
             raise EngineError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but localdet "
                               f"started rank {distributed.rank} of {distributed.size}")
-        self._records: Dict[int, int] = {}
 
     def describe(self) -> str:
         return f"rank {self.hvd.rank()} of {self.hvd.size()}: Horovod"
@@ -241,20 +273,106 @@ class Horovod(Single):
 
         broadcast_variables(model.variables, root_rank=0)
 
-    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
-        # Each rank's metrics cover its own part of the batches: average them.
-        local = super().training_metrics(logs)
-        every = self.distributed.allgather(local)
-        return {k: float(np.mean([ranks[k] for ranks in every])) for k in local}
 
-    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
-                 callbacks: List[Any]) -> Dict[str, float]:
-        local = super().evaluate(model, dataset, steps, callbacks)
-        key = id(dataset)
-        if key not in self._records:  # validation data does not change: count it once
-            self._records[key] = sum(int(tf.shape(tf.nest.flatten(batch)[0])[0])
-                                     for batch in dataset)
-        every = self.distributed.allgather((local, self._records[key]))
-        total = sum(records for _, records in every) or 1
-        return {k: float(sum(metrics[k] * records for metrics, records in every) / total)
-                for k in local}
+class GradientAllreduce(_RanksAveraged):
+    """Horovod's semantics without Horovod. Each rank is a plain Keras 2 process (no
+    strategy scope, so any loss reduction is allowed); an optimizer given to
+    `wrap_optimizer`, and the model's own, becomes an instance of a subclass of its class
+    whose `apply_gradients` first replaces the gradients by their mean over the ranks. The
+    exchange is a `tf.numpy_function` in the compiled step, through the trial's process
+    group (determined.core._process_group), which every rank reaches in the same order."""
+
+    name = "gradient_allreduce"
+    COLLECTIVE = "gradient_allreduce"
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        super().__init__(distributed, keras_line)
+        if keras_line != "keras2":
+            raise EngineError("the gradient_allreduce engine runs Keras 2 only; use "
+                              "resources.engine: auto")
+        self._classes: Dict[type, type] = {}
+        self._optimizers: List[Any] = []  # every optimizer it averages, for the broadcast
+
+    def describe(self) -> str:
+        return (f"rank {self.distributed.rank} of {self.distributed.size}: gradients averaged "
+                "across the ranks' processes (no tf.distribute strategy)")
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        if optimizer is None or isinstance(optimizer, str):
+            return optimizer  # Keras makes the object at compile; prepare() wraps that one
+        if not getattr(optimizer, "_localdet_averaged", False):
+            # In place: the object the user holds, its state and its tracking stay as they
+            # are, and its class keeps its name (what a checkpoint's .h5 records).
+            object.__setattr__(optimizer, "__class__", self._averaging(type(optimizer)))
+            self._optimizers.append(optimizer)
+        return optimizer
+
+    def _averaging(self, base: Any) -> type:
+        if base not in self._classes:
+            engine = self
+
+            def apply_gradients(optimizer: Any, grads_and_vars: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+                return base.apply_gradients(optimizer, engine.averaged(grads_and_vars),
+                                            *args, **kwargs)
+
+            self._classes[base] = type(base.__name__, (base,), {
+                "apply_gradients": apply_gradients, "_localdet_averaged": True,
+                "__module__": base.__module__, "__qualname__": base.__qualname__,
+                "__doc__": base.__doc__})
+        return self._classes[base]
+
+    def averaged(self, grads_and_vars: Any) -> List[Any]:
+        """The (gradient, variable) pairs with each gradient replaced by its mean over the
+        ranks (one exchange for all of them); a None gradient stays None."""
+        pairs = list(grads_and_vars)
+        present = [index for index, (grad, _) in enumerate(pairs) if grad is not None]
+        if self.distributed.size == 1 or not present:
+            return pairs
+        # Sparse gradients (embeddings) are averaged dense: the same numbers.
+        grads = [tf.convert_to_tensor(pairs[index][0]) for index in present]
+        means = tf.numpy_function(self._mean_over_ranks, grads, [g.dtype for g in grads],
+                                  stateful=True, name="localdet_gradient_allreduce")
+        for mean, grad in zip(means, grads, strict=True):
+            mean.set_shape(grad.shape)
+        for index, mean in zip(present, means, strict=True):
+            pairs[index] = (mean, pairs[index][1])
+        return pairs
+
+    def _mean_over_ranks(self, *arrays: np.ndarray) -> List[np.ndarray]:
+        # Runs in the step, on a TensorFlow thread, while the trial's own thread waits for
+        # the step: no other collective of this process runs meanwhile.
+        group = self.distributed._process_group(self.COLLECTIVE)
+        return group.allreduce_mean(self.COLLECTIVE, arrays)
+
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        if model.optimizer is not None:
+            self.wrap_optimizer(model.optimizer)  # compile(optimizer="adam"), or unwrapped
+        # The ranks start from the chief's weights, also after a restore (they are the same
+        # when seeded alike). Variables made in the first step (optimizer slots, layers
+        # built on their first call) are made by the same seeded code on every rank.
+        variables: Dict[Any, Any] = {}
+        for variable in [*model.variables, *(v for o in self._optimizers
+                                             for v in _optimizer_variables(o))]:
+            variables.setdefault(variable.ref(), variable)
+        self.broadcast_variables(list(variables.values()))
+
+    def broadcast_variables(self, variables: List[Any]) -> None:
+        chief = self.distributed.rank == 0
+        values = self.distributed.broadcast([np.asarray(v.numpy()) for v in variables]
+                                            if chief else None)
+        if chief:
+            return
+        shapes = [tuple(v.shape) for v in variables]
+        if [tuple(np.shape(value)) for value in values] != shapes:
+            raise EngineError(f"rank {self.distributed.rank} built a model whose variables "
+                              "differ from rank 0's; every rank must build the same model")
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+
+
+def _optimizer_variables(optimizer: Any) -> List[Any]:
+    # A method on Keras 2's legacy optimizers, a property on its newer ones.
+    variables = getattr(optimizer, "variables", None)
+    found = variables() if callable(variables) else variables
+    return list(found or [])
