@@ -42,6 +42,7 @@ from determined.keras._types import (
     ArrayLike,
     DeterminedCallback,
     InputData,
+    TFKerasNativeContext,
     TFKerasTrialController,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "InputData",
     "TFKerasTrainConfig",
     "TFKerasTrialController",
+    "TFKerasNativeContext",
     "TFKerasTensorBoard",
     "TensorBoard",
     "DeterminedCallback",

@@ -56,6 +56,15 @@ class TFKerasExperimentalContext:
                                  shuffle: bool = False) -> Callable:
         return self._cache("validation", dataset_id, dataset_version, shuffle, True)
 
+    # Determined 0.17 to 0.19 handed out the decorators themselves.
+    def get_train_cacheable(self) -> Callable:
+        """`cache_train_dataset`, as Determined 0.17 to 0.19 returned it."""
+        return self.cache_train_dataset
+
+    def get_validation_cacheable(self) -> Callable:
+        """`cache_validation_dataset`, as Determined 0.17 to 0.19 returned it."""
+        return self.cache_validation_dataset
+
     def _cache(self, split: str, dataset_id: str, version: str, shuffle: bool,
                reshuffle: bool) -> Callable:
         def decorate(make: Callable[..., Any]) -> Callable[..., Any]:

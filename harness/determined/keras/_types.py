@@ -36,3 +36,14 @@ class DeterminedCallback:
         raise errors.refuse("determined.keras.DeterminedCallback", "call `context = "
                             "det.keras.init()` and train with `context.fit(model, ...)`, "
                             "which checkpoints, reports and resumes the same way")
+
+
+class TFKerasNativeContext:
+    """Determined 0.17.0's context of the Native API (`det.experimental.create`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from determined import errors
+
+        raise errors.refuse("determined.keras.TFKerasNativeContext", "Determined 0.17.0's "
+                            "Native API is not served; write a TFKerasTrial or a script with "
+                            "det.keras.init()")
