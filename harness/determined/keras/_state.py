@@ -1,12 +1,14 @@
-"""What a checkpoint must carry beyond the `.h5` for a resumed trial to continue exactly:
-optimizer slots read back from the `.h5`, learning rates, model variables that are not
-weights (Keras 3 dropout seed states), and the random-number generators' states."""
+"""What a checkpoint must carry beyond the model's weights for a resumed trial to continue
+exactly: every optimizer's state (with the variables it was built on), learning rates,
+model variables that are not weights (Keras 3 dropout seed states), and the random-number
+generators' states."""
 
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -18,12 +20,75 @@ def _variables(optimizer: Any) -> List[Any]:
     return list(variables() if callable(variables) else variables)
 
 
-def build_optimizer(optimizer: Any, model: Any) -> None:
-    """Create the optimizer's slot variables now, as its first step would."""
+def build_optimizer(optimizer: Any, model: Any, var_list: Optional[List[Any]] = None) -> None:
+    """Create the optimizer's slot variables now, as its first step would: for `var_list`,
+    or all the model's trainable variables."""
+    if var_list is None:
+        var_list = model.trainable_variables
     if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy optimizers
-        optimizer._create_all_weights(model.trainable_variables)
+        optimizer._create_all_weights(var_list)
     elif not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
-        optimizer.build(model.trainable_variables)
+        optimizer.build(var_list)
+
+
+class OptimizerStateError(RuntimeError):
+    """An optimizer's saved state does not fit the optimizer that is to resume from it."""
+
+
+def _legacy_var_key(optimizer: Any) -> Callable[[Any], Any]:
+    """The function a Keras 2 legacy optimizer keys its slots by (its module's)."""
+    owner = next(c for c in type(optimizer).__mro__ if "_create_all_weights" in vars(c))
+    return sys.modules[owner.__module__]._var_key
+
+
+def _built_on(optimizer: Any) -> Optional[Tuple[Callable[[Any], Any], List[Any]]]:
+    """(how to key a variable, the variables the optimizer keeps state for in the order it
+    was built on them), or None while it is unbuilt (no per-variable state yet)."""
+    if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy: slots made per variable
+        if not _variables(optimizer):
+            return None
+        return _legacy_var_key(optimizer), list(optimizer._slots)
+    if hasattr(optimizer, "_index_dict"):  # Keras 2's optimizers (2.11 on)
+        if not getattr(optimizer, "_built", False):
+            return None
+        index = optimizer._index_dict
+        return optimizer._var_key, sorted(index, key=index.get)
+    if getattr(optimizer, "built", False):  # Keras 3
+        return id, [id(v) for v in optimizer._trainable_variables]
+    return None
+
+
+def _optimizer_state(number: int, optimizer: Any, model: Any) -> Dict[str, Any]:
+    """The optimizer's variables, and which of the model's trainable variables (by position)
+    it was built on, so a resumed process builds it on the same ones: a GAN's two optimizers
+    each train one sub-model, not the whole model."""
+    built = _built_on(optimizer)
+    targets = None
+    if built is not None:
+        key, keys = built
+        position = {key(v): i for i, v in enumerate(model.trainable_variables)}
+        missing = [k for k in keys if k not in position]
+        if missing:
+            raise OptimizerStateError(
+                f"optimizer {number} ({type(optimizer).__name__}) trains {len(missing)} "
+                "variables that are not the model's trainable variables; only variables of "
+                "the model given to wrap_model can be checkpointed")
+        targets = [position[k] for k in keys]
+    return {"targets": targets, "values": [v.numpy() for v in _variables(optimizer)]}
+
+
+def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any]) -> None:
+    if saved["targets"] is not None:
+        variables = model.trainable_variables
+        build_optimizer(optimizer, model, [variables[i] for i in saved["targets"]])
+    current = _variables(optimizer)
+    if len(current) != len(saved["values"]):
+        raise OptimizerStateError(
+            f"the checkpoint holds {len(saved['values'])} variables of optimizer {number} "
+            f"({type(optimizer).__name__}) but it has {len(current)}; the trial must build "
+            "the same optimizers, in the same order, as the run that saved it")
+    for variable, value in zip(current, saved["values"], strict=True):  # counts checked
+        variable.assign(value)
 
 
 def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None:
@@ -106,7 +171,7 @@ def _tf_global_generator() -> Any:
 
 
 def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
-    """Everything beyond the `.h5`, as plain picklable values."""
+    """Everything beyond the model's weights, as plain picklable values."""
     generator = _tf_global_generator()
     keras_seed = _keras3_global_seed_generator()
     return {
@@ -119,9 +184,9 @@ def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
         "layer_generators": [g.state.numpy() for g in _layer_generators(model)],
         "learning_rates": [None if _learning_rate(o) is None else _learning_rate(o).numpy()
                            for o in optimizers],
-        # Optimizers other than the compiled one are not in the .h5.
-        "other_optimizers": [[v.numpy() for v in _variables(o)]
-                             for o in optimizers if o is not model.optimizer],
+        # Every optimizer, the compiled one too: a model saved as weights alone has no
+        # optimizer in its file. (Checkpoints before this held "other_optimizers" only.)
+        "optimizers": [_optimizer_state(n, o, model) for n, o in enumerate(optimizers)],
     }
 
 
@@ -151,8 +216,24 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
     for optimizer, rate in zip(optimizers, state["learning_rates"], strict=True):
         if rate is not None and _learning_rate(optimizer) is not None:
             _learning_rate(optimizer).assign(rate)
+    if "optimizers" in state:
+        if len(optimizers) != len(state["optimizers"]):
+            raise OptimizerStateError(
+                f"the checkpoint holds {len(state['optimizers'])} optimizers but the trial "
+                f"has {len(optimizers)}; it must wrap the same optimizers as the run that "
+                "saved it")
+        for number, (optimizer, saved) in enumerate(zip(optimizers, state["optimizers"],
+                                                         strict=True)):
+            _restore_optimizer(number, optimizer, model, saved)
+        return
+    # An older checkpoint: the compiled optimizer came from the .h5 (the caller read it).
     others = [o for o in optimizers if o is not model.optimizer]
     for optimizer, values in zip(others, state["other_optimizers"], strict=True):
         build_optimizer(optimizer, model)
         for variable, value in zip(_variables(optimizer), values, strict=True):
             variable.assign(value)
+
+
+def holds_every_optimizer(state: Dict[str, Any]) -> bool:
+    """Whether `capture` saved every optimizer (else the compiled one is in the `.h5`)."""
+    return "optimizers" in state

@@ -3,8 +3,10 @@ workload boundaries reports metrics, validates, checkpoints and obeys pause requ
 
 A workload ends every `scheduling_unit` batches and wherever a validation or checkpoint is
 due; training metrics are averaged over each workload. A checkpoint holds everything a
-resumed trial needs to continue exactly as if it had never stopped: weights and optimizer
-state (the `.h5`), random-number-generator states, callback states and the data position.
+resumed trial needs to continue exactly as if it had never stopped: the weights (a
+Functional or Sequential model whole, in `determined-keras-model.h5`; any other model's
+weights alone, see `_weights_file`), every optimizer's state, random-number-generator
+states, callback states and the data position. Its metadata names the weights' file and form.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import yaml
 
 from determined.core import TrialInfo, TrialReporter
 from determined.core._reporting import TENSORBOARD_DIR_VAR
-from determined.keras import _data, _engine, _sharding, _state
+from determined.keras import _data, _engine, _sharding, _state, _weights_file
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
 
 MODEL_FILENAME = "determined-keras-model.h5"
+MODEL_FORM = "keras-model-h5"  # architecture, weights, compile settings: Keras's own .h5
 STATE_FILENAME = "trial_state.pkl"
 ITERATOR_FOLDER = "data_iterator"
 log = logging.getLogger("determined.keras")
@@ -484,8 +487,7 @@ class TrialController:
             return ""
         directory = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".checkpoint-"))
         try:
-            with quiet_keras_warnings():
-                self.model.save(directory / MODEL_FILENAME)
+            weights = self._save_weights(directory)
             shutil.copytree(self.info.model_dir, directory / "code",
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             (directory / "config.yaml").write_text(
@@ -500,6 +502,7 @@ class TrialController:
                 "trial_id": self.info.trial_id,
                 "batches_trained": self.batches_trained,
                 "keras_line": keras_line(),
+                **weights,
                 "tensorflow_version": tf.__version__,
                 "format": "localdet-keras-checkpoint/1",
             }
@@ -513,6 +516,16 @@ class TrialController:
         print(f"[trial {self.info.trial_id}] checkpoint {uuid} at {self.batches_trained}",
               flush=True)
         return uuid
+
+    def _save_weights(self, directory: Path) -> Dict[str, str]:
+        """Write the model's weights; returns the metadata naming their file and form."""
+        if saves_whole(self.model):
+            with quiet_keras_warnings():
+                self.model.save(directory / MODEL_FILENAME)
+            return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
+        # Keras saves no other model whole in an .h5; the trial class rebuilds it.
+        _weights_file.write_weights(self.model, directory / _weights_file.WEIGHTS_FILENAME)
+        return _weights_file.describe()
 
     def _save_trial_state(self, directory: Path) -> None:
         state = {
@@ -538,15 +551,23 @@ class TrialController:
         # Kept until training starts: the data iterator is restored from files in it.
         self._restore_dir = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".restore-"))
         directory = self.reporter.restore_checkpoint(uuid, self._restore_dir / "checkpoint")
+        weights_file = directory / _weights_file.WEIGHTS_FILENAME
         model_file = directory / MODEL_FILENAME
-        with quiet_keras_warnings():
-            self.model.load_weights(str(model_file))
-        _state.restore_optimizer_from_h5(self.model.optimizer, self.model, model_file)
-        # The files' hashes were checked while they loaded; nothing trains on a bad one.
-        self.reporter.verify_restored_checkpoint()
-        with open(directory / STATE_FILENAME, "rb") as handle:
-            state = pickle.load(handle)
-        _state.restore(state["generators"], self.model, self._optimizers())
+        try:
+            if weights_file.is_file():
+                _weights_file.read_weights(self.model, weights_file)
+            else:
+                with quiet_keras_warnings():
+                    self.model.load_weights(str(model_file))
+            # The files' hashes were checked while they loaded; nothing trains on a bad one.
+            self.reporter.verify_restored_checkpoint()
+            with open(directory / STATE_FILENAME, "rb") as handle:
+                state = pickle.load(handle)
+            if not _state.holds_every_optimizer(state["generators"]):
+                _state.restore_optimizer_from_h5(self.model.optimizer, self.model, model_file)
+            _state.restore(state["generators"], self.model, self._optimizers())
+        except (_weights_file.WeightsMismatch, _state.OptimizerStateError) as error:
+            raise TrialError(f"checkpoint {uuid} does not fit this trial: {error}") from None
         self.batches_trained = state["batches_trained"]
         self.epochs_completed = state["epochs_completed"]
         self.last_validation = state["last_validation"]
@@ -556,6 +577,18 @@ class TrialController:
         print(f"[trial {self.info.trial_id}] restored checkpoint {uuid} at "
               f"{self.batches_trained} batches", flush=True)
         return state
+
+
+def saves_whole(model: Any) -> bool:
+    """Whether Keras saves `model` whole in an `.h5`: a Functional or Sequential model (a
+    subclass of one included), not a subclassed `keras.Model`."""
+    if isinstance(model, tf.keras.Sequential):
+        return True
+    if keras_line() == "keras2":
+        return bool(getattr(model, "_is_graph_network", False))
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional)
 
 
 SECRET_KEYS = ("access_key", "secret_key")  # checkpoint_storage credentials (type s3)

@@ -81,8 +81,8 @@ class TinyGan(tf.keras.Model):
         g_variables = self.generator.trainable_variables
         d_gradients = d_tape.gradient(d_loss, d_variables)
         g_gradients = g_tape.gradient(g_loss, g_variables)
-        self.discriminator_optimizer.apply_gradients(zip(d_gradients, d_variables))
-        self.generator_optimizer.apply_gradients(zip(g_gradients, g_variables))
+        self.discriminator_optimizer.apply_gradients(zip(d_gradients, d_variables, strict=True))
+        self.generator_optimizer.apply_gradients(zip(g_gradients, g_variables, strict=True))
         self.steps_trained.assign_add(1.0)
         self.d_loss_tracker.update_state(d_loss)
         self.g_loss_tracker.update_state(g_loss)
