@@ -1,78 +1,157 @@
 """Which Keras a trial runs under: Keras 3 (TensorFlow's default) or Keras 2 (`tf-keras`).
 
-A config may choose with `TF_USE_LEGACY_KERAS` in `environment.environment_variables`.
-Otherwise the code the entrypoint runs decides: a file that uses what only Keras 2 has (the
-legacy optimizers Determined's examples used, `keras.engine`, `tf_keras`, ...) runs under
-Keras 2, so Determined trials run unchanged; everything else runs under Keras 3. TensorFlow
-before 2.16 (the Horovod environment's 2.15) has Keras 2 only.
+The first of these rules that applies decides, and the reason names it (`rule NAME,
+decided by SOURCE: ...`, see `reason`):
 
-The code is read with `ast`, not searched as text: imports and attribute chains are resolved
-through their aliases (`import tensorflow as tf`, `from tensorflow import keras`, ...), so
-`from determined import keras; keras.InputData` is not Keras, and a comment or a string that
-mentions `optimizers.legacy` changes nothing. Only files the entrypoint reaches count: its
-module or script, then the model folder's modules they import, transitively.
+1. `tensorflow`: TensorFlow before 2.16 (the Horovod environment's 2.15) has Keras 2 only.
+2. `config`: `TF_USE_LEGACY_KERAS` in `environment.environment_variables` (1: Keras 2,
+   0: Keras 3), as in Determined.
+3. `keras2_api` / `keras3_api`: a file the entrypoint reaches uses what only one line has
+   (Keras 2's legacy optimizers, `keras.engine`, `tf_keras`; Keras 3's `keras.ops`,
+   `keras.Layer`, `PyDataset`, ...). Keras 2 first: such code cannot run under Keras 3.
+4. `package`: a package those files import (not the model folder's own), or one it imports,
+   uses what only one line has (localdet/config/keras_packages.py).
+5. `new_keras_api`: the code uses localdet's New Keras API (`det.keras.init()`), written
+   for this TensorFlow: Keras 3.
+6. `determined_api`: the code is written against Determined's APIs (a trial class, the Core
+   API, `det.keras.DeterminedCallback`, a `determined.launch` launcher): Keras 2, the line
+   Determined ran all of it under.
+7. `default`: anything else (a plain script): Keras 3, TensorFlow's own default.
+
+Only files the entrypoint reaches count: its module or script, then the model folder's
+modules they import, transitively (localdet/config/keras_uses.py reads each one).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 import shlex
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-# Where Keras lives, under the names code imports it by. `tf_keras` is Keras 2 itself.
-_KERAS_ROOTS = ("tensorflow.keras", "keras")
-# Parts of the Keras API (relative to its root) that only the Keras 2 line has: checked
-# against TensorFlow 2.21's `keras` 3 and `tf_keras` 2.21. (`keras.wrappers.scikit_learn`
-# is in neither: Keras 2.12 removed it, so it does not choose a line.)
-_KERAS2_ONLY = ("optimizers.legacy", "optimizers.experimental", "engine", "src.engine",
-                "layers.experimental", "layers.DenseFeatures", "estimator", "dtensor",
-                "experimental", "utils.generic_utils", "premade")
-# For a file that does not parse: the same names, searched as text.
-_KERAS2_TEXT = re.compile(r"optimizers\.legacy|keras\.engine\b|\btf_keras\b|"
-                          r"keras\.layers\.experimental|keras\.optimizers\.experimental")
+from localdet.config import keras_packages, keras_uses
+from localdet.config.keras_packages import module_files
+
+TENSORFLOW, CONFIG, KERAS2_API, KERAS3_API, PACKAGE = (
+    "tensorflow", "config", "keras2_api", "keras3_api", "package")
+NEW_KERAS_API, DETERMINED_API, DEFAULT = "new_keras_api", "determined_api", "default"
+RULES = (TENSORFLOW, CONFIG, KERAS2_API, KERAS3_API, PACKAGE, NEW_KERAS_API, DETERMINED_API,
+         DEFAULT)
+_REASON = re.compile(r"^rule (\w+)(?:, decided by (.+?))?: ")
+_WHY_DETERMINED = ("code written for Determined's APIs runs under Keras 2, as Determined ran "
+                   "it, unless it needs Keras 3")
+
+
+def reason(rule: str, detail: str, source: str | None = None) -> str:
+    """The recorded why: the rule's name, what decided (a file and line, a package, the
+    config), and in words."""
+    decided = f", decided by {source}" if source else ""
+    return f"rule {rule}{decided}: {detail}"
+
+
+def rule_of(why: str | None) -> tuple[str | None, str | None]:
+    """(rule, source) of a reason `reason` wrote; (None, None) for one recorded before."""
+    match = _REASON.match(why or "")
+    if not match or match.group(1) not in RULES:
+        return None, None
+    return match.group(1), match.group(2)
 
 
 def choose(model_dir: Path, environment: dict[str, str],
            config: dict | None = None) -> tuple[str, str]:
     """("keras2" | "keras3", why), for the launcher and the trial's record. `config`: the
     parsed experiment config, whose entrypoint says which files count (without it, every
-    file in the model folder does)."""
+    file in the model folder does, and no entrypoint form is known)."""
     version = tensorflow_version()
     if version and version < (2, 16):
-        return default()
+        return "keras2", reason(TENSORFLOW, f"TensorFlow {'.'.join(map(str, version))} here "
+                                            "has Keras 2 only")
     if "TF_USE_LEGACY_KERAS" in environment:
-        line = "keras2" if environment["TF_USE_LEGACY_KERAS"] == "1" else "keras3"
-        return line, "TF_USE_LEGACY_KERAS in environment.environment_variables"
+        value = environment["TF_USE_LEGACY_KERAS"]
+        return ("keras2" if value == "1" else "keras3",
+                reason(CONFIG, f"TF_USE_LEGACY_KERAS={value}", "environment.environment_variables"))
     model_dir = Path(model_dir)
     starts = entry_files(model_dir, config) if config is not None else None
     files = reachable(model_dir, starts) if starts else sorted(model_dir.rglob("*.py"))
-    unparsed: list[tuple[Path, int | str]] = []  # (file, line or "?")
-    for source in files:
-        found = _keras2_use(source, unparsed)
-        if found:
-            line_no, spelling = found
-            where = source.relative_to(model_dir)
-            note = " (the file does not parse; found in its text)" if unparsed and \
-                unparsed[-1][0] == source else ""
-            return "keras2", (f"{where}:{line_no} uses {spelling}, which only Keras 2 "
-                              f"has{note}")
+    read = [(path, keras_uses.uses(path)) for path in files]
+    read = [(path, found) for path, found in read if found is not None]
+    unparsed = [(path, found.unparsed) for path, found in read if found.unparsed is not None]
+
+    def where(path: Path, use: keras_uses.Use) -> str:
+        return f"{path.relative_to(model_dir).as_posix()}:{use.line}"
+
+    for path, found in read:
+        if found.keras2:
+            note = (" (the file does not parse; found in its text)"
+                    if found.unparsed is not None else "")
+            return "keras2", reason(KERAS2_API, f"it uses {found.keras2.spelling}, which only "
+                                                f"Keras 2 has{note}", where(path, found.keras2))
+    for path, found in read:
+        if found.keras3:
+            return "keras3", reason(KERAS3_API, f"it uses {found.keras3.spelling}, which only "
+                                                f"Keras 3 has", where(path, found.keras3))
+    need = keras_packages.first_need(_imported_packages(model_dir, read),
+                                     keras_packages.search_path(model_dir, environment))
+    if need is not None:
+        return need.line, reason(PACKAGE, need.describe(), need.named())
+    note = ""
     if unparsed:
-        places = ", ".join(f"{path.relative_to(model_dir)} (line {line})"
+        places = ", ".join(f"{path.relative_to(model_dir).as_posix()} (line {line})"
                            for path, line in unparsed)
-        return "keras3", f"the default; {places} does not parse, so its text was searched"
-    return default()
+        note = f"; {places} does not parse, so its text was searched"
+    for path, found in read:
+        if found.new_keras:
+            return "keras3", reason(NEW_KERAS_API, f"it uses {found.new_keras.spelling} "
+                                                   f"(localdet's New Keras API), written for "
+                                                   f"Keras 3{note}", where(path, found.new_keras))
+    determined = _determined_entrypoint(config or {})
+    if determined:
+        return "keras2", reason(DETERMINED_API, f"{determined[1]}; {_WHY_DETERMINED}{note}",
+                                determined[0])
+    for path, found in read:
+        if found.determined:
+            return "keras2", reason(DETERMINED_API, f"it uses {found.determined.spelling}; "
+                                                    f"{_WHY_DETERMINED}{note}",
+                                    where(path, found.determined))
+    return "keras3", reason(DEFAULT, "nothing the entrypoint reaches uses Determined's APIs or "
+                                     f"what only one Keras line has{note}")
 
 
 def default() -> tuple[str, str]:
-    """The line of a model folder with no sign of Keras 2, and why."""
+    """The line most trials run under, and why: a trial class that uses nothing only one
+    line has (the warm trial process the daemon keeps ready from its start is of it)."""
     version = tensorflow_version()
     if version and version < (2, 16):
-        return "keras2", f"TensorFlow {'.'.join(map(str, version))} here has Keras 2 only"
-    return "keras3", "the default"
+        return "keras2", reason(TENSORFLOW, f"TensorFlow {'.'.join(map(str, version))} here "
+                                            "has Keras 2 only")
+    return "keras2", reason(DETERMINED_API, f"a TFKerasTrial; {_WHY_DETERMINED}")
+
+
+def _determined_entrypoint(config: dict) -> tuple[str, str] | None:
+    """(source, what) when the entrypoint itself is Determined's: a trial class, or a
+    script started by one of Determined's launchers."""
+    if config.get("entrypoint_kind") == "trial_class" and config.get("trial_class"):
+        return config["trial_class"], "a TFKerasTrial"
+    entrypoint = str(config.get("entrypoint") or "")
+    launcher = re.search(r"determined\.launch\.\w+", entrypoint)
+    if launcher:
+        return launcher.group(0), "a script started by Determined's launcher"
+    return None
+
+
+def _imported_packages(model_dir: Path, read: list[tuple[Path, keras_uses.FileUses]]
+                       ) -> list[tuple[str, str]]:
+    """(dotted name, importing file) of every absolute import that is not the folder's own
+    module, in the order the files were reached."""
+    found = []
+    for path, uses in read:
+        for name in uses.absolute_imports:
+            top = name.split(".")[0]
+            if module_files(model_dir, top) or module_files(path.parent, top):
+                continue
+            found.append((name, path.relative_to(model_dir).as_posix()))
+    return found
 
 
 @functools.cache
@@ -85,18 +164,6 @@ def tensorflow_version() -> tuple[int, int] | None:
         except (metadata.PackageNotFoundError, ValueError):
             continue
     return None
-
-
-def keras2_only(dotted: str) -> bool:
-    """Whether a fully resolved dotted name is Keras 2 API: `tf_keras...`, or a Keras-2-only
-    part under `keras` / `tensorflow.keras`."""
-    if dotted == "tf_keras" or dotted.startswith("tf_keras."):
-        return True
-    for root in _KERAS_ROOTS:
-        if dotted.startswith(root + "."):
-            rest = dotted[len(root) + 1:]
-            return any(rest == part or rest.startswith(part + ".") for part in _KERAS2_ONLY)
-    return False
 
 
 # -- which files the entrypoint reaches ---------------------------------------------------
@@ -118,164 +185,40 @@ def entry_files(model_dir: Path, config: dict) -> list[Path]:
     return []
 
 
-def module_files(root: Path, module: str) -> list[Path]:
-    """The files importing `module` from `root` runs: its packages' `__init__.py`s, then
-    the module's own file."""
-    parts = [p for p in module.split(".") if p]
-    files = []
-    for depth in range(1, len(parts) + 1):
-        base = root.joinpath(*parts[:depth])
-        for candidate in (base / "__init__.py", base.with_suffix(".py")):
-            if candidate.is_file():
-                files.append(candidate)
-                break
-        else:
-            if not base.is_dir():  # a namespace package goes on; anything else stops here
-                break
-    return files
-
-
 def reachable(model_dir: Path, starts: list[Path]) -> list[Path]:
     """`starts` and every model-folder module they import, transitively, in that order."""
     seen: list[Path] = []
     pending = list(starts)
+    root = model_dir.resolve()
     while pending:
         path = pending.pop(0).resolve()
         if path in seen or not path.is_file():
             continue
         seen.append(path)
-        tree = _parse(path)
-        if tree is None:
+        found = keras_uses.uses(path)
+        if found is None or found.unparsed is not None:
             continue
-        roots = [model_dir.resolve(), path.parent]
-        for name in _imported_modules(tree, path, model_dir.resolve()):
-            for root in roots:
-                found = module_files(root, name)
-                if found:
-                    pending += found
+        for name in _imported_modules(found.imports, path, root):
+            for base in (root, path.parent):
+                files = module_files(base, name)
+                if files:
+                    pending += files
                     break
-    return [model_dir / p.relative_to(model_dir.resolve()) for p in seen
-            if p.is_relative_to(model_dir.resolve())]
+    return [model_dir / p.relative_to(root) for p in seen if p.is_relative_to(root)]
 
 
-def _imported_modules(tree: ast.AST, path: Path, model_dir: Path) -> list[str]:
+def _imported_modules(imports: tuple[tuple[str, int], ...], path: Path,
+                      model_dir: Path) -> list[str]:
     names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the importing file's package, up level-1
-                package = path.parent
-                for _ in range(node.level - 1):
-                    package = package.parent
-                if not package.is_relative_to(model_dir):
-                    continue
-                prefix = ".".join(package.relative_to(model_dir).parts)
-                base = ".".join(p for p in (prefix, base) if p)
-            # `from pkg import mod` may import the module pkg/mod.py.
-            names += [base] if base else []
-            names += [f"{base}.{a.name}" if base else a.name for a in node.names
-                      if a.name != "*"]
+    for name, level in imports:
+        if level:  # relative: from the importing file's package, up level-1
+            package = path.parent
+            for _ in range(level - 1):
+                package = package.parent
+            if not package.is_relative_to(model_dir):
+                continue
+            prefix = ".".join(package.relative_to(model_dir).parts)
+            name = ".".join(p for p in (prefix, name) if p)
+        if name:
+            names.append(name)
     return names
-
-
-# -- what a file uses -----------------------------------------------------------------------
-
-@dataclass
-class _Use:
-    line: int
-    spelling: str
-
-
-def _parse(path: Path) -> ast.AST | None:
-    try:
-        return ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError, OSError):
-        return None
-
-
-def _keras2_use(path: Path, unparsed: list[tuple[Path, int | str]]) -> tuple[int, str] | None:
-    """(line, spelling) of the first Keras-2-only use in the file, or None. A file that
-    does not parse is searched as text, and noted in `unparsed`."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    try:
-        tree = ast.parse(data, filename=str(path))
-    except (SyntaxError, ValueError) as error:
-        unparsed.append((path, getattr(error, "lineno", None) or "?"))
-        text = data.decode("utf-8", "replace")
-        match = _KERAS2_TEXT.search(text)
-        if match:
-            return text.count("\n", 0, match.start()) + 1, match.group(0)
-        return None
-    text = data.decode("utf-8", "replace")
-    uses = _uses(tree, text)
-    return (uses[0].line, uses[0].spelling) if uses else None
-
-
-def _uses(tree: ast.AST, text: str) -> list[_Use]:
-    aliases = _aliases(tree)
-    uses = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if keras2_only(alias.name):
-                    uses.append(_Use(node.lineno, _segment(text, node)))
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            if keras2_only(node.module) or any(keras2_only(f"{node.module}.{a.name}")
-                                               for a in node.names):
-                uses.append(_Use(node.lineno, _segment(text, node)))
-        elif isinstance(node, ast.Attribute):
-            dotted = _resolve(node, aliases)
-            if dotted and keras2_only(dotted):
-                uses.append(_Use(node.lineno, _segment(text, node)))
-    # ast.walk is breadth-first; report the first in the file.
-    return sorted(uses, key=lambda use: use.line)
-
-
-def _aliases(tree: ast.AST) -> dict[str, str]:
-    """Name -> the dotted module path it stands for, from the file's imports and plain
-    assignments of one (`keras = tf.keras`). One map for the whole file: enough to tell
-    Keras from anything else called `keras`."""
-    aliases: dict[str, str] = {}
-    assignments: list[tuple[ast.Name, ast.expr]] = []  # `name = value`
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    aliases[alias.asname] = alias.name
-                else:  # `import a.b` binds `a`
-                    top = alias.name.split(".")[0]
-                    aliases[top] = top
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            for alias in node.names:
-                if alias.name != "*":
-                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
-            assignments.append((node.targets[0], node.value))
-    for target, value in assignments:  # after the imports, whatever their order in the file
-        dotted = _resolve(value, aliases)
-        if dotted and target.id not in aliases:
-            aliases[target.id] = dotted
-    return aliases
-
-
-def _resolve(node: ast.AST, aliases: dict[str, str]) -> str | None:
-    """The dotted name an attribute chain (or a name) stands for, or None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name) or node.id not in aliases:
-        return None
-    return ".".join([aliases[node.id], *reversed(parts)])
-
-
-def _segment(text: str, node: ast.AST) -> str:
-    segment = ast.get_source_segment(text, node) or ""
-    segment = " ".join(segment.split())
-    return segment if len(segment) <= 80 else segment[:77] + "..."
