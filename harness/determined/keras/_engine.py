@@ -15,11 +15,11 @@ once, before TensorFlow starts its runtime:
   so every model, optimizer and metric the trial's code creates is mirrored without a scope.
 - multi_worker_mirrored (Keras 2): this process is one rank of several (one per slot), joined
   by a MultiWorkerMirroredStrategy over localhost (TF_CONFIG), likewise the default strategy.
-- horovod (Keras 2): one rank of several; Horovod's DistributedOptimizer averages gradients.
-- gradient_allreduce (Keras 2, where Horovod is not installed): one rank of several, each a
-  plain single-device Keras 2 process with no tf.distribute strategy; every wrapped optimizer
-  averages its gradients across the ranks before applying them, as Horovod's does. So each
-  rank computes its own loss, with whatever reduction the code asks for, as under Horovod.
+- horovod (Keras 2): one rank of several, each a plain Keras 2 process; every wrapped
+  optimizer averages its gradients across the ranks with Horovod's allreduce before applying
+  them. So each rank computes its own loss, with whatever reduction the code asks for.
+- gradient_allreduce (Keras 2, where Horovod is not installed): the same, the gradients
+  exchanged through the trial's own process group instead of Horovod.
 
 In the multi-process engines every rank is fed its own part of each global batch (the
 controller builds the parts), so N slots train on exactly the batches one slot does, and
@@ -207,95 +207,26 @@ class MultiWorkerMirrored(Single):
         return super().evaluate(model, distributed, steps, callbacks)
 
 
-class _RanksAveraged(Single):
-    """One rank of several that each train on their own part of every batch, the way
-    Horovod runs them: their metrics are averaged here."""
+class _GradientAveraging(Single):
+    """Averages gradients across the ranks in the optimizers: an optimizer given to
+    `wrap_optimizer`, and the model's own, becomes an instance of a subclass of its class
+    whose `apply_gradients` first replaces the gradients by their mean over the ranks. Every
+    update goes through `apply_gradients` (Keras's `minimize` too), so gradients are averaged
+    once per update however the step reaches the optimizer: Keras's own train_step, or a
+    custom one that calls `apply_gradients` itself (a GAN's). Subclasses say how the ranks
+    exchange gradients and variables. Each rank trains on its own part of every batch, so
+    its metrics are averaged here."""
 
     iterator_checkpoints = False  # only the chief saves, and each rank has its own iterator
 
     def __init__(self, distributed: DistributedContext, keras_line: str):
         super().__init__(distributed, keras_line)
         self._records: Dict[int, int] = {}
-
-    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
-        # Each rank's metrics cover its own part of the batches: average them.
-        local = super().training_metrics(logs)
-        every = self.distributed.allgather(local)
-        return {k: float(np.mean([ranks[k] for ranks in every])) for k in local}
-
-    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
-                 callbacks: List[Any]) -> Dict[str, float]:
-        local = super().evaluate(model, dataset, steps, callbacks)
-        key = id(dataset)
-        if key not in self._records:  # validation data does not change: count it once
-            self._records[key] = sum(int(tf.shape(tf.nest.flatten(batch)[0])[0])
-                                     for batch in dataset)
-        every = self.distributed.allgather((local, self._records[key]))
-        total = sum(records for _, records in every) or 1
-        return {k: float(sum(metrics[k] * records for metrics, records in every) / total)
-                for k in local}
-
-
-class Horovod(_RanksAveraged):
-    name = "horovod"
-
-    def __init__(self, distributed: DistributedContext, keras_line: str):
-        super().__init__(distributed, keras_line)
         if keras_line != "keras2":
-            raise EngineError("Horovod does not support Keras 3; use resources.engine: auto")
-        try:
-            import horovod.tensorflow.keras as hvd
-        except ImportError as error:
-            raise EngineError(f"the horovod engine needs horovod.tensorflow.keras, which "
-                              f"does not import here: {error}") from None
-        self.hvd = hvd
-        hvd.init()
-        if (hvd.rank(), hvd.size()) != (distributed.rank, distributed.size):
-            raise EngineError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but localdet "
-                              f"started rank {distributed.rank} of {distributed.size}")
-
-    def describe(self) -> str:
-        return f"rank {self.hvd.rank()} of {self.hvd.size()}: Horovod"
-
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        if getattr(optimizer, "_localdet_horovod", False):
-            return optimizer
-        wrapped = self.hvd.DistributedOptimizer(optimizer)
-        wrapped._localdet_horovod = True
-        return wrapped
-
-    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
-        if not getattr(model.optimizer, "_localdet_horovod", False):
-            raise EngineError("under Horovod the model must be compiled with the optimizer "
-                              "that context.wrap_optimizer(optimizer) returns")
-        # The ranks start from the chief's weights (they are the same when seeded alike).
-        from horovod.tensorflow import broadcast_variables
-
-        broadcast_variables(model.variables, root_rank=0)
-
-
-class GradientAllreduce(_RanksAveraged):
-    """Horovod's semantics without Horovod. Each rank is a plain Keras 2 process (no
-    strategy scope, so any loss reduction is allowed); an optimizer given to
-    `wrap_optimizer`, and the model's own, becomes an instance of a subclass of its class
-    whose `apply_gradients` first replaces the gradients by their mean over the ranks. The
-    exchange is a `tf.numpy_function` in the compiled step, through the trial's process
-    group (determined.core._process_group), which every rank reaches in the same order."""
-
-    name = "gradient_allreduce"
-    COLLECTIVE = "gradient_allreduce"
-
-    def __init__(self, distributed: DistributedContext, keras_line: str):
-        super().__init__(distributed, keras_line)
-        if keras_line != "keras2":
-            raise EngineError("the gradient_allreduce engine runs Keras 2 only; use "
+            raise EngineError(f"the {self.name} engine runs Keras 2 only; use "
                               "resources.engine: auto")
         self._classes: Dict[type, type] = {}
         self._optimizers: List[Any] = []  # every optimizer it averages, for the broadcast
-
-    def describe(self) -> str:
-        return (f"rank {self.distributed.rank} of {self.distributed.size}: gradients averaged "
-                "across the ranks' processes (no tf.distribute strategy)")
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         if optimizer is None or isinstance(optimizer, str):
@@ -331,19 +262,16 @@ class GradientAllreduce(_RanksAveraged):
             return pairs
         # Sparse gradients (embeddings) are averaged dense: the same numbers.
         grads = [tf.convert_to_tensor(pairs[index][0]) for index in present]
-        means = tf.numpy_function(self._mean_over_ranks, grads, [g.dtype for g in grads],
-                                  stateful=True, name="localdet_gradient_allreduce")
-        for mean, grad in zip(means, grads, strict=True):
-            mean.set_shape(grad.shape)
+        means = self._mean_over_ranks(grads)
         for index, mean in zip(present, means, strict=True):
             pairs[index] = (mean, pairs[index][1])
         return pairs
 
-    def _mean_over_ranks(self, *arrays: np.ndarray) -> List[np.ndarray]:
-        # Runs in the step, on a TensorFlow thread, while the trial's own thread waits for
-        # the step: no other collective of this process runs meanwhile.
-        group = self.distributed._process_group(self.COLLECTIVE)
-        return group.allreduce_mean(self.COLLECTIVE, arrays)
+    def _mean_over_ranks(self, grads: List[Any]) -> List[Any]:
+        raise NotImplementedError
+
+    def _broadcast(self, variables: List[Any]) -> None:
+        raise NotImplementedError
 
     def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
         if model.optimizer is not None:
@@ -355,9 +283,86 @@ class GradientAllreduce(_RanksAveraged):
         for variable in [*model.variables, *(v for o in self._optimizers
                                              for v in _optimizer_variables(o))]:
             variables.setdefault(variable.ref(), variable)
-        self.broadcast_variables(list(variables.values()))
+        self._broadcast(list(variables.values()))
 
-    def broadcast_variables(self, variables: List[Any]) -> None:
+    def training_metrics(self, logs: Dict[str, Any]) -> Dict[str, float]:
+        # Each rank's metrics cover its own part of the batches: average them.
+        local = super().training_metrics(logs)
+        every = self.distributed.allgather(local)
+        return {k: float(np.mean([ranks[k] for ranks in every])) for k in local}
+
+    def evaluate(self, model: Any, dataset: Any, steps: Optional[int],
+                 callbacks: List[Any]) -> Dict[str, float]:
+        local = super().evaluate(model, dataset, steps, callbacks)
+        key = id(dataset)
+        if key not in self._records:  # validation data does not change: count it once
+            self._records[key] = sum(int(tf.shape(tf.nest.flatten(batch)[0])[0])
+                                     for batch in dataset)
+        every = self.distributed.allgather((local, self._records[key]))
+        total = sum(records for _, records in every) or 1
+        return {k: float(sum(metrics[k] * records for metrics, records in every) / total)
+                for k in local}
+
+
+class Horovod(_GradientAveraging):
+    """Horovod's allreduce in the step. (Horovod's own DistributedOptimizer averages only
+    the gradients it computes, in `minimize`; on TensorFlow 2.4 and later a train_step that
+    hands its gradients to `apply_gradients` itself trains each rank on its own gradients.)"""
+
+    name = "horovod"
+
+    def __init__(self, distributed: DistributedContext, keras_line: str):
+        if keras_line != "keras2":
+            raise EngineError("Horovod does not support Keras 3; use resources.engine: auto")
+        super().__init__(distributed, keras_line)
+        try:
+            import horovod.tensorflow as hvd
+        except ImportError as error:
+            raise EngineError(f"the horovod engine needs horovod.tensorflow, which does "
+                              f"not import here: {error}") from None
+        self.hvd = hvd
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (distributed.rank, distributed.size):
+            raise EngineError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but localdet "
+                              f"started rank {distributed.rank} of {distributed.size}")
+
+    def describe(self) -> str:
+        return f"rank {self.hvd.rank()} of {self.hvd.size()}: Horovod"
+
+    def _mean_over_ranks(self, grads: List[Any]) -> List[Any]:
+        return list(self.hvd.grouped_allreduce(grads, op=self.hvd.Average))
+
+    def _broadcast(self, variables: List[Any]) -> None:
+        self.hvd.broadcast_variables(variables, root_rank=0)
+
+
+class GradientAllreduce(_GradientAveraging):
+    """Horovod's semantics without Horovod. Each rank is a plain Keras 2 process (no
+    strategy scope, so any loss reduction is allowed); the exchange is a `tf.numpy_function`
+    in the compiled step, through the trial's process group
+    (determined.core._process_group), which every rank reaches in the same order."""
+
+    name = "gradient_allreduce"
+    COLLECTIVE = "gradient_allreduce"
+
+    def describe(self) -> str:
+        return (f"rank {self.distributed.rank} of {self.distributed.size}: gradients averaged "
+                "across the ranks' processes (no tf.distribute strategy)")
+
+    def _mean_over_ranks(self, grads: List[Any]) -> List[Any]:
+        means = tf.numpy_function(self._exchange, grads, [g.dtype for g in grads],
+                                  stateful=True, name="localdet_gradient_allreduce")
+        for mean, grad in zip(means, grads, strict=True):
+            mean.set_shape(grad.shape)
+        return list(means)
+
+    def _exchange(self, *arrays: np.ndarray) -> List[np.ndarray]:
+        # Runs in the step, on a TensorFlow thread, while the trial's own thread waits for
+        # the step: no other collective of this process runs meanwhile.
+        group = self.distributed._process_group(self.COLLECTIVE)
+        return group.allreduce_mean(self.COLLECTIVE, arrays)
+
+    def _broadcast(self, variables: List[Any]) -> None:
         chief = self.distributed.rank == 0
         values = self.distributed.broadcast([np.asarray(v.numpy()) for v in variables]
                                             if chief else None)
