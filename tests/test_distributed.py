@@ -108,7 +108,7 @@ def scenario_collectives() -> Dict[str, Any]:
 
 def scenario_tf_config() -> Dict[str, Any]:
     # Four workers on two "machines" (two host spellings): local differs from global.
-    d = DistributedContext.from_tf_config()
+    d = DistributedContext._ranks_from_tf_config()
     r = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     machine = r // 2
     assert (d.rank, d.size, d.local_rank, d.local_size, d.cross_rank, d.cross_size) == \
@@ -277,23 +277,23 @@ def test_the_environment_contract():
 
 def test_from_tf_config_reads_ranks(monkeypatch):
     cluster = {"chief": ["a:1"], "worker": ["a:2", "b:1", "b:2"]}
-    d = DistributedContext.from_tf_config({"cluster": cluster,
+    d = DistributedContext._ranks_from_tf_config({"cluster": cluster,
                                            "task": {"type": "worker", "index": 1}})
     assert (d.rank, d.size, d.local_rank, d.local_size, d.cross_rank, d.cross_size) == \
         (2, 4, 0, 2, 1, 2)
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
                                                 "task": {"type": "chief", "index": 0}}))
-    d = DistributedContext.from_tf_config()
+    d = DistributedContext._ranks_from_tf_config()
     assert (d.rank, d.local_rank, d.cross_rank) == (0, 0, 0)
     with pytest.raises(ValueError, match="'evaluator' does not train"):
-        DistributedContext.from_tf_config({"cluster": cluster,
+        DistributedContext._ranks_from_tf_config({"cluster": cluster,
                                            "task": {"type": "evaluator", "index": 0}})
     with pytest.raises(ValueError, match="task index 3 is not in cluster.worker"):
-        DistributedContext.from_tf_config({"cluster": cluster,
+        DistributedContext._ranks_from_tf_config({"cluster": cluster,
                                            "task": {"type": "worker", "index": 3}})
     monkeypatch.delenv("TF_CONFIG")
     with pytest.raises(ValueError, match="TF_CONFIG is not set"):
-        DistributedContext.from_tf_config()
+        DistributedContext._ranks_from_tf_config()
 
 
 def test_from_horovod_reads_ranks():

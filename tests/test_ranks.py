@@ -155,7 +155,7 @@ def test_tf_config_describes_a_localhost_worker_per_rank(tmp_path):
     code, out, _ = finish(supervisor(2, """
         from determined.core import DistributedContext
         print("config", os.environ["TF_CONFIG"])
-        print("rank from TF_CONFIG", DistributedContext.from_tf_config().get_rank())
+        print("rank from TF_CONFIG", DistributedContext._ranks_from_tf_config().get_rank())
     """, str(tmp_path), options=("--tf-config",)))
     assert code == 0, out
     configs = {}

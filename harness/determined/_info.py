@@ -1,5 +1,12 @@
 """`det.get_cluster_info()`: what a process started by localdet knows about its task, in the
-shape of Determined's ClusterInfo (None outside localdet, as it was None off-cluster)."""
+shape of Determined's ClusterInfo (None outside localdet, as it was None off-cluster).
+
+    info = det.get_cluster_info()
+    if info and info.task_type == "TRIAL":
+        hparams = info.trial.hparams
+        checkpoint = info.latest_checkpoint     # set when the trial resumes
+        continue_id = info.trial.trial_id
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from determined import errors
+
+_cache: Dict[str, Any] = {}  # this process's reporter and info, keyed by its trial id
+
+
+def process_reporter() -> Any:
+    """The reporter of this process's trial, made once (the Core API and get_cluster_info
+    share it)."""
+    from determined.core._reporting import TRIAL_ID_VAR, reporter_from_environment
+
+    key = os.environ.get(TRIAL_ID_VAR, "")
+    if _cache.get("key") != key or "reporter" not in _cache:
+        _cache.clear()
+        _cache.update(key=key, reporter=reporter_from_environment())
+    return _cache["reporter"]
 
 
 @dataclass
@@ -22,16 +43,33 @@ class TrialInfo:
     config: Dict[str, Any]
     steps_completed: int = 0
     debug: bool = False
+    inter_node_network_interface: Optional[str] = None
+
+    # Determined's private spellings, which its own and its users' code read.
+    @property
+    def _config(self) -> Dict[str, Any]:
+        return self.config
+
+    @property
+    def _steps_completed(self) -> int:
+        return self.steps_completed
+
+    @property
+    def _debug(self) -> bool:
+        return self.debug
 
     @property
     def trial_run_id(self) -> int:
         raise errors.refuse("ClusterInfo.trial.trial_run_id", "runs are not counted; "
                             "ClusterInfo.latest_checkpoint is set when a run resumes")
 
+    _trial_run_id = trial_run_id
+
 
 @dataclass
 class ClusterInfo:
-    """Where this process runs: `cluster_id` is "localdet", `agent_id` the host name."""
+    """Where this process runs: `cluster_id` is "localdet", `agent_id` the host name;
+    `task_type` "TRIAL" for an experiment's trial, "COMMAND" for a batch job."""
 
     cluster_id: str
     agent_id: str
@@ -43,6 +81,20 @@ class ClusterInfo:
     trial: Optional[TrialInfo] = None
     container_rank: int = 0
     container_addrs: List[str] = field(default_factory=lambda: ["127.0.0.1"])
+    gpu_uuids: List[str] = field(default_factory=list)
+    master_cert_name: Optional[str] = None
+    master_cert_file: Optional[str] = None
+
+    @property
+    def container_slot_counts(self) -> List[int]:
+        return [len(self.slot_ids)]
+
+    @property
+    def user_data(self) -> Dict[str, Any]:
+        """The experiment config's `data` section."""
+        if self.trial is None:
+            return {}
+        return dict(self.trial.config.get("data") or {})
 
     @property
     def master_url(self) -> str:
@@ -71,18 +123,21 @@ class ResourcesInfo:
 
 
 def get_cluster_info() -> Optional[ClusterInfo]:
-    """The ClusterInfo of a process localdet started (LOCALDET_TRIAL_ID set), else None."""
+    """The ClusterInfo of a process localdet started (LOCALDET_TRIAL_ID set), else None.
+    Read once per process: a trial's facts do not change while it runs."""
     from determined.core._reporting import (
         RANK_VAR,
         SLOTS_VAR,
         TRIAL_ID_VAR,
         reporter_factory,
-        reporter_from_environment,
     )
 
     if not os.environ.get(TRIAL_ID_VAR):
         return None
-    info = reporter_from_environment().trial_info()
+    reporter = process_reporter()
+    if "info" in _cache:
+        return _cache["info"]
+    info = reporter.trial_info()
     slots = [int(s) for s in os.environ.get(SLOTS_VAR, "").split(",") if s.isdigit()]
     steps = 0
     if info.latest_checkpoint:
@@ -92,8 +147,12 @@ def get_cluster_info() -> Optional[ClusterInfo]:
         trial = TrialInfo(trial_id=info.trial_id, experiment_id=info.experiment_id,
                           trial_seed=info.seed, hparams=info.hparams, config=info.config,
                           steps_completed=steps, debug=bool(info.config.get("debug", False)))
-    return ClusterInfo(cluster_id="localdet", agent_id=socket.gethostname(), slot_ids=slots,
-                       task_id=f"trial-{info.trial_id}", allocation_id=f"trial-{info.trial_id}",
-                       task_type="TRIAL" if trial else "COMMAND",
-                       latest_checkpoint=info.latest_checkpoint, trial=trial,
-                       container_rank=int(os.environ.get(RANK_VAR, "0")))
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    _cache["info"] = ClusterInfo(
+        cluster_id="localdet", agent_id=socket.gethostname(), slot_ids=slots,
+        task_id=f"trial-{info.trial_id}", allocation_id=f"trial-{info.trial_id}",
+        task_type="TRIAL" if trial else "COMMAND",
+        latest_checkpoint=info.latest_checkpoint if trial else None, trial=trial,
+        container_rank=int(os.environ.get(RANK_VAR, "0")),
+        gpu_uuids=[g for g in gpus.split(",") if g])
+    return _cache["info"]

@@ -46,6 +46,28 @@ class LocaldetReporterFactory:
         finally:
             db.close()
 
+    def checkpoint_metadata(self, uuid: str) -> Dict[str, Any]:
+        from localdet.paths import Layout
+        from localdet.records.db import StateDB
+
+        db = StateDB.open(Layout.from_environment().db)
+        try:
+            return dict(db.checkpoint(uuid).metadata)
+        finally:
+            db.close()
+
+    def delete_checkpoint(self, uuid: str) -> None:
+        """Marked deleted at once; retention's collector frees the files (`localdet gc`,
+        or the daemon after the trial), never while a reader holds them."""
+        from localdet.paths import Layout
+        from localdet.records.db import StateDB
+
+        db = StateDB.open(Layout.from_environment().db)
+        try:
+            db.delete_checkpoint(db.checkpoint(uuid).uuid, "deleted by the trial's code")
+        finally:
+            db.close()
+
     def load_checkpoint(self, destination: Path, trial_id: Optional[int] = None,
                         uuid: Optional[str] = None) -> Path:
         from localdet.paths import Layout

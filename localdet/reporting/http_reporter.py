@@ -337,12 +337,12 @@ class HTTPReporter:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, batches_trained: int,
-                        metadata: Dict[str, Any]) -> str:
+                        metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
         """Returns the new checkpoint's uuid at once; a background thread hashes the files,
         uploads the blobs the store lacks and commits the checkpoint. The folder is ours
         from here on, and deleted once stored."""
         self.wait_for_checkpoints()  # one at a time, and an earlier failure surfaces here
-        uuid = str(uuidlib.uuid4())
+        uuid = uuid or str(uuidlib.uuid4())
         try:  # the daemon checks its disk reserve, and holds its blobs against collection
             self._call("POST", f"checkpoints/{uuid}/begin", {})
         except BaseException:

@@ -93,7 +93,7 @@ class SQLiteReporter:
         self.db.record_metrics(self.trial_id, "validation", batches_trained, metrics)
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
-                        metadata: Dict[str, Any]) -> str:
+                        metadata: Dict[str, Any], uuid: str | None = None) -> str:
         """Returns the new checkpoint's uuid at once; a background thread moves the files
         into the store and then commits the manifest, so training goes on meanwhile. The
         folder is ours from here on, and deleted once stored."""
@@ -103,7 +103,7 @@ class SQLiteReporter:
         except DiskFull:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        uuid = str(uuidlib.uuid4())
+        uuid = uuid or str(uuidlib.uuid4())
         self._pending = self._saver.submit(self._store_and_commit, Path(directory),
                                            batches_trained, metadata, uuid)
         return uuid

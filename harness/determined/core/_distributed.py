@@ -20,7 +20,8 @@ The harness builds the context in every trial process with
 `DistributedContext.from_environment()`, from the LOCALDET_* variables the launcher sets
 (see `determined.core._distributed_env`). Without them a process is rank 0 of 1 and the
 collectives return at once (`[x]`, `x`) without opening a socket. Other processes can
-describe themselves with `from_horovod(hvd)` or `from_tf_config()`; their collectives use
+describe themselves with `from_horovod(hvd)` or `from_tf_config()` (which also gives
+the `tf.distribute` strategy); their collectives use
 the same transport, and so need LOCALDET_CHIEF_ADDR (or chief_ip and pub_port) and
 LOCALDET_DIST_AUTHKEY. With more than one process the connections open on the first
 collective and close with `close()` (or at exit); see `determined.core._process_group`.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from determined.core._distributed_env import read_distributed_environment, read_rendezvous
 from determined.core._process_group import ProcessGroup
@@ -124,8 +125,32 @@ class DistributedContext:
                      "a Keras trial gets its context as context.distributed")
 
     @classmethod
-    def from_tf_config(cls, tf_config: Union[str, Dict[str, Any], None] = None
-                       ) -> "DistributedContext":
+    def from_tf_config(cls) -> Tuple["DistributedContext", Any]:
+        """Determined 0.38's constructor for a TensorFlow script: the context and the
+        `tf.distribute` strategy its TF_CONFIG calls for (which localdet's launcher sets on
+        each rank of a multi-process trial, as `determined.launch.tensorflow` did):
+
+            distributed, strategy = det.core.DistributedContext.from_tf_config()
+            with strategy.scope():
+                model = build_and_compile()
+
+        Several workers: MultiWorkerMirroredStrategy. Otherwise rank 0 of 1, with a
+        MirroredStrategy over this process's GPUs when it has more than one, else the
+        default strategy.
+        """
+        import tensorflow as tf
+
+        if os.environ.get("TF_CONFIG"):
+            distributed = cls._ranks_from_tf_config()
+            if distributed.size > 1:
+                return distributed, tf.distribute.MultiWorkerMirroredStrategy()
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        strategy = tf.distribute.MirroredStrategy() if gpus > 1 else tf.distribute.get_strategy()
+        return cls(), strategy
+
+    @classmethod
+    def _ranks_from_tf_config(cls, tf_config: Union[str, Dict[str, Any], None] = None
+                              ) -> "DistributedContext":
         """Rank information from MultiWorkerMirroredStrategy's TF_CONFIG (a JSON string or
         its dict; default: the TF_CONFIG environment variable):
 
@@ -279,6 +304,13 @@ class DistributedContext:
                     "LOCALDET_CHIEF_ADDR, or chief_ip (DET_CHIEF_IP) and pub_port")
             self._group = ProcessGroup(self.rank, self.size, self._chief_addr, self._authkey)
         return self._group
+
+
+class DummyDistributedContext(DistributedContext):
+    """Rank 0 of 1: the context of a process that trains alone (Determined's name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
 
 
 def _check_index(index_name: str, index: int, count_name: str, count: int) -> None:

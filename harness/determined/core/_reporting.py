@@ -77,9 +77,10 @@ class TrialReporter(Protocol):
                                   metrics: Dict[str, float]) -> None: ...
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
-                        metadata: Dict[str, Any]) -> str:
+                        metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
         """Take the folder (it is the reporter's from now on), store its files durably, then
-        register the checkpoint; returns its uuid. May finish in the background."""
+        register the checkpoint; returns its uuid (`uuid` when given: the Core API names a
+        checkpoint before its files are written). May finish in the background."""
         ...
 
     def wait_for_checkpoints(self) -> None:
@@ -126,6 +127,15 @@ class ReporterFactory(Protocol):
 
     def checkpoint_batches(self, uuid: str) -> int:
         """The batches trained when the checkpoint was saved."""
+        ...
+
+    def checkpoint_metadata(self, uuid: str) -> Dict[str, Any]:
+        """The metadata the checkpoint was saved with (`CheckpointContext.get_metadata`)."""
+        ...
+
+    def delete_checkpoint(self, uuid: str) -> None:
+        """Delete a checkpoint of the running trial (`CheckpointContext.delete`): its record
+        stays, marked deleted, and its files go once nothing else uses them."""
         ...
 
     def load_checkpoint(self, destination: Path, trial_id: Optional[int] = None,
@@ -191,12 +201,12 @@ class DiscardingReporter:
         pass
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
-                        metadata: Dict[str, Any]) -> str:
+                        metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
         import shutil
-        import uuid
+        import uuid as uuidlib
 
         shutil.rmtree(directory, ignore_errors=True)
-        return str(uuid.uuid4())
+        return uuid or str(uuidlib.uuid4())
 
     def wait_for_checkpoints(self) -> None:
         pass
@@ -230,7 +240,7 @@ class WorkerReporter(DiscardingReporter):
         self._reporter = reporter
 
     def save_checkpoint(self, directory: Path, batches_trained: int,
-                        metadata: Dict[str, Any]) -> str:
+                        metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
         raise RuntimeError("only the chief (rank 0) saves checkpoints")
 
     def restore_checkpoint(self, uuid: str, destination: Path) -> Path:

@@ -26,6 +26,7 @@ from determined.keras._adapters import (
     _ArrayLikeAdapter,
 )
 from determined.keras._aggregation import _check_if_aggregation_frequency_will_work
+from determined.keras._callback import DeterminedCallback, TensorBoard
 from determined.keras._context import (
     TFKerasExperimentalContext,
     TFKerasTrainConfig,
@@ -40,7 +41,6 @@ from determined.keras._sequence import KerasDataAdapter, SequenceAdapter
 from determined.keras._trial import TFKerasTrial
 from determined.keras._types import (
     ArrayLike,
-    DeterminedCallback,
     InputData,
     TFKerasNativeContext,
     TFKerasTrialController,
@@ -48,8 +48,9 @@ from determined.keras._types import (
 
 # Determined's docs name the context both ways.
 TFKerasContext = TFKerasTrialContext
-# Older and newer Determined put the TensorBoard callback here too.
-TensorBoard = TFKerasTensorBoard = callbacks.TensorBoard
+# Older Determined put the trial's TensorBoard callback here too (0.38's `TensorBoard` here
+# is the Core API's, from _callback).
+TFKerasTensorBoard = callbacks.TensorBoard
 
 __all__ = [
     "TFKerasTrial",

@@ -1,0 +1,295 @@
+"""Determined 0.38's Keras callbacks for a plain `model.fit` under `det.core.init()`.
+
+    info = det.get_cluster_info()
+    distributed, strategy = det.core.DistributedContext.from_tf_config()
+    with det.core.init(distributed=distributed) as core_context:
+        with strategy.scope():
+            model = build_and_compile()
+        model.fit(x, y, epochs=20, validation_data=(vx, vy), callbacks=[
+            det.keras.DeterminedCallback(core_context, checkpoint=info.latest_checkpoint,
+                                         continue_id=info.trial.trial_id),
+            det.keras.TensorBoard(core_context, histogram_freq=1)])
+
+`DeterminedCallback` reports training metrics (each epoch, or every N batches) and
+validation metrics (each validation, under Keras's names and again with `val_`, so a
+searcher metric written either way is found), checkpoints every `checkpoint_epochs` epochs
+and whenever training ends or is preempted, and checks `should_preempt()` at each epoch's
+end: `localdet pause` and the searcher's length stop the fit there, after a checkpoint.
+Given a checkpoint, it loads the model's weights and optimizer state before the first
+batch; if the checkpoint was saved under the same `continue_id`, training goes on from the
+epoch after it, with the random generators as they were (a paused trial ends as if never
+paused, data order included when the data is not shuffled per epoch); otherwise only the
+weights are taken (a warm start, from epoch 0).
+
+A checkpoint holds `model_checkpoint` (Keras 2: TensorFlow's weight format, optimizer
+included, which `model.load_weights(path / "model_checkpoint")` reads; Keras 3:
+`model_checkpoint.weights.h5` plus the optimizer's variables), `callback_state` (epoch,
+batches, continue_id, generators) and `metadata.json` (`steps_completed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, TypeAlias, Union
+
+import numpy as np
+import tensorflow as tf
+
+from determined.keras import _state
+from determined.keras._line import keras_line
+
+logger = logging.getLogger("determined.keras")
+
+_Callback: TypeAlias = tf.keras.callbacks.Callback  # a base class
+_KerasTensorBoard: TypeAlias = tf.keras.callbacks.TensorBoard  # a base class
+
+MODEL_CHECKPOINT = "model_checkpoint"
+CALLBACK_STATE = "callback_state"
+KERAS3_SUFFIX = ".weights.h5"
+
+
+def _plain_logs(logs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    return {k: v for k, v in (logs or {}).items() if k not in ("batch", "size")}
+
+
+class _ResumeAt:
+    """Keras 2's hook for the epoch a fit starts at (what BackupAndRestore sets)."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(self, *_: Any, **__: Any) -> Tuple[int, int]:
+        return self.epoch, 0
+
+    def maybe_load_initial_epoch_from_ckpt(self, *_: Any, **__: Any) -> int:
+        return self.epoch
+
+
+class DeterminedCallback(_Callback):
+    """Tracking, checkpoints, pause and resume for `model.fit`; see the module docstring.
+
+    Args:
+        core_context: what `det.core.init()` returned.
+        checkpoint: a checkpoint's storage id to start from (`info.latest_checkpoint`), or
+            None.
+        continue_id: saved with each checkpoint; the same id on load continues training
+            where it stopped, another one only loads the weights (`info.trial.trial_id`).
+        train_metrics_report_period: "epoch" (default) or a number of batches between
+            training-metric reports.
+        checkpoint_epochs: checkpoint every this many epochs (default 1; 0: only when
+            training ends or is preempted).
+
+    Do not combine it with `BackupAndRestore` or `ModelCheckpoint`. `fit`'s
+    `initial_epoch` is overridden when a checkpoint continues the same run.
+    """
+
+    def __init__(self, core_context: Any, checkpoint: Optional[str],
+                 continue_id: Union[int, str], *,
+                 train_metrics_report_period: Union[int, str] = "epoch",
+                 checkpoint_epochs: int = 1) -> None:
+        super().__init__()
+        if train_metrics_report_period != "epoch" and (
+                not isinstance(train_metrics_report_period, int)
+                or train_metrics_report_period < 1):
+            raise ValueError(f"train_metrics_report_period must be 'epoch' or a positive "
+                             f"number of batches, got {train_metrics_report_period!r}")
+        self._core = core_context
+        self._checkpoint = checkpoint
+        self._continue_id = continue_id
+        self._report_period = train_metrics_report_period
+        self._checkpoint_epochs = int(checkpoint_epochs)
+        self._is_chief = core_context.distributed.rank == 0
+        self._steps_completed = 0
+        self._epoch = -1
+        self._last_train_epoch = -1
+        self._last_ckpt_epoch = -1
+        self._restored: Optional[contextlib.ExitStack] = None
+        self._generators: Optional[Dict[str, Any]] = None  # restored before the first batch
+
+    # -- saving and loading the model: override to change how ----------------------------
+    def save_model(self, model: Any, path: str, distributed: Any) -> None:
+        """Save the model (weights and optimizer state) at `path`. Every rank calls it: a
+        multi-worker strategy needs every worker to save; only the chief's copy is kept."""
+        if distributed.rank != 0:
+            scratch = tempfile.mkdtemp(prefix="save-worker-model-")
+            try:
+                self._save_weights(model, os.path.join(scratch, MODEL_CHECKPOINT))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return
+        self._save_weights(model, path)
+
+    def load_model(self, model: Any, path: str, distributed: Any) -> None:
+        """Load what `save_model` saved at `path` into `model`."""
+        if keras_line() == "keras2":
+            model.load_weights(path)
+            return
+        model.load_weights(path + KERAS3_SUFFIX)
+        optimizer_file = Path(path + ".optimizer.npz")
+        if optimizer_file.exists() and getattr(model, "optimizer", None) is not None:
+            with np.load(optimizer_file) as saved:
+                values = [saved[f"v{i}"] for i in range(len(saved.files))]
+            _state.build_optimizer(model.optimizer, model)
+            variables = _state._variables(model.optimizer)
+            if len(variables) != len(values):
+                raise RuntimeError(f"the checkpoint holds {len(values)} optimizer variables "
+                                   f"but the optimizer has {len(variables)}; was it changed?")
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
+
+    @staticmethod
+    def _save_weights(model: Any, path: str) -> None:
+        if keras_line() == "keras2":
+            model.save_weights(path)  # TensorFlow's format: the optimizer is in it
+            return
+        model.save_weights(path + KERAS3_SUFFIX)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and _state._variables(optimizer):
+            np.savez(path + ".optimizer.npz", **{f"v{i}": np.asarray(v.numpy()) for i, v in
+                                                 enumerate(_state._variables(optimizer))})
+
+    # -- Keras's hooks ----------------------------------------------------------------------
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._restored = self._load(self._checkpoint)
+        self._checkpoint = None  # a second fit with this callback goes on from here
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._epoch = epoch
+        if self._generators is not None:  # after Keras set up the epoch's data
+            _state.restore(self._generators, self.model, [])
+            self._generators = None
+        if self._is_chief:
+            self._core.train.set_status("training")
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._steps_completed += 1
+        if self._restored is not None:  # the checkpoint's files were read by now
+            self._restored.close()
+            self._restored = None
+        if not self._is_chief or not isinstance(self._report_period, int):
+            return
+        if self._steps_completed % self._report_period == 0:
+            self._report("training", _plain_logs(logs))
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._is_chief and self._report_period == "epoch":
+            self._report("training", {k: v for k, v in _plain_logs(logs).items()
+                                      if not k.startswith("val_")})
+        epochs = (self.params or {}).get("epochs")
+        if self._is_chief and epochs:
+            self._core.train.report_progress(min(1.0, (epoch + 1) / epochs))
+        self._last_train_epoch = epoch
+        if self._checkpoint_epochs > 0 and (epoch + 1) % self._checkpoint_epochs == 0:
+            self._save(epoch)
+        # After the checkpoint: a preempted fit whose epoch is saved needs no second one.
+        if self._core.preempt.should_preempt():
+            self.model.stop_training = True
+
+    def on_test_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._is_chief:
+            self._core.train.set_status("validating")
+
+    def on_test_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self._is_chief:
+            return
+        metrics = _plain_logs(logs)
+        # Keras names these without `val_` here and with it in the epoch's logs; configs
+        # name the searcher metric either way.
+        metrics.update({f"val_{k}": v for k, v in list(metrics.items())
+                        if not k.startswith("val_") and f"val_{k}" not in metrics})
+        self._report("validation", metrics)
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._last_train_epoch > self._last_ckpt_epoch:
+            self._save(self._last_train_epoch)
+        if self._restored is not None:
+            self._restored.close()
+            self._restored = None
+        # Leave no resume hook behind for a later fit of the same model.
+        if getattr(self.model, "_training_state", None).__class__ is _ResumeAt:
+            self.model._training_state = None
+        if getattr(self.model, "_initial_epoch", None) is not None:
+            self.model._initial_epoch = None
+        if self._is_chief:
+            self._core.train.set_status("finishing")
+
+    # -- reporting, checkpoints ---------------------------------------------------------
+    def _report(self, group: str, metrics: Dict[str, Any]) -> None:
+        metrics.setdefault("epochs", self._epoch + 1)
+        metrics.setdefault("batches", self._steps_completed)
+        self._core.train.report_metrics(group, self._steps_completed, metrics)
+
+    def _save(self, epoch: int) -> None:
+        if self._is_chief:
+            self._core.train.set_status("checkpointing")
+        metadata = {"steps_completed": self._steps_completed}
+        with self._core.checkpoint.store_path(metadata, shard=True) as (path, _):
+            self.save_model(self.model, str(path / MODEL_CHECKPOINT), self._core.distributed)
+            if self._is_chief:
+                state = {"epoch": epoch, "steps_completed": self._steps_completed,
+                         "continue_id": self._continue_id,
+                         "generators": _state.capture(self.model, [])}
+                with open(path / CALLBACK_STATE, "wb") as handle:
+                    pickle.dump(state, handle)
+        self._last_ckpt_epoch = epoch
+
+    def _load(self, checkpoint: Optional[str]) -> Optional[contextlib.ExitStack]:
+        if checkpoint is None:
+            return None
+        if self._is_chief:
+            self._core.train.set_status("restoring")
+        with contextlib.ExitStack() as stack:
+            path = stack.enter_context(self._core.checkpoint.restore_path(checkpoint))
+            self.load_model(self.model, str(path / MODEL_CHECKPOINT), self._core.distributed)
+            self._continue(path / CALLBACK_STATE)
+            # Kept until the first batch: Keras 2 reads the optimizer's part then.
+            return stack.pop_all()
+        return None  # not reached: the block returns or raises
+
+    def _continue(self, state_file: Path) -> None:
+        if not state_file.exists():
+            return
+        with open(state_file, "rb") as handle:
+            state = pickle.load(handle)
+        if state.get("continue_id") != self._continue_id:
+            logger.info("checkpoint saved under continue_id %r, not %r: its weights are "
+                        "loaded and training starts at epoch 0", state.get("continue_id"),
+                        self._continue_id)
+            return
+        self._steps_completed = int(state["steps_completed"])
+        start = int(state["epoch"]) + 1
+        self._last_train_epoch = self._last_ckpt_epoch = start - 1
+        self._generators = state.get("generators")
+        if keras_line() == "keras2":
+            self.model._training_state = _ResumeAt(start)
+        else:
+            self.model._initial_epoch = start
+
+
+class TensorBoard(_KerasTensorBoard):
+    """Keras's TensorBoard callback, writing into the trial's TensorBoard folder
+    (`core_context.train.get_tensorboard_path()`, which `localdet tensorboard EXP` reads);
+    a `log_dir` given is then ignored with a warning. Off localdet, where the context has
+    no such folder, it writes to `log_dir` as Keras's does.
+
+        det.keras.TensorBoard(core_context, update_freq="batch", histogram_freq=1)
+    """
+
+    def __init__(self, core_context: Any, *args: Any, **kwargs: Any) -> None:
+        path = core_context.train.get_tensorboard_path()
+        if path:
+            if "log_dir" in kwargs:
+                logger.warning("det.keras.TensorBoard: log_dir=%s is ignored; events go to "
+                               "%s", kwargs.pop("log_dir"), path)
+            elif args:
+                logger.warning("det.keras.TensorBoard: log_dir=%s is ignored; events go to "
+                               "%s", args[0], path)
+                args = args[1:]
+            args = (str(path), *args)
+        super().__init__(*args, **kwargs)
