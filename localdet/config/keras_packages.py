@@ -9,7 +9,7 @@ through to the modules of the same package they import, and on to the packages t
 import, within bounds: Keras, TensorFlow, NumPy and the like are not read (they are the
 lines themselves, or need neither), nor the standard library; at most `MAX_FILES` files of a
 package, each under `MAX_BYTES`, `MAX_DEPTH` packages deep, `MAX_PACKAGES` in all. A
-package's answer is kept per version (its origin, version and modification time).
+package's answer is kept per version: an installed one's version, a folder's files' times.
 
 A package that uses what only one line has needs that line; one that uses what only Keras
 2 has and what only Keras 3 has checks which line it runs under, and decides nothing.
@@ -54,7 +54,7 @@ class PackageUse:
     file: str          # relative to the package's folder's parent (`multi_head/layer.py`)
     use: keras_uses.Use
     line: str          # "keras2" | "keras3"
-    imported_by: str = ""  # the model folder's file that imports it, then any packages between
+    imported_by: str = ""  # the folder's file that imports it ("a.py imports pkg, which")
 
     def describe(self) -> str:
         only = "Keras 2" if self.line == "keras2" else "Keras 3"
@@ -92,7 +92,7 @@ def first_need(imports: list[tuple[str, str]], path: list[str]) -> PackageUse | 
             need, imported = answer
             if need is not None:
                 return dataclasses.replace(need, imported_by=via)
-            following += [(name, f"{via}, which imports {top}") for name in imported]
+            following += [(name, f"{via} imports {top}, which") for name in imported]
         level = {top: found for top, found in _group(following).items() if top not in seen}
     return None
 
@@ -122,12 +122,13 @@ def _package(top: str, names: tuple[str, ...], path: tuple[str, ...]
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None  # not found, a namespace package, or compiled
     origin = Path(spec.origin)
+    is_package = bool(spec.submodule_search_locations)
+    version = _version(top)
     try:
-        mtime = origin.stat().st_mtime_ns
+        changed = _changed(origin.parent if is_package else origin, version is None)
     except OSError:
         return None
-    return _read(top, names, str(origin), bool(spec.submodule_search_locations),
-                 _version(top), mtime)
+    return _read(top, names, str(origin), is_package, version, changed)
 
 
 def _version(top: str) -> str | None:
@@ -137,9 +138,23 @@ def _version(top: str) -> str | None:
         return None
 
 
+def _changed(where: Path, every_file: bool) -> int:
+    """When the package last changed, as far as its answer depends on it: an installed
+    version, its origin's time; a folder on `PYTHONPATH` (no version to go by), the newest
+    of its first files' times."""
+    if not every_file or where.is_file():
+        return (where / "__init__.py" if where.is_dir() else where).stat().st_mtime_ns
+    newest = 0
+    for count, file in enumerate(where.rglob("*.py")):
+        if count >= MAX_FILES * 5:
+            break
+        newest = max(newest, file.stat().st_mtime_ns)
+    return newest
+
+
 @functools.lru_cache(maxsize=512)
 def _read(top: str, names: tuple[str, ...], origin: str, is_package: bool,
-          version: str | None, mtime_ns: int) -> tuple[PackageUse | None, tuple[str, ...]]:
+          version: str | None, changed: int) -> tuple[PackageUse | None, tuple[str, ...]]:
     """One version of a package: the files `names` import and the package's modules they
     import, read in that order, bounded."""
     root = Path(origin).parent.parent if is_package else Path(origin).parent
