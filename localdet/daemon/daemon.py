@@ -219,8 +219,9 @@ class Daemon:
             self._adopt_running_trials()
             self.log(self._slot_table())
             self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
-            # Ready before the first submission: an experiment that sets no environment
-            # variables and no Keras 2 has its first trial warm too.
+            # Ready before the first submission, of the line most trials run under (a trial
+            # class's, keras_choice.default): an experiment of them that sets no environment
+            # variables has its first trial warm too.
             self.pool.keep_for(environment_kind(launcher.experiment_environment(
                 self.layout, {}, keras_choice.default()[0], self.reserve)))
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "

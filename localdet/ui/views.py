@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from localdet.config import keras_choice
 from localdet.config.sizes import gigabytes
 from localdet.paths import Layout
 from localdet.processes.launcher import log_tail
@@ -78,6 +79,10 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
         # Which Keras it ran under and why (localdet/config/keras_choice.py), at its last launch.
         "keras_line": launch.get("keras_line"),
         "keras_line_reason": launch.get("keras_line_reason"),
+        # The rule that chose it and what decided (a file and line, a package, the config):
+        # None for a launch recorded before reasons named their rule.
+        "keras_line_rule": keras_choice.rule_of(launch.get("keras_line_reason"))[0],
+        "keras_line_source": keras_choice.rule_of(launch.get("keras_line_reason"))[1],
         # Seconds from its latest launch to the end of that launch's first training batch
         # (None until it ends): a slow model folder (imports, data loading) shows here.
         "launch_seconds": launch.get("first_batch_seconds"),
@@ -362,7 +367,26 @@ def trials_table(experiment: dict) -> Table:
                       *engine, *((t.get("node") or "",) if nodes else ()), start,
                       escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
+    lines = keras_lines(experiment["trials"])
+    if lines:
+        table.caption, table.caption_justify = escape("\n".join(lines)), "left"
     return table
+
+
+def keras_lines(trials: list[dict]) -> list[str]:
+    """Which Keras line the trials' latest launches ran under and why, one line per
+    distinct choice: `Keras 2 (trials 1-3): rule package, decided by ...`."""
+    chosen: dict[tuple[str, str], list[int]] = {}
+    for t in trials:
+        if t.get("keras_line"):
+            chosen.setdefault((t["keras_line"], t.get("keras_line_reason") or ""), []).append(
+                t["id"])
+    lines = []
+    for (line, why), ids in chosen.items():
+        name = {"keras2": "Keras 2", "keras3": "Keras 3"}.get(line, line)
+        which = f"trial {ids[0]}" if len(ids) == 1 else f"trials {', '.join(map(str, ids))}"
+        lines.append(f"{name} ({which}): {why}" if why else f"{name} ({which})")
+    return lines
 
 
 def checkpoints_table(facts: list[dict], experiment_id: int, show_state: bool = False) -> Table:
