@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -31,6 +36,10 @@ from determined.keras._checkpoint_formats import (
     read_checkpoint,
 )
 from determined.keras._quiet import quiet_keras_warnings
+
+log = logging.getLogger("determined.keras")
+# Set in the subprocess that builds a model in the other line: it does not fall back again.
+_NO_FALLBACK = "LOCALDET_LOAD_IN_THIS_LINE_ONLY"
 
 
 class CheckpointLoadError(RuntimeError):
@@ -61,7 +70,31 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     from determined.keras._line import keras_line
 
     line = keras_line()
+    attempt = _Attempt()
+    try:
+        return _load_in_this_line(saved, line, attempt)
+    except CheckpointLoadError:
+        raise
+    except Exception as error:
+        if os.environ.get(_NO_FALLBACK) == "1" or not (
+                attempt.needs_other_line or _is_keras_line_error(error)):
+            raise CheckpointLoadError(
+                f"loading '{saved.folder}' under {_spoken(line)} failed: "
+                f"{exception_line(error)}") from error
+        return _load_from_other_line(saved, line, attempt, error)
+
+
+class _Attempt:
+    """What loading in this line tried, for the fallback to the other line."""
+
+    def __init__(self) -> None:
+        self.tried_h5 = False           # the checkpoint's own whole-model .h5
+        self.needs_other_line = False   # the code failed and the other line trained it
+
+
+def _load_in_this_line(saved: SavedCheckpoint, line: str, attempt: _Attempt) -> Any:
     if saved.trial_spec is None:
+        attempt.tried_h5 = True
         return _whole_model(saved, saved.weights, line)
     if not saved.code.is_dir():
         raise CheckpointLoadError(
@@ -70,18 +103,14 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     try:
         model = _build_trial_model(saved)
     except Exception as error:
-        if saved.keras_line in (None, line):
-            if saved.whole_model is None:
-                raise CheckpointLoadError(
-                    f"building the model of '{saved.trial_spec}' from the checkpoint's code "
-                    f"failed: {exception_line(error)}") from error
-            # The code cannot build it (a class renamed since, say): the .h5 can.
-            return _whole_model(saved, saved.whole_model, line)
-        # The trial's code needs the line that trained it.
-        with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
-            h5_path = Path(scratch) / "model.h5"
-            _rebuild_in_other_line(saved, h5_path)
-            return _whole_model(saved, h5_path, line)
+        if saved.keras_line not in (None, line):
+            attempt.needs_other_line = True  # its code may need the line that trained it
+            raise
+        if _is_keras_line_error(error) or saved.whole_model is None:
+            raise
+        # The code cannot build it (a class renamed since, say): the .h5 can.
+        attempt.tried_h5 = True
+        return _whole_model(saved, saved.whole_model, line)
     from determined.keras._saved_weights import WeightsMismatch, load_weights
 
     try:
@@ -93,6 +122,71 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
             f"({saved.keras_line or 'keras2'}): {_switch(saved.keras_line or 'keras2')}") \
             from error
     return model
+
+
+def _is_keras_line_error(error: BaseException) -> bool:
+    """Whether `error` is what code written for the other Keras line raises in this one: an
+    AttributeError, TypeError or ImportError raised in, or on its way through, Keras or
+    TensorFlow (a layer reaching for Keras 2's internals, an argument one line lacks)."""
+    if not isinstance(error, (AttributeError, TypeError, ImportError)):
+        return False
+    if isinstance(error, ImportError) and any(
+            name in f"{error.name or ''} {error}" for name in ("keras", "tensorflow")):
+        return True
+    roots = _keras_roots()
+    return any(frame.filename.startswith(roots)
+               for frame in traceback.extract_tb(error.__traceback__))
+
+
+def _keras_roots() -> tuple:
+    roots = []
+    for package in ("keras", "tf_keras", "tensorflow"):
+        spec = importlib.util.find_spec(package)
+        roots.extend(os.path.join(location, "") for location in
+                     (spec.submodule_search_locations or []) if spec is not None)
+    return tuple(roots)
+
+
+def _spoken(line: str) -> str:
+    return "Keras 2" if line == "keras2" else "Keras 3"
+
+
+def _load_from_other_line(saved: SavedCheckpoint, line: str, attempt: _Attempt,
+                          error: BaseException) -> Any:
+    """Loading here failed for a Keras-line reason: the other line builds the model (the
+    checkpoint's own `.h5` where that line wrote it, else a subprocess of that line from
+    its code), and it comes back here compiled with the equivalent loss and metrics."""
+    other = "keras3" if line == "keras2" else "keras2"
+    reason = exception_line(error)
+    own_h5 = saved.whole_model is not None and saved.keras_line == other
+    if own_h5 and attempt.tried_h5:
+        raise CheckpointLoadError(
+            f"the model in '{saved.folder}' needs {_spoken(other)}, which wrote it: it cannot "
+            f"be rebuilt under {_spoken(line)} ({reason}); {_switch(other)} and load it "
+            "again") from error
+    if own_h5 and saved.whole_model is not None:
+        log.warning("Building the model of '%s' under %s failed (%s); loading the %s .h5 "
+                    "the checkpoint holds instead.", saved.folder, _spoken(line), reason,
+                    _spoken(other))
+        return _handed_over(saved, saved.whole_model, line, other, reason)
+    log.warning("Building the model of '%s' under %s failed (%s); building it under %s in "
+                "a subprocess instead.", saved.folder, _spoken(line), reason, _spoken(other))
+    with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
+        h5_path = Path(scratch) / "model.h5"
+        _rebuild_in_line(saved, other, h5_path, reason)
+        return _handed_over(saved, h5_path, line, other, reason)
+
+
+def _handed_over(saved: SavedCheckpoint, h5_path: Path, line: str, other: str,
+                 reason: str) -> Any:
+    try:
+        return _whole_model(saved, h5_path, line)
+    except Exception as error:
+        raise CheckpointLoadError(
+            f"the model in '{saved.folder}' needs {_spoken(other)}: under {_spoken(line)} "
+            f"building it failed ({reason}), and the model {_spoken(other)} built cannot be "
+            f"rebuilt here either ({exception_line(error)}); {_switch(other)} and load it "
+            "again") from error
 
 
 def _switch(line: str) -> str:
@@ -163,7 +257,7 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
     import tensorflow as tf
 
     from determined.keras import _state
-    from determined.keras._saved_weights import compile_as_saved
+    from determined.keras._saved_compile import compile_as_saved
 
     if h5_path.suffix != ".h5":
         raise CheckpointLoadError(
@@ -171,14 +265,17 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
             "from; it cannot be loaded")
     custom = _custom_objects(saved)
     try:
-        with quiet_keras_warnings():
-            model = tf.keras.models.load_model(str(h5_path), compile=False,
+        with quiet_keras_warnings(), _readable_here(h5_path, line) as readable:
+            model = tf.keras.models.load_model(str(readable), compile=False,
                                                custom_objects=custom)
             compiled = compile_as_saved(model, h5_path, custom)
     except (ValueError, TypeError) as error:
-        unknown = "Unknown" in str(error) or saved.keras_line in (None, line)
+        unknown = "Unknown" in str(error)
+        if not unknown and _is_keras_line_error(error):
+            raise  # the other line may build it
         hint = ("wrap the call in `with tf.keras.utils.custom_object_scope({...}):` naming "
-                "the custom layers, losses and metrics the model uses" if unknown
+                "the custom layers, losses and metrics the model uses"
+                if unknown or saved.keras_line in (None, line)
                 else _switch(saved.keras_line or "keras2"))
         raise CheckpointLoadError(f"the model in '{h5_path}' cannot be rebuilt here "
                                   f"({exception_line(error)}); {hint}") from error
@@ -189,11 +286,36 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
     return model
 
 
-def _rebuild_in_other_line(saved: SavedCheckpoint, out: Path) -> None:
-    """Build and load the model in a subprocess of the line that trained it, which saves it
-    (architecture and weights) to the `.h5` `out`."""
-    environment = {**os.environ, "TF_USE_LEGACY_KERAS": "1" if saved.keras_line == "keras2"
-                   else "0", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+@contextlib.contextmanager
+def _readable_here(h5_path: Path, line: str) -> Iterator[Path]:
+    """The `.h5` itself, or under Keras 2 for one Keras 3 wrote, a copy whose architecture
+    is rewritten in Keras 2's form (Keras 3 reads Keras 2's as it is)."""
+    import h5py
+
+    from determined.keras._architecture_translation import keras3_model_config_for_keras2
+
+    with h5py.File(h5_path, "r") as h5:
+        version = h5.attrs.get("keras_version")
+        raw = h5.attrs.get("model_config")
+    version = version.decode() if isinstance(version, bytes) else str(version or "")
+    if line != "keras2" or not version.startswith("3.") or raw is None:
+        yield h5_path
+        return
+    config = keras3_model_config_for_keras2(
+        json.loads(raw.decode() if isinstance(raw, bytes) else raw))
+    with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
+        copy = Path(scratch) / h5_path.name
+        shutil.copyfile(h5_path, copy)
+        with h5py.File(copy, "r+") as h5:
+            h5.attrs["model_config"] = json.dumps(config)
+        yield copy
+
+
+def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str) -> None:
+    """Build and load the model in a subprocess of the Keras line `other`, which saves it
+    (architecture and weights) to the `.h5` `out`; it does not fall back in turn."""
+    environment = {**os.environ, "TF_USE_LEGACY_KERAS": "1" if other == "keras2" else "0",
+                   "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", _NO_FALLBACK: "1"}
     code = ("import sys; from determined.exec import keras_alias; keras_alias.install(); "
             "from determined.keras._load import _save_whole_model; "
             "_save_whole_model(sys.argv[1], sys.argv[2])")
@@ -202,9 +324,10 @@ def _rebuild_in_other_line(saved: SavedCheckpoint, out: Path) -> None:
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         raise CheckpointLoadError(
-            f"the checkpoint's trial code needs {saved.keras_line}, and building it there "
-            f"failed too ({lines[-1] if lines else 'no output'}); "
-            f"{_switch(saved.keras_line or 'keras2')} and load it again")
+            f"building the model of '{saved.folder}' failed here ({reason}) and under "
+            f"{_spoken(other)} too ({lines[-1] if lines else 'no output'}); load it with the "
+            f"line that trained it ({saved.keras_line or 'keras2'}): "
+            f"{_switch(saved.keras_line or 'keras2')}")
 
 
 def _save_whole_model(folder: str, out: str) -> None:

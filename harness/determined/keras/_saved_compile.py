@@ -1,0 +1,231 @@
+"""Compile a model read from an `.h5` the way it was compiled, in whichever Keras line
+reads it: the recorded loss, metrics and optimizer are translated for this line
+(`_compile_translation`) and built from this line's classes.
+
+    compile_as_saved(model, Path("determined-keras-model.h5"), custom_objects)
+
+What has no equivalent here is named in one warning on the `determined.keras` logger: a
+metric is left out; a loss leaves the model uncompiled (its weights are what was loaded).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, cast
+
+import h5py
+import tensorflow as tf
+
+from determined.keras._compile_translation import (
+    CompileArguments,
+    translate_training_config,
+)
+from determined.keras._line import keras_line
+
+log = logging.getLogger("determined.keras")
+
+
+def read_training_config(h5_path: Path) -> Optional[Dict[str, Any]]:
+    """The compile arguments an `.h5` records, as the line that wrote it serialised them;
+    None when the model was saved uncompiled."""
+    with h5py.File(h5_path, "r") as h5:
+        raw = h5.attrs.get("training_config")
+    if raw is None:
+        return None
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def crossentropy_by_shape(y_true: Any, y_pred: Any) -> Any:
+    """Keras 2's metric "crossentropy" ("ce"): binary, sparse or categorical as the
+    shapes say, the rule Keras 2's `compile` applied."""
+    y_true_rank, y_pred_rank = len(y_true.shape), len(y_pred.shape)
+    last_true, last_pred = y_true.shape[-1], y_pred.shape[-1]
+    if last_pred == 1:
+        return tf.keras.losses.binary_crossentropy(y_true, y_pred)
+    if y_true_rank == y_pred_rank - 1 or (last_true == 1 and last_pred not in (None, 1)):
+        return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+    return tf.keras.losses.categorical_crossentropy(y_true, y_pred)
+
+
+class _NoEquivalent(ValueError):
+    pass
+
+
+def _function(name: Any, custom: Dict[str, Any]) -> Callable[..., Any]:
+    """A built-in or custom function by the name an entry records."""
+    if callable(name):
+        return cast(Callable[..., Any], name)
+    if not isinstance(name, str):
+        raise _NoEquivalent(f"function {name!r}")
+    if name in custom:
+        return cast(Callable[..., Any], custom[name])
+    if name == "crossentropy":
+        return crossentropy_by_shape
+    for module in (tf.keras.losses, tf.keras.metrics):
+        found = getattr(module, name, None)
+        if inspect.isfunction(found):
+            return cast(Callable[..., Any], found)
+    for module in (tf.keras.losses, tf.keras.metrics):
+        try:
+            found = module.get(name)
+        except (ValueError, TypeError):
+            continue
+        if inspect.isfunction(found):
+            return cast(Callable[..., Any], found)
+    found = tf.keras.utils.get_registered_object(name, custom)
+    if callable(found) and not inspect.isclass(found):
+        return cast(Callable[..., Any], found)
+    raise _NoEquivalent(f"function '{name}'")
+
+
+def _with_arguments(fn: Callable[..., Any], name: str, kwargs: Dict[str, Any]) -> Any:
+    if not kwargs:
+        return fn
+
+    def loss(y_true: Any, y_pred: Any) -> Any:
+        return fn(y_true, y_pred, **kwargs)
+
+    loss.__name__ = name
+    return loss
+
+
+def _build(spec: Any, custom: Dict[str, Any], kind: str) -> Any:
+    """A translated entry as this line's object (`kind`: "losses" or "metrics")."""
+    if spec is None:
+        return None
+    if isinstance(spec, list):
+        return [_build(item, custom, kind) for item in spec]
+    if isinstance(spec, str):
+        found = custom.get(spec) or tf.keras.utils.get_registered_object(spec, custom)
+        if found is not None:
+            return found() if inspect.isclass(found) else found
+        return spec  # a built-in name: `compile` resolves it ("acc" by the shapes)
+    if not isinstance(spec, dict):
+        return spec
+    if "class_name" not in spec:  # per output, by output name
+        return {name: _build(value, custom, kind) for name, value in spec.items()}
+    class_name, config = spec["class_name"], dict(spec.get("config") or {})
+    if class_name in custom and inspect.isclass(custom[class_name]):
+        return custom[class_name].from_config(config)
+    if class_name in ("MeanMetricWrapper", "LossFunctionWrapper"):
+        fn = _function(config.pop("fn", None) or config.get("name"), custom)
+        name = config.pop("name", None) or getattr(fn, "__name__", "metric")
+        config.pop("reduction", None)
+        dtype = config.pop("dtype", None)
+        if kind == "losses":
+            return _with_arguments(fn, name, config)
+        return tf.keras.metrics.MeanMetricWrapper(fn, name=name, dtype=dtype, **config)
+    module = tf.keras.losses if kind == "losses" else tf.keras.metrics
+    other = tf.keras.metrics if kind == "losses" else tf.keras.losses
+    cls = tf.keras.utils.get_registered_object(class_name, custom) or \
+        getattr(module, class_name, None) or getattr(other, class_name, None)
+    if not inspect.isclass(cls):
+        raise _NoEquivalent(f"class '{class_name}'")
+    return cast(Any, cls).from_config(config)
+
+
+def _build_metrics(specs: Any, custom: Dict[str, Any], notes: List[str]) -> Any:
+    """Each metric on its own: one that this line cannot build is left out, and named."""
+    if isinstance(specs, list):
+        built = []
+        for spec in specs:
+            try:
+                built.append(_build_metrics(spec, custom, notes))
+            except (_NoEquivalent, ValueError, TypeError) as error:
+                notes.append(f"the metric {_described(spec)} cannot be built under "
+                             f"{_spoken()} ({_first_line(error)}) and is left out")
+        return built
+    if isinstance(specs, dict) and "class_name" not in specs:
+        return {name: _build_metrics(value, custom, notes) for name, value in specs.items()}
+    return _build(specs, custom, "metrics")
+
+
+def _described(spec: Any) -> str:
+    if isinstance(spec, dict):
+        config = spec.get("config") if isinstance(spec.get("config"), dict) else {}
+        return f"'{config.get('name') or spec.get('class_name')}'"
+    return repr(spec)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _spoken() -> str:
+    return "Keras 2" if keras_line() == "keras2" else "Keras 3"
+
+
+def _optimizer(spec: Optional[Dict[str, Any]], notes: List[str]) -> Any:
+    """This line's optimizer of the recorded class, with the settings its class takes."""
+    if not spec:
+        return "rmsprop"
+    name, settings = spec["class_name"], dict(spec.get("config") or {})
+    try:
+        cls = tf.keras.optimizers.get(name).__class__
+    except ValueError:
+        notes.append(f"the optimizer '{name}' has no {_spoken()} equivalent; Keras's "
+                     "default 'rmsprop' is used")
+        return "rmsprop"
+    schedule = settings.get("learning_rate")
+    if isinstance(schedule, dict):
+        try:
+            settings["learning_rate"] = tf.keras.optimizers.schedules.deserialize(schedule)
+        except (ValueError, TypeError):
+            notes.append(f"the learning-rate schedule '{schedule.get('class_name')}' has no "
+                         f"{_spoken()} equivalent; the optimizer's default rate is used")
+            settings.pop("learning_rate")
+    # Named by the class or the bases it passes its keyword arguments on to.
+    accepted = {key for base in cls.__mro__ if "__init__" in vars(base)
+                for key in inspect.signature(base.__init__).parameters}
+    return cls(**{k: v for k, v in settings.items() if k in accepted})
+
+
+def build_compile_arguments(config: Dict[str, Any], custom: Dict[str, Any],
+                            n_outputs: int = 1) -> CompileArguments:
+    """`compile`'s arguments in this line, built from a parsed `training_config`; its
+    `notes` name what has no equivalent here."""
+    custom_names = frozenset(custom) | frozenset(tf.keras.utils.get_custom_objects())
+    args = translate_training_config(config, keras_line(), custom_names)
+    if not args.compile:
+        return args
+    try:
+        args.loss = _build(args.loss, custom, "losses")
+    except (_NoEquivalent, ValueError, TypeError) as error:
+        args.notes.append(f"the loss {_described(args.loss)} cannot be built under "
+                          f"{_spoken()} ({_first_line(error)}), so the model is returned "
+                          "uncompiled: compile it with a loss of your choice")
+        args.compile = False
+        return args
+    metrics = _build_metrics(args.metrics, custom, args.notes)
+    # Keras 2 records one list of metrics per output.
+    if isinstance(metrics, list) and len(metrics) == 1 and isinstance(metrics[0], list) \
+            and n_outputs == 1:
+        metrics = metrics[0]
+    weighted = _build_metrics(args.weighted_metrics, custom, args.notes)
+    if isinstance(weighted, list) and len(weighted) == 1 and isinstance(weighted[0], list) \
+            and n_outputs == 1:
+        weighted = weighted[0]
+    args.metrics, args.weighted_metrics = metrics, weighted
+    args.optimizer = _optimizer(args.optimizer, args.notes)
+    return args
+
+
+def compile_as_saved(model: Any, h5_path: Path, custom: Dict[str, Any]) -> bool:
+    """Compile `model` with the loss, metrics and optimizer its `.h5` records (`custom`:
+    the objects a name may mean beyond Keras's own); False when it is left uncompiled (the
+    file records no compilation, or its loss has no equivalent in this line)."""
+    config = read_training_config(h5_path)
+    if config is None:
+        return False
+    args = build_compile_arguments(config, custom, len(getattr(model, "outputs", None) or [1]))
+    if args.notes:
+        log.warning("Loading '%s' under %s: %s.", h5_path, _spoken(), "; ".join(args.notes))
+    if not args.compile:
+        return False
+    model.compile(optimizer=args.optimizer, loss=args.loss, metrics=args.metrics,
+                  weighted_metrics=args.weighted_metrics, loss_weights=args.loss_weights)
+    return True
