@@ -1,7 +1,8 @@
 """What a Keras checkpoint folder holds, in each format that wrote one.
 
-- localdet: `determined-keras-model.h5` (the whole model), `code/`, `config.yaml`,
-  `hparams.json` and a `metadata.json` whose `format` starts with `localdet-`.
+- localdet: `determined-keras-model.h5` (the whole model), or for a model Keras saves only
+  as weights (a subclassed one) `localdet-keras-weights.h5` (see `_weights_file`), `code/`,
+  `config.yaml`, `hparams.json` and a `metadata.json` whose `format` starts with `localdet-`.
 - Determined 0.17.8 and later: `load_data.json` (trial type, config, hyperparameters, trial
   class) beside `code/` and the weights as a TensorFlow checkpoint with the prefix
   `determined-keras-model-weights`.
@@ -49,7 +50,7 @@ class SavedCheckpoint:
     @property
     def whole_model(self) -> Optional[Path]:
         """The `.h5` holding architecture and weights too, if the checkpoint has one."""
-        return self.weights if self.weights.suffix == ".h5" else None
+        return self.weights if self.weights.name == MODEL_FILENAME else None
 
 
 def trial_spec_of(entrypoint: Any) -> Optional[str]:
@@ -89,6 +90,10 @@ def _json(path: Path) -> Dict[str, Any]:
 
 
 def _weights_file(folder: Path) -> Path:
+    from determined.keras._weights_file import WEIGHTS_FILENAME  # a subclassed model's
+
+    if (folder / WEIGHTS_FILENAME).is_file():
+        return folder / WEIGHTS_FILENAME
     if (folder / f"{WEIGHTS_PREFIX}.index").is_file():
         return folder / WEIGHTS_PREFIX
     if (folder / MODEL_FILENAME).is_file():
@@ -113,6 +118,11 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
         config = yaml.safe_load((folder / "config.yaml").read_text()) \
             if (folder / "config.yaml").is_file() else {}
         hparams = _json(folder / "hparams.json") if (folder / "hparams.json").is_file() else {}
+        if config.get("trial_class") is None and weights.name != MODEL_FILENAME:
+            raise CheckpointFormatError(
+                f"'{folder}' holds the weights of a subclassed model from a script, and no "
+                "trial class to build that model from; build it in your code and train on "
+                "from the checkpoint with context.fit (or save it with a TFKerasTrial)")
         return SavedCheckpoint(folder, "localdet", weights, config.get("trial_class"), config,
                                hparams, metadata.get("keras_line"))
     if load_data_path.is_file():

@@ -27,8 +27,12 @@ class WeightsMismatch(ValueError):
 
 def load_weights(model: Any, weights: Path) -> None:
     """Load an `.h5` or a TensorFlow-checkpoint prefix into `model`."""
+    from determined.keras import _weights_file  # localdet's form for subclassed models
+
     with quiet_keras_warnings():
-        if weights.suffix == ".h5":
+        if weights.name == _weights_file.WEIGHTS_FILENAME:
+            _weights_file.read_weights(model, weights)
+        elif weights.suffix == ".h5":
             model.load_weights(str(weights))
         elif keras_line() == "keras3":
             _load_keras2_tf_checkpoint(model, weights)

@@ -1,0 +1,188 @@
+"""Models Keras cannot save whole (a `keras.Model` subclass with its own `train_step` and
+`test_step`, two wrapped optimizers and a `compile` of its own arguments: the GAN-like
+tests/compat/subclassed_gan) checkpoint their weights, resume bit for bit, through a
+TFKerasTrial and through `context.fit`, and load from the checkpoint's code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import start_trial
+from test_exact_resume import PausingReporter
+
+import determined as det
+from determined.keras import KerasContext, load_model_from_checkpoint_path
+from determined.keras._load import CheckpointLoadError
+from determined.keras._trial_controller import TrialController, prepare_process, saves_whole
+from determined.keras._weights_file import (
+    FORM,
+    WEIGHTS_FILENAME,
+    WeightsMismatch,
+    ordered_weights,
+    read_weights,
+    write_weights,
+)
+
+GAN = Path(__file__).parent / "compat" / "subclassed_gan"
+HPARAMS = {"global_batch_size": 32, "noise_dim": 3, "hidden": 16, "generator_lr": 0.01,
+           "discriminator_lr": 0.005}
+CONFIG = dict(scheduling_unit=5, min_validation_period={"batches": 5},
+              records_per_epoch=512)
+TARGET = 10
+
+with det.import_from_path(GAN):
+    import model_def as gan
+
+
+@pytest.fixture(autouse=True)
+def op_determinism():
+    tf.config.experimental.enable_op_determinism()
+    yield
+    from tensorflow.python.framework import config as tf_config
+    tf_config.disable_op_determinism()
+
+
+def optimizer_values(optimizers) -> list:
+    return [[np.asarray(v) for v in (o.variables() if callable(o.variables) else o.variables)]
+            for o in optimizers]
+
+
+def export_latest(reporter, trial_id: int, folder: Path) -> Path:
+    from localdet.reporting.sqlite_reporter import CheckpointReader
+
+    reader = CheckpointReader(reporter.layout)
+    return reader.materialize(reader.resolve(trial_id=trial_id), folder)
+
+
+def train(folder: Path, pause_at=(), fit=False) -> dict:
+    """The GAN trained to TARGET batches, paused (and resumed in a fresh runner) as asked;
+    through its TFKerasTrial or through `context.fit` in a script."""
+    entrypoint = "python3 train.py" if fit else "model_def:GanTrial"
+    db, trial_id, reporter, _ = start_trial(folder, TARGET, hparams=HPARAMS,
+                                            entrypoint=entrypoint, **CONFIG)
+    shutil.copytree(GAN, folder / "model", dirs_exist_ok=True)  # the checkpoint's code/
+    pausing = PausingReporter(reporter, set(pause_at))
+    launches = 0
+    while db.trial(trial_id).batches_trained < TARGET:
+        launches += 1
+        model, optimizers = (fit_script if fit else run_trial)(pausing)
+    assert launches == len(pause_at) + 1, "every requested pause happened"
+    return {"weights": [np.asarray(w) for w in model.weights],
+            "layer_weights": [np.asarray(w) for w in ordered_weights(model)[0]],
+            "optimizers": optimizer_values(optimizers),
+            "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)],
+            "export": export_latest(reporter, trial_id, folder / "export")}
+
+
+def run_trial(reporter):
+    controller = TrialController.for_trial_class(gan.GanTrial, reporter.trial_info(), reporter)
+    controller.run()
+    return controller.model, controller._optimizers()
+
+
+def fit_script(reporter):
+    """The GAN as a New-Keras-API script would train it: built, compiled and fitted in the
+    script (the trial class's parts, called by hand)."""
+    info = reporter.trial_info()
+    prepare_process(info)
+    context = KerasContext(info, reporter)
+    trial = gan.GanTrial(context._trial_context)
+    model = trial.build_model()
+    context.fit(model, trial.build_training_data_loader(),
+                validation_data=trial.build_validation_data_loader(), verbose=0)
+    return model, [model.optimizer, model.generator_optimizer, model.discriminator_optimizer]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("straight"))
+
+
+def assert_same_run(a: dict, b: dict) -> None:
+    for x, y in zip(a["weights"], b["weights"], strict=True):
+        np.testing.assert_array_equal(x, y)
+    # Every optimizer: the compiled one (unused) and the two wrapped ones, each built on its
+    # own sub-model's variables.
+    assert [len(o) for o in a["optimizers"]] == [len(o) for o in b["optimizers"]]
+    for x, y in zip(sum(a["optimizers"], []), sum(b["optimizers"], []), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert a["metrics"] == b["metrics"]
+
+
+def test_a_paused_trial_ends_bit_for_bit_like_an_uninterrupted_run_and_loads(straight,
+                                                                              tmp_path):
+    paused = train(tmp_path, pause_at=(5,))
+    assert_same_run(straight, paused)
+
+    folder = paused["export"]
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert metadata["weights_file"] == WEIGHTS_FILENAME and metadata["weights_form"] == FORM
+    assert not (folder / "determined-keras-model.h5").exists()
+
+    model = load_model_from_checkpoint_path(str(folder))
+    assert type(model).__name__ == "TinyGan"  # built by the trial class in code/
+    # Its layers' weights, that is: tf_keras counts the metric trackers' states among a
+    # model's weights too, and the trained model's were reset after the checkpoint.
+    for x, y in zip(straight["layer_weights"], ordered_weights(model)[0], strict=True):
+        np.testing.assert_array_equal(x, np.asarray(y))
+    # Compiled with its own arguments: evaluate runs its test_step to the recorded metrics.
+    real, noise = gan.make_data(seed=1, rows=128, noise_dim=HPARAMS["noise_dim"])
+    results = model.evaluate(tf.data.Dataset.from_tensor_slices((real, noise)).batch(32),
+                             verbose=0, return_dict=True)
+    recorded = [m for kind, _, m in straight["metrics"] if kind == "validation"][-1]
+    assert results["d_loss"] == pytest.approx(recorded["val_d_loss"], abs=1e-6)
+    assert results["g_loss"] == pytest.approx(recorded["val_g_loss"], abs=1e-6)
+
+
+def test_context_fit_of_a_subclassed_model_pauses_and_resumes_like_the_trial(straight,
+                                                                            tmp_path):
+    """The same model, data and seed through `context.fit`, paused once, ends where the
+    uninterrupted TFKerasTrial ended. Its checkpoint has no trial class to build the model
+    from, which loading says in one sentence."""
+    fitted = train(tmp_path, pause_at=(5,), fit=True)
+    assert_same_run(straight, fitted)
+    with pytest.raises(CheckpointLoadError, match="subclassed model from a script"):
+        load_model_from_checkpoint_path(str(fitted["export"]))
+
+
+def test_which_models_are_saved_whole():
+    inputs = tf.keras.Input(shape=(3,))
+    functional = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
+    sequential = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
+    assert saves_whole(functional) and saves_whole(sequential)
+    assert not saves_whole(gan.TinyGan(noise_dim=3, hidden=4))
+
+
+def test_weights_that_do_not_fit_are_refused_in_one_sentence(tmp_path):
+    path = tmp_path / WEIGHTS_FILENAME
+    write_weights(gan.TinyGan(noise_dim=3, hidden=4), path)
+    with h5py.File(path, "r") as h5:
+        names = [h5["layers"][str(i)].attrs["name"] for i in range(h5["layers"].attrs["count"])]
+    # The model's own weight first, then each sub-model's layers in order.
+    assert names == ["steps_trained"] + ["kernel", "bias"] * 4
+    with pytest.raises(WeightsMismatch, match=r"^layer weights number 1 is 'kernel' \(3, 4\) "
+                                              r"in the checkpoint but .*\(3, 8\) in the model"):
+        read_weights(gan.TinyGan(noise_dim=3, hidden=8), path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
+                    reason="already running under Keras 2")
+def test_under_keras_2(tmp_path):
+    """The tests above under the Keras 2 line (tf-keras), which needs a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
+         "-m", "not slow", "--basetemp", str(tmp_path / "keras2")],
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
+        timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
