@@ -1,6 +1,9 @@
 """A trial on two slots trains data-parallel and ends like the same trial on one slot with
 the same global batch size. Under Keras 3 the two slots are one process with a
-MirroredStrategy over two logical CPU devices (GPUs where there are some)."""
+MirroredStrategy over two logical CPU devices (GPUs where there are some); under Keras 2 they
+are two processes with Horovod's semantics (gradient_allreduce here, where Horovod is not
+installed: each rank's own loss, averaged gradients), or MultiWorkerMirroredStrategy when the
+config asks for it."""
 
 from __future__ import annotations
 
@@ -8,9 +11,11 @@ import os
 import signal
 import subprocess
 
+import h5py
 import numpy as np
 import pytest
-from conftest import EXAMPLE, wait_for, write_config
+import yaml
+from conftest import EXAMPLE, REPO, wait_for, write_config
 from test_pause_resume_e2e import final_weights, trial_of
 
 pytestmark = pytest.mark.slow
@@ -86,6 +91,7 @@ def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path
         ids.append(home.experiment_named(f"script{slots}")["id"])
     assert_same_weights(home, ids[0], ids[1], tmp_path)
     one, two = trial_of(home, ids[0]), trial_of(home, ids[1])
+    assert two["engine"] == {"keras3": "mirrored", "keras2": "gradient_allreduce"}[line]
     assert two["batches_trained"] == one["batches_trained"]
     # Only the chief records when the launch's first batch ended, however many processes.
     from localdet.records.db import StateDB
@@ -137,7 +143,7 @@ def rank_pids(home, trial_id: int) -> list[int]:
 
 def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_one(
         home, tmp_path, daemons):
-    """Keras 2: two processes (MultiWorkerMirroredStrategy). The 2-slot trial is paused and
+    """Keras 2: two processes (gradient_allreduce). The 2-slot trial is paused and
     resumed (both ranks stop and start again), and one rank is killed with kill -9 (the
     other is stopped, the trial restarts from its checkpoint); it still ends like one slot."""
     long = dict(KERAS2, scheduling_unit=10, max_restarts=1,
@@ -180,12 +186,13 @@ def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_o
     one_trial, two_trial = trial_of(home, one), trial_of(home, two)
     log = (home.path / "experiments" / str(two) / "trials" / str(two_trial["id"])
            / "trial.log").read_text()
-    assert "[rank 1] " in log and "rank 1 of 2: MultiWorkerMirroredStrategy" in log
+    assert "[rank 1] " in log
+    assert "rank 1 of 2: gradients averaged across the ranks' processes" in log
     assert "rank 1 was killed by SIGKILL; stopping the other ranks" in log
     assert two_trial["restarts"] == 1
     assert one_trial["engine"] == "single"
-    assert two_trial["engine"] == "multi_worker_mirrored"
-    assert "multi_worker_mirrored x2" in home.cli("status", two).stdout
+    assert two_trial["engine"] == "gradient_allreduce"
+    assert "gradient_allreduce x2" in home.cli("status", two).stdout
     assert_same_weights(home, one, two, tmp_path)
     # Training metrics are the global ones, recorded once (by the chief), as on one slot.
     for key in ("val_accuracy", "val_loss"):
@@ -232,12 +239,14 @@ class DatasetDigits(keras.TFKerasTrial):
 def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_run(
         home, tmp_path, base, engine, daemons):
     """A distributed tf.data iterator cannot be checkpointed; on several slots the stream
-    finds its place again by reading up to it, which ends exactly where a straight run does."""
+    finds its place again by reading up to it, which ends exactly where a straight run does.
+    (Keras 2 asks for multi_worker_mirrored by name: it stays available.)"""
     model = tmp_path / "dataset_trial"
     model.mkdir()
     (model / "model_def.py").write_text(DATASET_TRIAL)
+    resources = {"slots_per_trial": 2, "engine": "auto" if engine == "mirrored" else engine}
     config = dict(base, entrypoint="model_def:DatasetDigits", scheduling_unit=5,
-                  resources={"slots_per_trial": 2},
+                  resources=resources,
                   searcher=dict(SHORT["searcher"], max_length={"batches": 100}))
     daemon = daemons(home, "--slots", "2")
     home.cli("submit", write_config(tmp_path, "paused", **config), model)
@@ -253,3 +262,68 @@ def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_ru
     daemon.stop()
     assert trial_of(home, paused)["engine"] == engine
     assert_same_weights(home, paused, straight, tmp_path)
+
+
+GAN = REPO / "tests" / "compat" / "subclassed_gan"
+
+
+def checkpoint_arrays(folder) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of every array in an exported checkpoint's Keras file: the whole
+    model's .h5, or a subclassed model's weights file, as its metadata names it. Its "rest"
+    (the metric trackers' running totals, which each rank keeps over its own part of the
+    batches; the metrics reported are averaged over the ranks) is left out."""
+    import json
+
+    metadata = json.loads((folder / "metadata.json").read_text())
+    arrays = []
+    with h5py.File(folder / metadata.get("weights_file", "determined-keras-model.h5")) as h5:
+        h5.visititems(lambda name, obj: arrays.append((name, np.asarray(obj)))
+                      if isinstance(obj, h5py.Dataset) else None)
+    return [(name, array) for name, array in arrays if not name.startswith("rest/")]
+
+
+def gan_on_one_and_two_slots(home, tmp_path, daemons) -> tuple[dict, dict, str]:
+    """The GAN-like compat folder's distributed.yaml (Keras 2) on one slot and on two, under
+    one daemon: their final weights agree within 1e-5. Returns (one, two, two's log)."""
+    config = yaml.safe_load((GAN / "distributed.yaml").read_text())
+    daemon = daemons(home, "--slots", "2")
+    for slots in (1, 2):
+        path = tmp_path / f"gan{slots}.yaml"
+        path.write_text(yaml.safe_dump(dict(
+            config, name=f"gan{slots}", resources={"slots_per_trial": slots},
+            reproducibility={"experiment_seed": 7},
+            environment={"environment_variables": ["TF_USE_LEGACY_KERAS=1",
+                                                   "TF_DETERMINISTIC_OPS=1"]})))
+        home.cli("submit", path, GAN)
+    ids = [home.experiment_named(f"gan{slots}")["id"] for slots in (1, 2)]
+    for experiment in ids:
+        assert home.wait_until_ended(experiment)["state"] == "COMPLETED"
+    daemon.stop()
+    arrays = []
+    for experiment in ids:
+        last = home.json("checkpoints", experiment)[-1]
+        assert last["batches_trained"] == 40
+        home.cli("checkpoint", "export", last["uuid"], tmp_path / f"export-{experiment}")
+        arrays.append(checkpoint_arrays(tmp_path / f"export-{experiment}"))
+    assert len(arrays[0]) >= 8  # both sub-models' kernels and biases at least
+    for (name_a, a), (name_b, b) in zip(*arrays, strict=True):
+        assert name_a == name_b
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name_a)
+    one, two = trial_of(home, ids[0]), trial_of(home, ids[1])
+    for key in ("val_d_loss", "val_g_loss"):
+        assert one["latest_validation"][key] == pytest.approx(
+            two["latest_validation"][key], abs=1e-5)
+    log = (home.path / "experiments" / str(ids[1]) / "trials" / str(two["id"])
+           / "trial.log").read_text()
+    return one, two, log
+
+
+def test_a_subclassed_gan_with_sum_over_batch_size_losses_on_two_slots_ends_like_one(
+        home, tmp_path, daemons):
+    """Its train_step hands each optimizer its gradients itself, with a loss of the default
+    reduction: under MultiWorkerMirroredStrategy tf_keras refuses that loss; under
+    gradient_allreduce each rank computes it on its half of every batch and the gradients
+    are averaged, as under Horovod."""
+    one, two, log = gan_on_one_and_two_slots(home, tmp_path, daemons)
+    assert (one["engine"], two["engine"]) == ("single", "gradient_allreduce")
+    assert "rank 1 of 2: gradients averaged across the ranks' processes" in log
