@@ -1,9 +1,12 @@
-"""Failures that will repeat end at once: a trial that fails before its first batch the same
-way on two launches in a row is not restarted again, and in a search its siblings end too;
-a trial that fails after training keeps its restarts. One real daemon runs every case."""
+"""Failures that will repeat end at once: a trial that fails the same way at the same point
+on two launches in a row (before its first batch, or at the same phase after the same batches:
+its first checkpoint, say) is not restarted again, and in a search its siblings end too; a
+trial that fails at a different point each time keeps its restarts. One real daemon runs
+every case."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -24,7 +27,16 @@ from determined import keras
 class Boom(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if {fail_after} and batch + 1 >= {fail_after}:
-            raise RuntimeError("the data went bad at batch 3")
+            raise RuntimeError("the data went bad")
+
+
+class BadCheckpoint(keras.callbacks.Callback):
+    """What a layer written against Keras 2's internals does under Keras 3: it trains, then
+    fails as its checkpoint is written."""
+
+    def on_checkpoint_end(self, checkpoint_dir):
+        if {fail_checkpoint}:
+            raise AttributeError("'MultiHead' object has no attribute '_trainable_weights'")
 
 
 class TinyTrial(keras.TFKerasTrial):
@@ -40,7 +52,7 @@ class TinyTrial(keras.TFKerasTrial):
         return model
 
     def keras_callbacks(self):
-        return [Boom()]
+        return [Boom(), BadCheckpoint()]
 
     def build_training_data_loader(self):
         rng = np.random.default_rng(0)
@@ -52,11 +64,20 @@ class TinyTrial(keras.TFKerasTrial):
 '''
 
 
-def model_folder(path, extra="", fail_after=0, build="pass"):
+def model_folder(path, extra="", fail_after="0", build="pass", fail_checkpoint=False):
     path.mkdir(parents=True)
-    (path / "model_def.py").write_text(TINY_TRIAL.format(extra=extra, fail_after=fail_after,
-                                                         build=build))
+    (path / "model_def.py").write_text(TINY_TRIAL.format(
+        extra=extra, fail_after=fail_after, build=build, fail_checkpoint=fail_checkpoint))
     return path
+
+
+# Fails one batch later on each launch: the same error, never at the same point.
+LATER_EACH_LAUNCH = """
+import pathlib
+LAUNCHES = pathlib.Path({counter!r})
+LAUNCHES.write_text(str(int(LAUNCHES.read_text() or 0) + 1) if LAUNCHES.exists() else "1")
+FAIL_AFTER = 2 + int(LAUNCHES.read_text())
+"""
 
 
 def experiment(tmp_path, name, **overrides):
@@ -67,6 +88,13 @@ def experiment(tmp_path, name, **overrides):
                     scheduling_unit=4)
     settings.update(overrides)
     return write_config(tmp_path, name, **settings)
+
+
+def failed_events(home, trial_id: int) -> list[dict]:
+    with sqlite3.connect(home.path / "localdet.db", timeout=30) as db:
+        rows = db.execute("SELECT payload FROM events WHERE kind = 'trial_failed' AND "
+                          "trial_id = ? ORDER BY id", [trial_id]).fetchall()
+    return [json.loads(payload) for (payload,) in rows]
 
 
 def launches(home, experiment_id: int) -> dict[int, int]:
@@ -103,13 +131,19 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     (script / "train.py").write_text("import os\nfrom determined.keras import NoSuchName\n")
     home.cli("submit", experiment(tmp_path, "script-fails", entrypoint="python3 train.py",
                                   max_restarts=4), script)
-    # 4. A trial that trains 3 batches, then fails: the same error every time, but it
-    #    trained, so it is restarted as often as max_restarts says.
+    # 4. A trial that trains, then fails one batch later on each launch: the same error,
+    #    never at the same point, so it is restarted as often as max_restarts says.
     home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
-             model_folder(tmp_path / "late", fail_after=3))
-    # 5. A legacy optimizer argument under Keras 3: the error is about the Keras line.
+             model_folder(tmp_path / "late", fail_after="FAIL_AFTER",
+                          extra=LATER_EACH_LAUNCH.format(counter=str(tmp_path / "launches"))))
+    # 7. A trial that trains, then fails at its first checkpoint every time: it ends after
+    #    two launches, though max_restarts allows five.
+    home.cli("submit", experiment(tmp_path, "checkpoint-fails", max_restarts=5),
+             model_folder(tmp_path / "at-checkpoint", fail_checkpoint=True))
+    # 5. A trial class (Keras 2, by Determined's rule) reaching for an activation only Keras
+    #    3 has: the error is about the Keras line.
     home.cli("submit", experiment(tmp_path, "keras-line", max_restarts=3),
-             model_folder(tmp_path / "keras", build="tf.keras.optimizers.Adam(lr=0.1)"))
+             model_folder(tmp_path / "keras", build="tf.keras.activations.silu"))
     # 6. A grid whose widest trial raises det.InvalidHP: it alone ends, at once.
     home.cli("submit", experiment(
         tmp_path, "invalid-hp", max_restarts=3,
@@ -122,7 +156,7 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
             extra="import determined as det"))
     ids = {name: home.experiment_named(name)["id"] for name in
            ("import-fails", "setup-fails", "script-fails", "fails-after-training",
-            "keras-line", "invalid-hp")}
+            "keras-line", "invalid-hp", "checkpoint-fails")}
     facts = {name: home.wait_until_ended(i, timeout=600) for name, i in ids.items()}
     status = home.cli("status", ids["import-fails"]).stdout
     listing = home.cli("status").stdout
@@ -158,12 +192,27 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     (trial,) = late["trials"]
     assert late["state"] == "ERROR" and trial["restarts"] == 2
     assert launches(home, late["id"]) == {trial["id"]: 3}
-    assert trial["error"].splitlines()[0] == "RuntimeError: the data went bad at batch 3"
+    assert trial["error"].splitlines()[0] == "RuntimeError: the data went bad"
+    assert [e["batches"] for e in failed_events(home, trial["id"])] == [2, 3, 4]
 
-    for run in facts.values():  # which Keras each trial ran under, and why
-        for t in run["trials"]:
+    at_checkpoint = facts["checkpoint-fails"]
+    (trial,) = at_checkpoint["trials"]
+    assert at_checkpoint["state"] == "ERROR" and trial["restarts"] == 1
+    assert launches(home, at_checkpoint["id"]) == {trial["id"]: 2}
+    points = [(e["phase"], e["batches"], e["trained"]) for e in failed_events(home, trial["id"])]
+    assert points == [("checkpoint", 8, True)] * 2
+    assert trial["error"].splitlines()[:2] == [
+        "AttributeError: 'MultiHead' object has no attribute '_trainable_weights'",
+        trial["error"].splitlines()[1]]
+    assert trial["error"].splitlines()[1].startswith(
+        "it failed at its checkpoint after 8 batches, the same way as before")
+
+    for run in facts.values():  # which Keras each trial ran under, and why: trial classes
+        for t in run["trials"]:  # are Determined's, hence Keras 2; the script is not
             if t["id"] in launches(home, run["id"]):
-                assert (t["keras_line"], t["keras_line_reason"]) == ("keras3", "the default")
+                expected = ("keras3", "default") if run is script_run else (
+                    "keras2", "determined_api")
+                assert (t["keras_line"], t["keras_line_rule"]) == expected, t
 
     invalid = facts["invalid-hp"]
     by_width = {t["hparams"]["width"]: t for t in invalid["trials"]}
@@ -175,9 +224,10 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     keras = facts["keras-line"]
     (trial,) = keras["trials"]
     assert keras["state"] == "ERROR" and launches(home, keras["id"]) == {trial["id"]: 2}
-    assert trial["error"].startswith("ValueError: Argument(s) not recognized: {'lr': 0.1} "
-                                     "(the trial ran under keras3, chosen because: the default")
-    assert "TF_USE_LEGACY_KERAS=1" in " ".join(keras_status.split())
+    assert trial["error"].startswith("AttributeError: module 'tf_keras.")
+    assert "has no attribute 'silu' (the trial ran under keras2, chosen because: rule " \
+           "determined_api, decided by model_def:TinyTrial: a TFKerasTrial" in trial["error"]
+    assert "TF_USE_LEGACY_KERAS=0" in " ".join(keras_status.split())
 
 
 # -- the decisions, on recorded events -------------------------------------------------------
@@ -223,14 +273,6 @@ def test_a_failure_repeats_only_when_two_launches_in_a_row_fail_alike_untrained(
     assert launch_and_fail(layout, db, trial, "Killed\n") is None
 
 
-def test_a_trial_that_trained_is_never_judged_to_repeat(layout, db):
-    trial = recorded_trial(layout, db)
-    db.record_metrics(trial.id, "training", 4, {"loss": 1.0})
-    for _ in range(3):
-        failure = launch_and_fail(layout, db, trial, traceback_of("RuntimeError: data"))
-        assert failure.trained and not failures.repeats(db, db.trial(trial.id), failure)
-
-
 def test_the_experiment_says_in_one_line_when_every_trial_failed_alike(layout, db):
     trial = recorded_trial(layout, db)
     launch_and_fail(layout, db, trial, traceback_of("ImportError: z"))
@@ -241,3 +283,65 @@ def test_the_experiment_says_in_one_line_when_every_trial_failed_alike(layout, d
     db.record_metrics(trial.id, "training", 4, {"loss": 1.0})
     launch_and_fail(layout, db, trial, traceback_of("ImportError: z"))  # after training
     assert failures.experiment_error(db, trial.experiment_id, failed) == "long story"
+
+
+def mark(signature: str, phase: str | None = None, batches: int | None = None,
+         trained: bool = True) -> str:
+    """A trial class's failure mark (harness/determined/exec/run_trial.py)."""
+    point = {"phase": phase, "batches": batches} if phase else {}
+    return launcher.FAILURE_MARK + json.dumps({
+        "signature": signature, "message": signature, "stage": "training", "trained": trained,
+        **point}) + "\n"
+
+
+def test_a_failure_after_training_repeats_at_the_same_phase_and_batches(layout, db):
+    trial = recorded_trial(layout, db)
+    db.record_metrics(trial.id, "training", 8, {"loss": 1.0})
+    error = "AttributeError: 'MultiHead' object has no attribute '_trainable_weights'"
+    failure = launch_and_fail(layout, db, trial, mark(error, "checkpoint", 8))
+    assert failures.marked_point(layout.trial_log(trial.experiment_id, trial.id)) == (
+        "checkpoint", 8)
+    assert not failures.repeats(db, trial, failure)  # one launch is no pattern
+    assert failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                       mark(error, "checkpoint", 8)))
+    assert failures.point_of(db, trial) == ("checkpoint", 8)
+    # Further along (it resumed from a later checkpoint): another point.
+    assert not failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                           mark(error, "checkpoint", 16)))
+    # The same batches, another phase: another point.
+    assert not failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                           mark(error, "validation", 16)))
+    assert failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                       mark(error, "validation", 16)))
+    # Another message at the same point is another failure.
+    assert not failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                           mark("OSError: x", "validation", 16)))
+    # In training itself, at the same batch: deterministic too.
+    launch_and_fail(layout, db, trial, mark("RuntimeError: nan", "training", 20))
+    assert failures.repeats(db, trial, launch_and_fail(layout, db, trial,
+                                                       mark("RuntimeError: nan", "training", 20)))
+
+
+def test_a_failure_after_training_that_cannot_say_where_keeps_its_restarts(layout, db):
+    trial = recorded_trial(layout, db)
+    db.record_metrics(trial.id, "training", 8, {"loss": 1.0})
+    for _ in range(3):  # a script's traceback: no point
+        failure = launch_and_fail(layout, db, trial, traceback_of("RuntimeError: data"))
+        assert failure.trained and not failures.repeats(db, db.trial(trial.id), failure)
+        assert failures.point_of(db, trial) is None
+
+
+def test_a_sibling_that_failed_fast_at_a_checkpoint_says_the_same_of_this_one(layout, db):
+    trial = recorded_trial(layout, db)
+    sibling = db.trial(db.create_trial(experiment_id=trial.experiment_id, request_id=2,
+                                       hparams={}, seed=2, target_batches=10))
+    db.record_metrics(sibling.id, "training", 4, {"loss": 1.0})
+    error = "AttributeError: no _trainable_weights"
+    db.log_event("trial_failed_fast", experiment_id=trial.experiment_id, trial_id=trial.id,
+                 signature=error, stage="training", phase="checkpoint")
+    # At its own first checkpoint (after other batches, by its hyperparameters): at once.
+    assert failures.repeats(db, sibling, launch_and_fail(layout, db, sibling,
+                                                         mark(error, "checkpoint", 4)))
+    # The same message in training is not a checkpoint's failure.
+    assert not failures.repeats(db, sibling, launch_and_fail(layout, db, sibling,
+                                                             mark(error, "training", 3)))

@@ -811,13 +811,18 @@ class Daemon:
         """End the trial without its remaining restarts. A failure at import is the model
         folder's, the same for every trial: when no trial has trained, end them all."""
         log_path = self.layout.trial_log(experiment.id, trial.id)
+        point = failures.point_of(self.db, trial) if failure.trained else None
+        where = "before training a batch"
+        if point:
+            where = (f"at its {point[0]} after {point[1]} batches" if point[0] != "training"
+                     else f"in training after {point[1]} batches")
         self.db.update_trial(trial.id, state=TrialState.ERROR, stop_requested=None, error=(
-            f"{failure.told}\nit failed before training a batch, the same way as before "
-            f"({how}); a restart would only repeat it, so it was not restarted; see "
-            f"{log_path}"))
+            f"{failure.told}\nit failed {where}, the same way as before ({how}); a restart "
+            f"would only repeat it, so it was not restarted; see {log_path}"))
         self.db.log_event("trial_failed_fast", experiment_id=experiment.id, trial_id=trial.id,
-                          signature=failure.signature, stage=failure.stage)
-        self.log(f"trial {trial.id} failed the same way again before training: "
+                          signature=failure.signature, stage=failure.stage,
+                          phase=point[0] if point else None)
+        self.log(f"trial {trial.id} failed the same way again {where}: "
                  f"{failure.signature}; not restarting it")
         self._searching(experiment, self.search.exited_early, experiment, trial)
         if not failures.import_failure_for_all(self.db, experiment.id, failure):

@@ -1,23 +1,34 @@
-"""Failures that will repeat: a trial that fails before training its first batch the same
-way on two launches in a row is not restarted again (its `max_restarts` would only repeat
-it), and a sibling that then fails the same way ends at once.
+"""Failures that will repeat: a trial that fails the same way at the same point on two
+launches in a row is not restarted again (its `max_restarts` would only repeat it), and a
+sibling that then fails the same way ends at once.
+
+"The same point" is before training its first batch (at import or setup), or, once training
+has begun, the same phase (a checkpoint, a validation, training itself) after the same number
+of batches: a trial whose first checkpoint fails retrains to it on every restart and fails
+there again. A trial class's runner says where it failed (its failure mark); a script cannot,
+so a script that fails after training keeps its restarts.
 
 Each failed launch is recorded as a `trial_failed` event with its signature (the exception's
 message line, read from the launch's part of the log: the trial runner's failure mark, or a
-script's last traceback), the stage it failed in and whether it trained a batch; a trial
-ended that way adds `trial_failed_fast`. The daemon decides from these events, so a daemon
-restarted in between decides the same.
+script's last traceback), the stage it failed in, whether it trained a batch, and the phase
+and batches where it failed; a trial ended that way adds `trial_failed_fast`. The daemon
+decides from these events, so a daemon restarted in between decides the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 from localdet.paths import Layout
-from localdet.processes import launcher
+from localdet.processes import capped_log, launcher
 from localdet.records.db import StateDB, Trial
 
 SAME_WAY = "every trial failed the same way before training"
+# Where a sibling's failure says the same of this trial: the points that come whatever the
+# data (a checkpoint, a validation), unlike a batch of training.
+BOUNDARIES = ("checkpoint", "validation")
 
 
 def events(db: StateDB, experiment_id: int, trial_id: int | None,
@@ -30,32 +41,79 @@ def record(db: StateDB, layout: Layout, trial: Trial) -> launcher.Failure | None
     as a `trial_failed` event; None when the log shows no exception."""
     launch = events(db, trial.experiment_id, trial.id, ("trial_launched",))[-1:]
     offset = launch[0]["payload"].get("log_offset", 0) if launch else 0
-    failure = launcher.failure(layout.trial_log(trial.experiment_id, trial.id), offset)
+    log = layout.trial_log(trial.experiment_id, trial.id)
+    failure = launcher.failure(log, offset)
     if failure is None:
         return None
     if failure.trained is None:
         # A script, or a resumed trial: its records say only whether it ever trained.
         failure = dataclasses.replace(failure, trained=trial.batches_trained > 0
                                       or trial.latest_checkpoint is not None)
+    phase, batches = marked_point(log, offset)
     db.log_event("trial_failed", experiment_id=trial.experiment_id, trial_id=trial.id,
-                 signature=failure.signature, stage=failure.stage, trained=failure.trained)
+                 signature=failure.signature, stage=failure.stage, trained=failure.trained,
+                 phase=phase, batches=batches)
     return failure
 
 
+def marked_point(log: os.PathLike, offset: int = 0) -> tuple[str | None, int | None]:
+    """(phase, batches) where the launch's failure mark says training failed; (None, None)
+    when it failed before training, or has no mark (a script)."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(capped_log.file_position(log, offset), handle.tell() - 65536))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None, None
+    for line in reversed(lines):
+        if launcher.FAILURE_MARK in line:
+            try:
+                data = json.loads(line.split(launcher.FAILURE_MARK, 1)[1])
+                phase, batches = data.get("phase"), data.get("batches")
+                if isinstance(phase, str) and isinstance(batches, int):
+                    return phase, batches
+            except (ValueError, AttributeError):
+                pass
+            break
+    return None, None
+
+
 def repeats(db: StateDB, trial: Trial, failure: launcher.Failure) -> bool:
-    """Whether a failure before any batch will repeat: this trial's previous launch failed
-    the same way, or a sibling already failed fast with it."""
-    if failure.trained:
-        return False
-    fast = events(db, trial.experiment_id, None, ("trial_failed_fast",))
-    if any(e["payload"]["signature"] == failure.signature for e in fast):
-        return True
+    """Whether the failure `record` just recorded will repeat: this trial's previous launch
+    failed the same way at the same point, or a sibling already failed fast with it."""
     history = events(db, trial.experiment_id, trial.id, ("trial_launched", "trial_failed"))
+    current = history[-1]["payload"] if history and history[-1]["kind"] == "trial_failed" \
+        else {}
+    fast = events(db, trial.experiment_id, None, ("trial_failed_fast",))
+    if failure.trained:
+        if current.get("phase") is None or current.get("batches") is None:
+            return False  # it cannot say where it failed: it keeps its restarts
+        if current["phase"] in BOUNDARIES and any(
+                e["payload"]["signature"] == failure.signature
+                and e["payload"].get("phase") == current["phase"] for e in fast):
+            return True
+    elif any(e["payload"]["signature"] == failure.signature for e in fast):
+        return True
     # Two launches in a row: launched, failed (previous), launched, failed (this one).
     if [e["kind"] for e in history[-4:]] != ["trial_launched", "trial_failed"] * 2:
         return False
     previous = history[-3]["payload"]
-    return previous["signature"] == failure.signature and not previous["trained"]
+    if previous["signature"] != failure.signature:
+        return False
+    if not failure.trained:
+        return not previous["trained"]
+    return bool(previous["trained"]) and (previous.get("phase"), previous.get("batches")) == (
+        current["phase"], current["batches"])
+
+
+def point_of(db: StateDB, trial: Trial) -> tuple[str, int] | None:
+    """(phase, batches) of the trial's latest recorded failure, if it failed in training."""
+    failed = events(db, trial.experiment_id, trial.id, ("trial_failed",))[-1:]
+    if not failed or failed[0]["payload"].get("phase") is None:
+        return None
+    payload = failed[0]["payload"]
+    return payload["phase"], payload.get("batches") or 0
 
 
 def invalid_hparams(failure: launcher.Failure) -> bool:

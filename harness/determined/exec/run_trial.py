@@ -3,7 +3,8 @@
 The launcher sets `LOCALDET_HOME` and `LOCALDET_TRIAL_ID` and starts this in the snapshot of
 the experiment's model folder; it trains the trial to its length and exits 0, or exits 1
 with the reason near the end of its log and, as its last line, `FAILURE_MARK` with the
-failure's one-line signature and whether any batch was trained.
+failure's one-line signature, whether any batch was trained and, once training began, where
+it failed (phase and batches trained).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import sys
 import traceback
 import types
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from determined.core._reporting import KERAS_LINE_REASON_VAR
 
@@ -96,10 +97,24 @@ def _current_keras_line() -> str:
 
 
 def _report_failure(signature: str, message: str, stage: str,
-                    trained: Optional[bool]) -> None:
+                    trained: Optional[bool], point: Optional[Dict[str, Any]] = None) -> None:
     print(FAILURE_MARK + json.dumps({"signature": signature, "message": message,
-                                     "stage": stage, "trained": trained}),
+                                     "stage": stage, "trained": trained, **(point or {})}),
           file=sys.stderr, flush=True)
+
+
+def _point(error: BaseException, controller) -> Optional[Dict[str, Any]]:
+    """Where in training it failed: the phase (a checkpoint, a validation, or training
+    itself) and the batches trained, so the daemon can tell a failure that repeats at the
+    same point (localdet/processes/failures.py). None before training."""
+    if controller is None or not hasattr(controller, "batches_trained"):
+        return None
+    phase = "training"
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_locals.get("self") is controller and \
+                frame.f_code.co_name in ("checkpoint", "validate"):
+            phase = "checkpoint" if frame.f_code.co_name == "checkpoint" else "validation"
+    return {"phase": phase, "batches": int(controller.batches_trained)}
 
 
 def _trained(stage: str, info, controller) -> Optional[bool]:
@@ -152,7 +167,8 @@ def main() -> int:
             message = keras_version_hint(error, line)
         print(f"error: {message}", file=sys.stderr, flush=True)
         signature = message if trial_error else exception_line(error)
-        _report_failure(signature, message, stage, _trained(stage, info, controller))
+        point = _point(error, controller) if stage == "training" else None
+        _report_failure(signature, message, stage, _trained(stage, info, controller), point)
         return 1
     return 0
 
