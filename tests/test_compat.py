@@ -19,16 +19,20 @@ import yaml
 
 COMPAT = Path(__file__).parent / "compat"
 LEGACY = COMPAT / "legacy_optimizers"
-# Entry module -> the Keras line its own imports call for.
+# Entry module -> the Keras line chosen for it: its own imports' (a legacy optimizer in
+# some spelling), or, with nothing only one line has, Determined's rule for trial classes.
 LEGACY_ENTRIES = {"from_import": "keras2", "attribute_chain": "keras2",
-                  "keras_package": "keras2", "tf_keras_package": "keras2", "current": "keras3"}
+                  "keras_package": "keras2", "tf_keras_package": "keras2", "current": "keras2"}
 
 
-def submit(home, tmp_path, folder: Path, config_file: str, keras2: bool = False) -> int:
+def submit(home, tmp_path, folder: Path, config_file: str, line: str | None = None) -> int:
+    """`line`: the Keras line the config asks for (TF_USE_LEGACY_KERAS), or None: the
+    line localdet chooses."""
     raw = yaml.safe_load((folder / config_file).read_text())
-    if keras2:
-        raw["name"] += "-keras2"
-        raw["environment"] = {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}
+    if line is not None:
+        raw["name"] += f"-{line}"
+        flag = "1" if line == "keras2" else "0"
+        raw["environment"] = {"environment_variables": [f"TF_USE_LEGACY_KERAS={flag}"]}
     path = tmp_path / f"{raw['name']}.yaml"
     path.write_text(yaml.safe_dump(raw))
     home.cli("submit", path, folder)
@@ -72,10 +76,10 @@ def evaluate_in(line: str, folders: list[Path], data: Path) -> list[dict]:
 def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home, tmp_path,
                                                                            daemons):
     daemon = daemons(home, "--slots", "2")
-    custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml",
-                           keras2=line == "keras2") for line in ("keras3", "keras2")}
-    forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml",
-                          keras2=line == "keras2") for line in ("keras3", "keras2")}
+    custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml", line)
+              for line in ("keras3", "keras2")}
+    forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml", line)
+             for line in ("keras3", "keras2")}
     legacy = {entry: submit(home, tmp_path, LEGACY, f"{entry}.yaml")
               for entry in LEGACY_ENTRIES}
     ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
@@ -96,14 +100,17 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
             assert t["batches_trained"] == 40, t
             assert t["latest_validation"]["val_accuracy"] > 0.5, t
 
-    # Each spelling of a legacy optimizer chose Keras 2 for its own file; the rest Keras 3.
+    # Each spelling of a legacy optimizer chose Keras 2 for its own file; the current
+    # optimizer chose nothing, and the trial class is Determined's: Keras 2 too.
     for entry, line in LEGACY_ENTRIES.items():
         trial = ended[legacy[entry]]["trials"][0]
         assert trial["keras_line"] == line, (entry, trial)
-        if line == "keras2":
-            assert f"{entry}.py" in trial["keras_line_reason"], (entry, trial)
+        if entry != "current":
+            assert trial["keras_line_rule"] == "keras2_api", (entry, trial)
+            assert trial["keras_line_source"].startswith(f"{entry}.py:"), (entry, trial)
         else:
-            assert trial["keras_line_reason"] == "the default", (entry, trial)
+            assert (trial["keras_line_rule"], trial["keras_line_source"]) == (
+                "determined_api", "current:Trial"), (entry, trial)
         first_line = home.cli("logs", trial["id"]).stdout.splitlines()[0]
         assert line in first_line and trial["keras_line_reason"] in first_line, first_line
 

@@ -1,4 +1,5 @@
-"""`tf.keras.optimizers.Adam(learning_rate=...)`: runs under either line, so Keras 3."""
+"""`tf.keras.optimizers.Adam(learning_rate=...)`: runs under either line, so a trial
+class's rule decides: Keras 2, as under Determined."""
 
 import tensorflow as tf
 from iris_base import IrisBase
