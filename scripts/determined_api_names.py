@@ -297,39 +297,56 @@ def ranges(indices: List[int], labels: List[str]) -> str:
 
 
 # -- the page ------------------------------------------------------------------------------
-HEADING = re.compile(r"^## module `([^`]+)`\s*$")
-ROW = re.compile(r"^\| `([^`]+)` \| (\w+) \| ([^|]*) \| (.*) \|\s*$")
+HEADING = re.compile(r"^## (module|class|object) `([^`]+)`\s*$")
+ROW = re.compile(r"^\| `([^`]+)` \|(.*)\|\s*$")
 
 
-def fill_doc(text: str, data: Dict[str, Dict[str, str]]) -> str:
-    """The page with each module row's releases column set from `data`, and a row with
-    status `unclassified` appended to the module's table for each name it lacks."""
+def assignable_mark(member: Dict[str, str]) -> str:
+    """The page's assignable column for a member of the data file."""
+    if member["assignable"]:
+        return "yes"
+    return "-" if member["kinds"] == "method" else "no"
+
+
+def fill_doc(text: str, data: Dict[str, Dict]) -> str:
+    """The page with the releases (and assignable) columns of every listed name set from the
+    data file, and a row with status `unclassified` appended to a table for each name of the
+    data file it lacks. Names the data file does not have keep their columns."""
+    modules, members = data["modules"], data["members"]
     out: List[str] = []
-    module: Optional[str] = None
+    section: Optional[str] = None
     listed: Set[str] = set()
 
-    def flush() -> None:
-        if module in data:
-            for name, releases in data[module].items():
-                if name not in listed:
-                    out.append(f"| `{name}` | unclassified | {releases} | to decide |")
+    def known() -> Dict[str, Dict[str, str]]:
+        if section in modules:
+            return {n: {"releases": r} for n, r in modules[section].items()}
+        return members.get(section or "", {})
 
     lines = text.splitlines()
     for i, line in enumerate(lines):
         heading = HEADING.match(line)
         row = ROW.match(line)
         if heading:
-            module, listed = heading.group(1), set()
-        elif row and module in data:
-            name, status, _, notes = row.groups()
+            section, listed = heading.group(2), set()
+        elif row and section is not None:
+            name = row.group(1)
+            cells = [c.strip() for c in row.group(2).split(" | ")]
             listed.add(name)
-            releases = data[module].get(name, "localdet")
-            line = f"| `{name}` | {status} | {releases} | {notes} |"
+            entry = known().get(name)
+            if entry is not None:
+                cells[1] = entry["releases"]
+                if len(cells) == 4 and "assignable" in entry:
+                    cells[2] = assignable_mark(entry)
+            line = f"| `{name}` | " + " | ".join(cells) + " |"
         out.append(line)
         table_ends = row is not None and (i + 1 == len(lines) or not ROW.match(lines[i + 1]))
-        if table_ends and module in data:
-            flush()
-            listed = set(data[module])  # once per table
+        if table_ends and section is not None:
+            for name, entry in known().items():
+                if name not in listed:
+                    extra = f" {assignable_mark(entry)} |" if "assignable" in entry else ""
+                    out.append(f"| `{name}` | unclassified | {entry['releases']} |{extra} "
+                               "to decide |")
+            listed = set(known())  # once per table
     return "\n".join(out) + "\n"
 
 
@@ -352,7 +369,7 @@ def main() -> int:
         return 0
     args.out.write_text(text)
     if args.doc:
-        DOC.write_text(fill_doc(DOC.read_text(), data["modules"]))
+        DOC.write_text(fill_doc(DOC.read_text(), data))
     return 0
 
 

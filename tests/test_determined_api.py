@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
+import json
 import os
 import re
 import socket
@@ -21,13 +23,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "determined-api.md"
+DATA = REPO / "docs" / "determined-api-names.json"
+SCRIPT = REPO / "scripts" / "determined_api_names.py"
 STATUSES = {"supported", "accepted", "refused"}
 HEADING = re.compile(r"^## (module|class|object) `([^`]+)`\s*$")
-ROW = re.compile(r"^\| `([^`]+)` \| (\w+) \| (.+) \|\s*$")
+ROW = re.compile(r"^\| `([^`]+)` \|(.*)\|\s*$")
+NOT_EXPORTED = {"localdet", "subpackage"}  # releases of names Determined's __init__ lacked
 
 
 def parse_doc() -> dict:
-    """{section: {name: status}}, in the page's order."""
+    """{section: {name: (status, releases, assignable or None)}}, in the page's order."""
     sections: dict = {}
     current = None
     for line in DOC.read_text().splitlines():
@@ -37,27 +42,91 @@ def parse_doc() -> dict:
             continue
         row = ROW.match(line)
         if row and current is not None:
-            name, status, _ = row.groups()
+            name, cells = row.group(1), [c.strip() for c in row.group(2).split(" | ")]
             assert name not in current, f"{name} is listed twice"
-            current[name] = status
+            assert len(cells) in (3, 4), f"{name}: a row has 4 or 5 columns"
+            current[name] = (cells[0], cells[1], cells[2] if len(cells) == 4 else None)
     return sections
 
 
 SECTIONS = parse_doc()
-ROWS = [(section, name, status) for section, names in SECTIONS.items()
-        for name, status in names.items()]
+ROWS = [(section, name, row[0]) for section, names in SECTIONS.items()
+        for name, row in names.items()]
+ASSIGNABLE = [(section, name) for section, names in SECTIONS.items()
+              for name, row in names.items() if row[2] == "yes"]
+DETERMINED_DATA = json.loads(DATA.read_text())
+CHECKOUT = os.environ.get("DETERMINED_CHECKOUT") or (
+    "/work/scratch/determined" if Path("/work/scratch/determined/.git").exists() else None)
+
+
+@functools.lru_cache(maxsize=1)
+def script():
+    """scripts/determined_api_names.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("determined_api_names", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_page_covers_every_module_and_class_the_issue_names():
     assert set(SECTIONS) == {
-        "determined", "determined.errors", "determined.keras", "determined.keras.callbacks",
+        "determined", "determined.errors", "determined.core", "determined.experimental",
+        "determined.keras", "determined.keras.callbacks",
         "determined.keras.TFKerasTrial", "determined.keras.TFKerasTrialContext",
-        "context.env", "determined.keras.TFKerasExperimentalContext", "context.distributed"}
-    assert {status for _, _, status in ROWS} <= STATUSES
+        "context.env", "determined.keras.TFKerasExperimentalContext", "context.distributed",
+        "determined.ClusterInfo", "determined.TrialInfo"}
+    assert {status for _, _, status in ROWS} <= STATUSES, "a name is left unclassified"
     # The names users' folders failed on.
-    assert SECTIONS["determined.keras"]["InputData"] == "supported"
-    assert SECTIONS["context.env"]["hparams"] == "supported"
-    assert SECTIONS["determined.keras.TFKerasTrialContext"]["from_config"] == "supported"
+    assert SECTIONS["determined.keras"]["InputData"][0] == "supported"
+    assert SECTIONS["determined.keras"]["_ArrayLikeAdapter"][0] == "supported"
+    assert SECTIONS["determined"]["LOG_FORMAT"][0] == "supported"
+    assert SECTIONS["context.env"]["hparams"][0] == "supported"
+    assert SECTIONS["context.env"]["container_gpus"][2] == "yes"
+    assert SECTIONS["determined.keras.TFKerasTrialContext"]["from_config"][0] == "supported"
+
+
+@pytest.mark.parametrize("section", sorted(set(DETERMINED_DATA["modules"])
+                                           | set(DETERMINED_DATA["members"])))
+def test_the_page_lists_every_name_determined_exported(section):
+    """Every name of the data file is on the page with its releases (and, for an object,
+    whether Determined let code assign it); names it lacks say why they are there."""
+    assignable_mark = script().assignable_mark
+    doc = SECTIONS[section]
+    if section in DETERMINED_DATA["modules"]:
+        data = {n: {"releases": r} for n, r in DETERMINED_DATA["modules"][section].items()}
+    else:
+        data = DETERMINED_DATA["members"][section]
+    assert sorted(set(data) - set(doc)) == [], f"{section}: names missing from the page"
+    for name, (_, releases, assignable) in doc.items():
+        if name not in data:
+            assert releases in NOT_EXPORTED, f"{section}.{name}: releases {releases}"
+            continue
+        assert releases == data[name]["releases"], f"{section}.{name}: releases"
+        if "assignable" in data[name]:
+            assert assignable == assignable_mark(data[name]), f"{section}.{name}: assignable"
+
+
+@pytest.mark.skipif(CHECKOUT is None, reason="no Determined checkout: set DETERMINED_CHECKOUT "
+                    "to a clone of determined-ai/determined with its tags")
+def test_the_data_file_is_what_determineds_releases_export(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), str(CHECKOUT), "--out",
+                             str(tmp_path / "names.json")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "names.json").read_text()) == DETERMINED_DATA
+
+
+def test_the_script_fills_the_page_and_flags_new_names():
+    fill_doc = script().fill_doc
+    assert fill_doc(DOC.read_text(), DETERMINED_DATA) == DOC.read_text()
+    data = json.loads(json.dumps(DETERMINED_DATA))
+    data["modules"]["determined.keras"]["new_name"] = "0.39.0"
+    data["members"]["context.env"]["new_field"] = {"releases": "0.39.0", "assignable": "0.39.0",
+                                                   "kinds": "attribute"}
+    filled = fill_doc(DOC.read_text(), data)
+    assert "| `new_name` | unclassified | 0.39.0 | to decide |" in filled
+    assert "| `new_field` | unclassified | 0.39.0 | yes | to decide |" in filled
 
 
 def test_import_determined_loads_no_tensorflow_and_refuses_nothing():
@@ -205,12 +274,46 @@ def one_sentence(message: str) -> None:
     assert "localdet" in message, message
 
 
+# Names Determined had that localdet's modules owned by other work still lack (missing:
+# every check of the name fails; assign: only assigning it does). Strict: a gap closed
+# makes its test pass and fail here, so the entry is removed with the fix.
+_INFO = "harness/determined/_info.py"
+_CORE = "harness/determined/core"
+KNOWN_GAPS = {
+    ("missing", "context.distributed", "tempdir"): f"{_CORE}/_distributed.py lacks it",
+    ("missing", "determined.ClusterInfo", "container_id"): f"{_INFO} lacks it",
+    ("assign", "determined.TrialInfo", "_trial_run_id"): f"{_INFO}: a read-only property",
+    ("assign", "determined.ClusterInfo", "master_url"): f"{_INFO}: a read-only property",
+    ("assign", "determined.ClusterInfo", "session_token"): f"{_INFO}: a read-only property",
+    ("assign", "determined.TrialInfo", "_config"): f"{_INFO}: a read-only property",
+    ("assign", "determined.TrialInfo", "_steps_completed"): f"{_INFO}: a read-only property",
+    ("assign", "determined.TrialInfo", "_debug"): f"{_INFO}: a read-only property",
+    **{("missing", "determined.core", name): f"{_CORE}/__init__.py lacks it" for name in (
+        "_MetricsContext", "_DummyMetricsContext", "_Heartbeat", "_ManagedTrialHeartbeat",
+        "_UnmanagedTrialHeartbeat", "_LogShipper", "_ManagedTrialLogShipper",
+        "_UnmanagedTrialLogShipper", "_PreemptionWatcher", "_get_storage_manager",
+        "_install_stacktrace_on_sigusr1", "_run_on_rank_0_and_broadcast", "_run_prepare")},
+}
+
+
+def cases(pairs, kind="missing"):
+    """(section, name) pairs as test parameters, the known gaps marked."""
+    out = []
+    for section, name in pairs:
+        gap = KNOWN_GAPS.get((kind, section, name))
+        marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
+        out.append(pytest.param(section, name, marks=marks, id=f"{section}-{name}"))
+    return out
+
+
 def owner(section: str, w):
     objects = {"determined.keras.TFKerasTrial": lambda: w.trial,
                "determined.keras.TFKerasTrialContext": lambda: w.ctx,
                "context.env": lambda: w.ctx.env,
                "determined.keras.TFKerasExperimentalContext": lambda: w.ctx.experimental,
-               "context.distributed": lambda: w.ctx.distributed}
+               "context.distributed": lambda: w.ctx.distributed,
+               "determined.ClusterInfo": lambda: w.cluster_info,
+               "determined.TrialInfo": lambda: w.cluster_info.trial}
     if section in objects:
         return objects[section]()
     import importlib
@@ -218,14 +321,31 @@ def owner(section: str, w):
     return importlib.import_module(section)
 
 
-@pytest.mark.parametrize("section,name", [(s, n) for s, n, st in ROWS if st != "refused"])
+def fresh_owner(section: str, w):
+    """An object of the section's kind that a test may change."""
+    import copy
+
+    ctx = keras.TFKerasTrialContext.from_config(CONFIG)
+    objects = {"determined.keras.TFKerasTrial": lambda: TinyTrial(ctx),
+               "determined.keras.TFKerasTrialContext": lambda: ctx,
+               "context.env": lambda: ctx.env,
+               "determined.keras.TFKerasExperimentalContext": lambda: ctx.experimental,
+               "context.distributed": lambda: ctx.distributed,
+               "determined.ClusterInfo": lambda: copy.copy(w.cluster_info),
+               "determined.TrialInfo": lambda: copy.copy(w.cluster_info.trial)}
+    return objects[section]()
+
+
+@pytest.mark.parametrize("section,name", cases((s, n) for s, n, st in ROWS
+                                                if st != "refused"))
 def test_every_supported_or_accepted_name_exists(world, section, name):
     getattr(owner(section, world), name)
 
 
-@pytest.mark.parametrize("section,name", [(s, n) for s, n, st in ROWS if st == "refused"])
+@pytest.mark.parametrize("section,name", cases((s, n) for s, n, st in ROWS if st == "refused"
+                                                and s != "determined.experimental"))
 def test_every_refused_name_raises_one_sentence_at_use(world, section, name):
-    from determined._refused import NotServedImportError
+    from determined._refused import REFUSED, NotServedImportError
 
     target = owner(section, world)
     assert name in dir(target) or section == "determined", f"{name} does not exist"
@@ -233,9 +353,31 @@ def test_every_refused_name_raises_one_sentence_at_use(world, section, name):
         value = getattr(target, name)
         value()  # a refused class refuses to be made
     one_sentence(str(raised.value))
-    if section == "determined":
-        with pytest.raises((det.errors.NotServedError, NotServedImportError)):
-            exec(f"import determined.{name}" if name.islower() else f"det.{name}()")
+    if section == "determined" and name in REFUSED:  # a subpackage refuses its import too
+        with pytest.raises(NotServedImportError):
+            exec(f"import determined.{name}")
+
+
+def test_determined_experimental_refuses_every_name_at_import():
+    from determined._refused import NotServedImportError
+
+    names = SECTIONS["determined.experimental"]
+    assert {status for status, _, _ in names.values()} == {"refused"}
+    for name in names:
+        with pytest.raises(NotServedImportError) as raised:
+            exec(f"from determined.experimental import {name}")
+        one_sentence(str(raised.value))
+
+
+@pytest.mark.parametrize("section,name", cases(ASSIGNABLE, "assign"))
+def test_what_determined_let_code_assign_can_be_assigned(world, section, name):
+    """`self.context.env.container_gpus = []` (a trial of Determined 0.17.7 does it), and any
+    attribute Determined held as a plain one: the value read back is the one assigned, a
+    refused attribute's included."""
+    target = fresh_owner(section, world)
+    value = object()
+    setattr(target, name, value)
+    assert getattr(target, name) is value
 
 
 # -- supported names: what each does ------------------------------------------------------
@@ -244,6 +386,12 @@ def _det(w):
 
     return {
         "__version__": lambda: det.__version__.startswith("0.38"),
+        "LOG_FORMAT": lambda: det.LOG_FORMAT
+        == "%(levelname)s: [%(process)s] %(name)s: %(message)s",
+        "_core": lambda: det._core is det.core,
+        "DistributedContext": lambda: det.DistributedContext is det.core.DistributedContext,
+        "_catch_sys_exit": _sys_exit_is_caught,
+        "_local_execution_manager": lambda: _runs_in_folder(w.tmp),
         "core": lambda: det.core.DistributedContext is type(w.ctx.distributed),
         "keras": lambda: det.keras is keras,
         "errors": lambda: issubclass(errors.NotServedError, NotImplementedError),
@@ -285,6 +433,22 @@ def _det(w):
         "Log": lambda: det.Log(-3, -1, 10)["base"] == 10
         and 1e-3 <= w.ctx.get_hparam("lr") <= 1e-1,
     }
+
+
+def _sys_exit_is_caught() -> bool:
+    with pytest.raises(det.errors.InvalidExperimentException, match="sys.exit"):
+        with det._catch_sys_exit():
+            raise SystemExit(3)
+    return True
+
+
+def _runs_in_folder(tmp: Path) -> bool:
+    before, first, inside = os.getcwd(), sys.path[0], []
+    with pytest.raises(det.errors.InvalidExperimentException):
+        with det._local_execution_manager(tmp):
+            inside.append(Path.cwd() == tmp.resolve() and sys.path[0] == "")
+            sys.exit(1)
+    return inside == [True] and os.getcwd() == before and sys.path[0] == first
 
 
 def _import_two_model_defs(tmp: Path) -> bool:
@@ -341,8 +505,23 @@ def _keras(w):
         "callbacks": lambda: keras.callbacks.Callback.__module__.startswith(
             "determined.keras.callbacks"),
         "load_model_from_checkpoint_path": lambda: _loads_the_trained_model(w),
-        "TensorBoard": lambda: keras.TensorBoard is keras.callbacks.TensorBoard,
+        "TensorBoard": lambda: issubclass(keras.TensorBoard, tf.keras.callbacks.TensorBoard)
+        and "core_context" in inspect.signature(keras.TensorBoard).parameters,
+        "DeterminedCallback": lambda: issubclass(keras.DeterminedCallback,
+                                                 tf.keras.callbacks.Callback)
+        and list(inspect.signature(keras.DeterminedCallback).parameters)[:3]
+        == ["core_context", "checkpoint", "continue_id"],
         "TFKerasTensorBoard": lambda: keras.TFKerasTensorBoard is keras.callbacks.TensorBoard,
+        "get_rng_state": _rng_round_trip,
+        "set_rng_state": _rng_round_trip,
+        "_ArrayLikeAdapter": _array_like_adapter,
+        "_adapt_data_from_data_loader": _adapt_data_from_data_loader,
+        "_adapt_data_from_fit_args": _adapt_data_from_fit_args,
+        "_Sampler": _sampler_order,
+        "_Enqueuer": lambda: _enqueuer_reads(workers=0) and _enqueuer_reads(workers=2),
+        "_build_enqueuer": lambda: _enqueuer_reads(workers=2),
+        "_check_if_aggregation_frequency_will_work": lambda:
+        keras._check_if_aggregation_frequency_will_work(w.model, 2, use_horovod=True) is None,
         "init": lambda: isinstance(keras.init(hparams={"global_batch_size": 8}, record=False),
                                    keras.KerasContext),
         "KerasContext": lambda: keras.init(hparams={"n": 1}, record=False)
@@ -350,6 +529,101 @@ def _keras(w):
         "TrainingContext": lambda: isinstance(keras.init(hparams={}, record=False).training,
                                               keras.TrainingContext),
     }
+
+
+def _rng_round_trip() -> bool:
+    import pickle
+    import random
+
+    def draw():
+        return (np.random.rand(), random.random(),
+                tf.random.get_global_generator().normal([3]).numpy().tolist())
+
+    state = pickle.loads(pickle.dumps(keras.get_rng_state()))
+    first = draw()
+    keras.set_rng_state(state)
+    return draw() == first and {"np_rng_state", "random_rng_state"} <= set(state)
+
+
+def _array_like_adapter() -> bool:
+    seq = keras._ArrayLikeAdapter(np.arange(100), np.arange(100, 200), batch_size=16)
+    short = keras._ArrayLikeAdapter(np.arange(100), np.arange(100, 200), batch_size=16,
+                                    drop_leftovers=True)
+    weighted = keras._ArrayLikeAdapter({"a": np.arange(4)}, [np.arange(4), np.arange(4)],
+                                       batch_size=2, sample_weights=np.ones(4))
+    with pytest.raises(ValueError, match="batch_size 32"):
+        keras._ArrayLikeAdapter(np.arange(16), np.arange(16), batch_size=32)
+    x, y, sw = weighted[1]
+    return (isinstance(seq, tf.keras.utils.Sequence) and len(seq) == 7 and len(short) == 6
+            and np.array_equal(seq[6][0], np.arange(96, 100))
+            and np.array_equal(seq[6][1], np.arange(196, 200))
+            and np.array_equal(x["a"], [2, 3]) and len(y) == 2 and len(sw) == 2)
+
+
+def _adapt_data_from_data_loader() -> bool:
+    dataset = tf.data.Dataset.range(3)
+    adapted = keras._adapt_data_from_data_loader((np.arange(8), np.arange(8)), batch_size=4)
+    with pytest.raises(det.errors.InvalidDataTypeException):
+        keras._adapt_data_from_data_loader((None, adapted), batch_size=1)
+    return (keras._adapt_data_from_data_loader(dataset, 2) is dataset
+            and keras._adapt_data_from_data_loader(adapted, 2) is adapted and len(adapted) == 2)
+
+
+def _adapt_data_from_fit_args() -> bool:
+    adapted = keras._adapt_data_from_fit_args(x=[np.arange(100), np.arange(100, 200)],
+                                              y=np.arange(200, 300), sample_weight=None,
+                                              batch_size=16)
+    (x0, x1), y = adapted[3]
+    with pytest.raises(det.errors.InvalidDataTypeException):
+        keras._adapt_data_from_fit_args(adapted, np.arange(3), None, 1)
+    return (len(adapted) == 7 and np.array_equal(x1, np.arange(148, 164))
+            and np.array_equal(y, np.arange(248, 264)))
+
+
+def _expected_order(shuffle: bool, rank: int, size: int, skip: int, length: int = 10):
+    """Determined's order: one RandomState shuffles the indices anew every epoch; shard r
+    of n takes every n-th index of the endless stream from r, less `skip` of its own."""
+    rng, stream, indices = np.random.RandomState(777), [], list(range(length))
+    for _ in range(8):
+        if shuffle:
+            rng.shuffle(indices)
+        stream += indices
+    return stream[rank::size][skip:]
+
+
+def _sampler_order() -> bool:
+    for shuffle, rank, size, skip in [(False, 0, 1, 0), (True, 1, 3, 5), (True, 2, 3, 7)]:
+        sampler = keras._Sampler(10, rank, size, shuffle, 777, skip)
+        got = [i for _ in range(3) for i in sampler.yield_epoch()]
+        if got != _expected_order(shuffle, rank, size, skip)[:len(got)] or len(got) < 8:
+            return False
+    return True
+
+
+class _Numbers(tf.keras.utils.Sequence):
+    def __init__(self):
+        super().__init__()
+        self.epochs = 0
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return index
+
+    def on_epoch_end(self):
+        self.epochs += 1
+
+
+def _enqueuer_reads(workers: int) -> bool:
+    sequence = _Numbers()
+    sampler = keras._Sampler(10, 1, 3, True, 777, 2)
+    with keras._build_enqueuer(sequence=sequence, workers=workers, use_multiprocessing=False,
+                               max_queue_size=4, shard_rank=1, num_shards=3, repeat=False,
+                               shuffle=True, shuffle_seed=777,
+                               prior_batches_trained=2) as enqueuer:
+        same = all(list(enqueuer.data()) == list(sampler.yield_epoch()) for _ in range(3))
+    return same and isinstance(enqueuer, keras._Enqueuer) and sequence.epochs == 3
 
 
 def _sequence_adapter_trains(w, cls) -> bool:
@@ -384,7 +658,19 @@ def _callbacks(w):
         is not None,
         "ReduceLRScheduler": lambda: cb.ReduceLRScheduler is cb.ReduceLROnPlateau,
         "TensorBoard": lambda: issubclass(cb.TensorBoard, tf.keras.callbacks.TensorBoard),
+        "_DeterminedProgress": lambda: cb._DeterminedProgress is cb.DeterminedProgress,
+        "_DeterminedHistory": _history_keeps_validations,
+        "logger": lambda: cb.logger.name == "determined.keras",
     }
+
+
+def _history_keeps_validations() -> bool:
+    history = keras.callbacks._DeterminedHistory()
+    history.on_test_end({"val_loss": 0.5})
+    history.on_test_end({"val_loss": 0.25})
+    resumed = keras.callbacks._DeterminedHistory()
+    resumed.load_state(history.get_state())
+    return resumed.history == {"val_loss": [0.5, 0.25]}
 
 
 def _trial(w):
@@ -427,6 +713,8 @@ def _context(w):
         "from_config": lambda: c.get_hparams() == keras.TFKerasTrialContext.from_config(
             CONFIG).get_hparams() and c.get_hparam("global_batch_size") == 4
         and c.env.managed_training is False,
+        "__init__": lambda: isinstance(m, keras.TFKerasTrialContext),
+        "train_config": lambda: c.train_config is None,
         "env": lambda: isinstance(c.env, det.EnvContext),
         "distributed": lambda: c.distributed.size == 1,
         "experimental": lambda: isinstance(c.experimental, keras.TFKerasExperimentalContext),
@@ -489,6 +777,8 @@ def _env(w):
         "det_agent_id": lambda: e.det_agent_id == socket.gethostname(),
         "allocation_id": lambda: e.allocation_id == f"trial-{w.trial_id}",
         "det_trial_unique_port_offset": lambda: e.det_trial_unique_port_offset == 0,
+        "__init__": lambda: isinstance(e, det.EnvContext),
+        "container_id": lambda: e.container_id == f"trial-{w.trial_id}",
     }
 
 
@@ -514,8 +804,13 @@ def _experimental(w):
         return (len(made) == 1 and sorted(first) == sorted(second) == list(range(6))
                 and (first == list(range(6))) != shuffle)
 
+    x = w.ctx.experimental
     return {"cache_train_dataset": lambda: cached("cache_train_dataset", True),
-            "cache_validation_dataset": lambda: cached("cache_validation_dataset", False)}
+            "cache_validation_dataset": lambda: cached("cache_validation_dataset", False),
+            "__init__": lambda: isinstance(x, keras.TFKerasExperimentalContext),
+            "get_train_cacheable": lambda: x.get_train_cacheable() == x.cache_train_dataset,
+            "get_validation_cacheable": lambda: x.get_validation_cacheable()
+            == x.cache_validation_dataset}
 
 
 def _distributed(w):
@@ -538,6 +833,133 @@ def _distributed(w):
         "broadcast": lambda: d.broadcast({"k": 1}) == {"k": 1},
         "broadcast_local": lambda: d.broadcast_local(5) == 5,
         "from_horovod": lambda: type(d).from_horovod(Horovod).size == 1,
+        "__init__": lambda: type(d)(rank=0, size=1).size == 1,
+        "close": lambda: type(d)().close() is None,
+        "tempdir": lambda: d.tempdir is None,
+        "from_tf_config": _from_tf_config,
+    }
+
+
+def _from_tf_config() -> bool:
+    config = '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}'
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TF_CONFIG", config)
+        made, strategy = det.core.DistributedContext.from_tf_config()
+    return made.rank == 0 and made.size == 1 and strategy.num_replicas_in_sync == 1
+
+
+def _cluster_info(w):
+    i = w.cluster_info
+    return {
+        "__init__": lambda: isinstance(i, det.ClusterInfo),
+        "cluster_id": lambda: i.cluster_id == "localdet",
+        "agent_id": lambda: i.agent_id == socket.gethostname(),
+        "slot_ids": lambda: isinstance(i.slot_ids, list),
+        "task_id": lambda: i.task_id == f"trial-{w.trial_id}",
+        "allocation_id": lambda: i.allocation_id == f"trial-{w.trial_id}",
+        "task_type": lambda: i.task_type == "TRIAL",
+        "latest_checkpoint": lambda: i.latest_checkpoint == w.checkpoint,
+        "trial": lambda: isinstance(i.trial, det.TrialInfo),
+        "user_data": lambda: i.user_data == {"rows": 16},
+        "container_rank": lambda: i.container_rank == 0,
+        "container_addrs": lambda: i.container_addrs == ["127.0.0.1"],
+        "container_slot_counts": lambda: i.container_slot_counts == [len(i.slot_ids)],
+        "gpu_uuids": lambda: isinstance(i.gpu_uuids, list),
+        "container_id": lambda: i.container_id == f"trial-{w.trial_id}",
+        "master_cert_file": lambda: i.master_cert_file is None,
+        "master_cert_name": lambda: i.master_cert_name is None,
+    }
+
+
+def _trial_info(w):
+    t = w.cluster_info.trial
+    return {
+        "__init__": lambda: isinstance(t, det.TrialInfo),
+        "trial_id": lambda: t.trial_id == w.trial_id,
+        "experiment_id": lambda: t.experiment_id == w.info.experiment_id,
+        "trial_seed": lambda: t.trial_seed == 3,
+        "hparams": lambda: t.hparams == w.info.hparams,
+        "_config": lambda: t._config == w.info.config,
+        "config": lambda: t.config == w.info.config,
+        "_steps_completed": lambda: t._steps_completed == 4,
+        "steps_completed": lambda: t.steps_completed == 4,
+        "_debug": lambda: t._debug is False,
+        "debug": lambda: t.debug is False,
+    }
+
+
+def _core(w):
+    core = det.core
+
+    def context():  # one off-localdet Core API context, its checkpoints in the test's folder
+        if not hasattr(w, "core_context"):
+            assert not os.environ.get("LOCALDET_TRIAL_ID")
+            w.core_context = core.init(checkpoint_storage=str(w.tmp / "core-checkpoints"))
+            w.core_context.__enter__()  # as `with det.core.init() as core_context:` does
+        return w.core_context
+
+    def checkpoint_round_trip() -> bool:
+        c = context()
+        with c.checkpoint.store_path({"steps_completed": 5}) as (path, storage_id):
+            (Path(path) / "weights.txt").write_text("w")
+        with c.checkpoint.restore_path(storage_id) as path:
+            restored = (Path(path) / "weights.txt").read_text()
+        return (restored == "w" and c.checkpoint.get_metadata(storage_id)["steps_completed"]
+                == 5 and isinstance(c.checkpoint, core.DummyCheckpointContext))
+
+    def searcher() -> bool:
+        ops = []
+        for op in context().searcher.operations():
+            op.report_progress(1)
+            op.report_completed(0.5)
+            ops.append(op)
+        with pytest.raises(ValueError, match="searcher"):
+            list(core.SearcherContextMissing().operations())
+        return (len(ops) == 1 and ops[0].length == 1
+                and isinstance(ops[0], core.SearcherOperation)
+                and isinstance(context().searcher, core.DummySearcherContext))
+
+    config = {"searcher": {"name": "single", "max_length": {"batches": 4}}}
+    return {
+        "init": lambda: isinstance(context(), core.Context),
+        "Context": lambda: all(hasattr(context(), part) for part in (
+            "distributed", "train", "checkpoint", "preempt", "searcher", "info")),
+        "DistributedContext": lambda: core.DistributedContext is type(w.ctx.distributed),
+        "DummyDistributedContext": lambda: core.DummyDistributedContext().size == 1,
+        "TrainContext": lambda: isinstance(context().train, core.TrainContext)
+        and context().train.report_training_metrics(1, {"loss": 0.5}) is None,
+        "DummyTrainContext": lambda: isinstance(context().train, core.DummyTrainContext)
+        and context().train.report_validation_metrics(1, {"loss": 0.5}) is None,
+        "EarlyExitReason": lambda: core.EarlyExitReason.INVALID_HP.name == "INVALID_HP",
+        "TensorboardMode": lambda: {"AUTO", "MANUAL"} <= {m.name for m in core.TensorboardMode},
+        "CheckpointContext": checkpoint_round_trip,
+        "DummyCheckpointContext": checkpoint_round_trip,
+        "DownloadMode": lambda: {"LocalWorkersShareDownload", "NoSharedDownload"}
+        <= {m.name for m in core.DownloadMode},
+        "PreemptContext": lambda: isinstance(context().preempt, core.PreemptContext)
+        and context().preempt.should_preempt() is False,
+        "DummyPreemptContext": lambda: isinstance(context().preempt, core.DummyPreemptContext),
+        "PreemptMode": lambda: core.PreemptMode.WorkersAskChief in core.PreemptMode,
+        "SearcherContext": searcher,
+        "DummySearcherContext": searcher,
+        "SearcherContextMissing": searcher,
+        "SearcherOperation": searcher,
+        "DummySearcherOperation": lambda: issubclass(core.DummySearcherOperation,
+                                                     core.SearcherOperation),
+        "SearcherMode": lambda: core.SearcherMode.WorkersAskChief in core.SearcherMode,
+        "Unit": lambda: {"RECORDS", "BATCHES", "EPOCHS"} == {u.name for u in core.Unit},
+        "ProfilerContext": lambda: context().profiler.on() is None
+        and context().profiler.off() is None,
+        "DummyProfilerContext": lambda: issubclass(core.DummyProfilerContext,
+                                                   core.ProfilerContext),
+        "ExperimentalCoreContext": lambda: context().experimental
+        .report_task_using_checkpoint(None) is None,
+        "DummyExperimentalCoreContext": lambda: issubclass(core.DummyExperimentalCoreContext,
+                                                           core.ExperimentalCoreContext),
+        "_dummy_init": lambda: isinstance(core._dummy_init(checkpoint_storage=str(
+            w.tmp / "core-dummy")).checkpoint, core.DummyCheckpointContext),
+        "_parse_searcher_max_length": lambda: core._parse_searcher_max_length(config) == 4,
+        "_parse_searcher_units": lambda: core._parse_searcher_units(config) is core.Unit.BATCHES,
     }
 
 
@@ -547,10 +969,13 @@ CHECKS = {
     "determined.keras.TFKerasTrialContext": _context, "context.env": _env,
     "determined.keras.TFKerasExperimentalContext": _experimental,
     "context.distributed": _distributed,
+    "determined.ClusterInfo": _cluster_info, "determined.TrialInfo": _trial_info,
+    "determined.core": _core,
 }
 
 
-@pytest.mark.parametrize("section,name", [(s, n) for s, n, st in ROWS if st != "refused"])
+@pytest.mark.parametrize("section,name", cases((s, n) for s, n, st in ROWS
+                                                if st != "refused"))
 def test_every_supported_name_does_its_job(world, section, name):
     checks = CHECKS[section](world)
     assert name in checks, f"{section}.{name} is listed but no test exercises it"
