@@ -34,7 +34,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "determined-api-names.json"
@@ -166,7 +166,7 @@ def exported_names(source: str, package_init: bool) -> Set[str]:
 
 
 # -- members of a class ----------------------------------------------------------------------
-def _decorators(node: ast.FunctionDef) -> Set[str]:
+def _decorators(node: Union[ast.FunctionDef, ast.AsyncFunctionDef]) -> Set[str]:
     names = set()
     for d in node.decorator_list:
         if isinstance(d, ast.Name):
@@ -359,7 +359,8 @@ def main() -> int:
                         help="also fill the releases column of docs/determined-api.md")
     parser.add_argument("--out", type=Path, default=DATA, help="the data file")
     args = parser.parse_args()
-    data = {"modules": collect(args.checkout), "members": collect_members(args.checkout)}
+    data: Dict[str, Dict[str, Any]] = {"modules": collect(args.checkout),
+                                       "members": collect_members(args.checkout)}
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     if args.check:
         if not args.out.exists() or args.out.read_text() != text:
