@@ -95,8 +95,9 @@ def test_a_script_process_starts_in_the_model_folder_and_logs(layout):
     launcher.wait_for_log(process, layout.trial_log(experiment.id, trial.id))
     header, log = launcher.log_tail(layout.trial_log(experiment.id, trial.id)).splitlines()
     assert log == f"{layout.model_dir(experiment.id)} {sys.executable} {trial.id}"
-    assert header == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras3 (the default); "
-                      "engine single")
+    assert header == (f"[localdet] trial {trial.id} launch 1 on slots [0]: keras3 (rule default: "
+                      "nothing the entrypoint reaches uses Determined's APIs or what only one "
+                      "Keras line has); engine single")
 
 
 def test_a_missing_program_is_one_sentence_in_the_log_not_a_crash(layout):
@@ -169,7 +170,8 @@ def test_each_launch_begins_its_log_with_the_keras_line_and_why(layout):
                                     "opt = tf.keras.optimizers.legacy.SGD()\n")
     spec = launcher.launch_spec(layout, experiment, trial, [0])
     assert (spec.keras_line, spec.keras_line_reason) == (
-        "keras2", "train.py:2 uses tf.keras.optimizers.legacy.SGD, which only Keras 2 has")
+        "keras2", "rule keras2_api, decided by train.py:2: it uses "
+                  "tf.keras.optimizers.legacy.SGD, which only Keras 2 has")
     spec = dataclasses.replace(spec, argv=[sys.executable, "-c", "print('trained')"])
     for _ in range(2):
         process = launcher.start(spec)
