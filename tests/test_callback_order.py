@@ -96,8 +96,8 @@ def test_the_contract_holds_in_process(tmp_path, pause_at):
 def submit(home, tmp_path, name, keras2, batch_sleep=0.0):
     raw = config(name=name)
     raw["hyperparameters"]["batch_sleep"] = batch_sleep
-    if keras2:
-        raw["environment"] = {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}
+    # Each line asked for: a trial class would otherwise run under Keras 2.
+    raw["environment"] = {"environment_variables": [f"TF_USE_LEGACY_KERAS={int(keras2)}"]}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     home.cli("submit", path, MODEL)

@@ -264,7 +264,8 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
         facts = home.wait_until_ended(experiment, timeout=300)
         assert facts["state"] == "COMPLETED", facts
     keras3 = tmp_path / "keras3"
-    write_config(keras3, "keras3", resources={"slots_per_trial": 2})
+    write_config(keras3, "keras3", resources={"slots_per_trial": 2},
+                 environment={"environment_variables": ["TF_USE_LEGACY_KERAS=0"]})
     (keras3 / "model_def.py").write_text((EXAMPLE / "model_def.py").read_text())
     keras3.rename(home.path / "queue" / "keras3")  # whole, at once
     error = home.path / "queue" / "rejected" / "keras3" / "error.txt"
