@@ -21,9 +21,13 @@ REFUSED = {
     "horovod": ("Determined's Horovod wrapper",
                 "set resources.engine: horovod in the experiment config and call "
                 "context.wrap_optimizer"),
-    "launch": ("Determined's launchers, as modules to import",
-               "an entrypoint `python3 -m determined.launch.horovod --trial ...` is read by "
-               "localdet itself, which starts one process per slot"),
+    "launch.torch_distributed": ("Determined's torch.distributed launcher",
+                                 "a Keras trial's slots are given by "
+                                 "resources.slots_per_trial; use determined.launch.tensorflow "
+                                 "or determined.launch.horovod"),
+    "launch.deepspeed": ("Determined's DeepSpeed launcher",
+                         "a Keras trial's slots are given by resources.slots_per_trial; use "
+                         "determined.launch.tensorflow or determined.launch.horovod"),
     "profiler": ("the cluster profiler", "use TensorBoard (localdet tensorboard) for profiles"),
     "tensorboard": ("the master's TensorBoard upload",
                     "use determined.keras.callbacks.TensorBoard and `localdet tensorboard`"),
@@ -54,8 +58,11 @@ def refusal(name: str) -> NotServedImportError:
 class _RefusingFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Optional[Any]:
         head, _, rest = fullname.partition(".")
-        if head == "determined" and rest.split(".")[0] in REFUSED:
-            raise refusal(rest.split(".")[0])
+        if head != "determined":
+            return None
+        for name in (".".join(rest.split(".")[:2]), rest.split(".")[0]):
+            if name in REFUSED:  # a refused module, or one refused within a served package
+                raise refusal(name)
         return None
 
 

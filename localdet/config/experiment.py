@@ -196,6 +196,7 @@ def _entrypoint(config: dict[str, Any]) -> None:
     config.setdefault("entrypoint_script", None)
     trial_class: str | None = None
     script: str | None = None
+    launcher: str | None = None
     if config["entrypoint_script"] is not None:
         script = config["entrypoint_script"].strip()
         if script.endswith(".py") and not any(c.isspace() for c in script):
@@ -220,7 +221,10 @@ def _entrypoint(config: dict[str, Any]) -> None:
             is_launcher = len(tokens) >= 3 and tokens[1] == "-m" \
                 and tokens[2].startswith("determined.launch.")
             trial_class, script = _launcher(tokens) if is_launcher else (None, text)
+            # Which of Determined's launchers: "tensorflow" gives each rank a TF_CONFIG.
+            launcher = tokens[2].removeprefix("determined.launch.") if is_launcher else None
     config["entrypoint_kind"] = "trial_class" if trial_class else "script"
+    config["launcher"] = launcher
     config["trial_class"] = trial_class
     config["script_command"] = script
 

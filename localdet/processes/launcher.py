@@ -92,7 +92,8 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     engine = _engine(experiment)
     env[ENGINE_VAR] = engine
     return LaunchSpec(
-        argv=supervised_argv(argv_for(experiment.config), engine, len(slots)),
+        argv=supervised_argv(argv_for(experiment.config), engine, len(slots),
+                             experiment.config.get("launcher")),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),
@@ -126,12 +127,16 @@ def experiment_environment(layout: Layout, user_env: dict[str, str], line: str,
     return env
 
 
-def supervised_argv(argv: list[str], engine: str, slots: int) -> list[str]:
+def supervised_argv(argv: list[str], engine: str, slots: int,
+                    launcher: str | None = None) -> list[str]:
     """A multi-process engine's trial is the rank supervisor, which runs one rank per slot
-    and stands for them all (one pid, one process group, one log)."""
+    and stands for them all (one pid, one process group, one log). A script started by
+    `determined.launch.tensorflow` gets a TF_CONFIG on each rank whatever the engine, as
+    that launcher gave each of Determined's containers one."""
     if engines.processes(engine, slots) == 1:
         return argv
-    flag = "--horovod" if engine == engines.HOROVOD else "--tf-config"
+    flag = "--horovod" if engine == engines.HOROVOD and launcher != "tensorflow" \
+        else "--tf-config"
     # -P: the trial's folder is the working directory; its modules must not shadow ours.
     return [sys.executable, "-P", "-m", "localdet.processes.ranks", "--size", str(slots), flag,
             "--", *argv]

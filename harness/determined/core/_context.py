@@ -208,6 +208,8 @@ def init(*, distributed: Optional[DistributedContext] = None,
     trial.trial_dir.mkdir(parents=True, exist_ok=True)
     _seed(trial.seed)
     length = TrialLength(reporter if chief else None, trial.target_batches)
+    if info is not None and info.trial is not None:  # a resumed trial starts where it was
+        length.last_steps = info.trial.steps_completed
     train = TrainContext(reporter if chief else None, distributed, length,
                          tensorboard_path=trial.trial_dir / "tensorboard",
                          tensorboard_mode=tensorboard_mode)
