@@ -379,3 +379,39 @@ def test_a_reason_recorded_before_rules_were_named_has_no_rule():
     assert keras_choice.rule_of("model_def.py:3 uses tf_keras, which only Keras 2 has") == (
         None, None)
     assert keras_choice.rule_of(keras_choice.default()[1]) == ("determined_api", None)
+
+
+@pytest.mark.slow
+def test_a_folder_needing_keras2_through_a_package_trains_and_says_which_rule(home, tmp_path,
+                                                                             daemons):
+    """The package folder trains and checkpoints under Keras 2 (under Keras 3 it trains,
+    then fails at its checkpoint); status and the log say which rule chose the line."""
+    daemon = daemons(home, "--slots", "1", "--warm", "0")
+    raw = yaml.safe_load((KERAS_LINE / "dense_heads_trial" / "const.yaml").read_text())
+    raw["environment"] = {"environment_variables": [f"PYTHONPATH={SITE}"]}
+    config = tmp_path / "dense_heads.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    home.cli("submit", config, KERAS_LINE / "dense_heads_trial")
+    experiment_id = home.experiment_named(raw["name"])["id"]
+    ended = home.wait_until_ended(experiment_id, timeout=300)
+    shown = " ".join(home.cli("status", experiment_id).stdout.split())
+    daemon.stop()
+    (trial,) = ended["trials"]
+    assert ended["state"] == "COMPLETED" and trial["latest_checkpoint"], trial
+    assert (trial["keras_line"], trial["keras_line_rule"], trial["keras_line_source"]) == (
+        "keras2", "package", "dense_heads"), trial
+    first_line = home.cli("logs", trial["id"]).stdout.splitlines()[0]
+    assert f"keras2 ({trial['keras_line_reason']})" in first_line, first_line
+    assert (f"Keras 2 (trial {trial['id']}): rule package, decided by dense_heads: "
+            "model_def.py imports dense_heads") in shown, shown
+
+
+def test_status_names_each_distinct_choice_once():
+    from localdet.ui import views
+
+    trials = [{"id": 1, "keras_line": "keras2", "keras_line_reason": "rule a"},
+              {"id": 2, "keras_line": "keras3", "keras_line_reason": "rule b"},
+              {"id": 3, "keras_line": "keras2", "keras_line_reason": "rule a"},
+              {"id": 4, "keras_line": None, "keras_line_reason": None}]  # never launched
+    assert views.keras_lines(trials) == ["Keras 2 (trials 1, 3): rule a",
+                                         "Keras 3 (trial 2): rule b"]
