@@ -60,7 +60,21 @@ def export_latest(reporter, trial_id: int, folder: Path) -> Path:
     return reader.materialize(reader.resolve(trial_id=trial_id), folder)
 
 
-def train(folder: Path, pause_at=(), fit=False) -> dict:
+class LegacyOptimizersGanTrial(gan.GanTrial):
+    """The GAN with Keras 2's legacy optimizers, as Determined's GAN example built it."""
+
+    def build_model(self):
+        model = self.context.wrap_model(gan.TinyGan(noise_dim=HPARAMS["noise_dim"],
+                                                    hidden=HPARAMS["hidden"]))
+        legacy = tf.keras.optimizers.legacy
+        model.compile(
+            generator_optimizer=self.context.wrap_optimizer(legacy.Adam(0.01)),
+            discriminator_optimizer=self.context.wrap_optimizer(legacy.Adam(0.005)),
+            loss_fn=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+        return model
+
+
+def train(folder: Path, pause_at=(), fit=False, trial_class=gan.GanTrial) -> dict:
     """The GAN trained to TARGET batches, paused (and resumed in a fresh runner) as asked;
     through its TFKerasTrial or through `context.fit` in a script."""
     entrypoint = "python3 train.py" if fit else "model_def:GanTrial"
@@ -71,7 +85,7 @@ def train(folder: Path, pause_at=(), fit=False) -> dict:
     launches = 0
     while db.trial(trial_id).batches_trained < TARGET:
         launches += 1
-        model, optimizers = (fit_script if fit else run_trial)(pausing)
+        model, optimizers = fit_script(pausing) if fit else run_trial(pausing, trial_class)
     assert launches == len(pause_at) + 1, "every requested pause happened"
     return {"weights": [np.asarray(w) for w in model.weights],
             "layer_weights": [np.asarray(w) for w in ordered_weights(model)[0]],
@@ -80,8 +94,8 @@ def train(folder: Path, pause_at=(), fit=False) -> dict:
             "export": export_latest(reporter, trial_id, folder / "export")}
 
 
-def run_trial(reporter):
-    controller = TrialController.for_trial_class(gan.GanTrial, reporter.trial_info(), reporter)
+def run_trial(reporter, trial_class):
+    controller = TrialController.for_trial_class(trial_class, reporter.trial_info(), reporter)
     controller.run()
     return controller.model, controller._optimizers()
 
@@ -151,6 +165,15 @@ def test_context_fit_of_a_subclassed_model_pauses_and_resumes_like_the_trial(str
         load_model_from_checkpoint_path(str(fitted["export"]))
 
 
+@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") != "1",
+                    reason="Keras 2's legacy optimizers (test_under_keras_2 runs it)")
+def test_legacy_optimizers_resume_built_on_their_own_sub_models(tmp_path):
+    straight = train(tmp_path / "straight", trial_class=LegacyOptimizersGanTrial)
+    paused = train(tmp_path / "paused", pause_at=(5,), trial_class=LegacyOptimizersGanTrial)
+    assert_same_run(straight, paused)
+    assert all(len(o) > 4 for o in paused["optimizers"][1:]), "slots were saved and compared"
+
+
 def test_which_models_are_saved_whole():
     inputs = tf.keras.Input(shape=(3,))
     functional = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
@@ -186,3 +209,53 @@ def test_under_keras_2(tmp_path):
         env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
         timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# -- end to end: the compat folder under a daemon, paused and resumed through the CLI --------
+E2E_LENGTH = 3000  # long enough that a pause asked after 40 batches lands well before the end
+
+
+@pytest.mark.slow
+def test_the_compat_gan_pauses_resumes_and_loads_under_a_daemon(home, tmp_path, daemons):
+    import yaml
+    from conftest import wait_for
+
+    raw = yaml.safe_load((GAN / "const.yaml").read_text())
+    raw["searcher"]["max_length"] = {"batches": E2E_LENGTH}
+    raw.update(scheduling_unit=20, min_validation_period={"batches": 1000},
+               min_checkpoint_period={"batches": 1000})
+    config = tmp_path / "gan.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    daemon = daemons(home)
+    home.cli("submit", config, GAN)
+    experiment_id = home.experiment_named(raw["name"])["id"]
+    wait_for(lambda: home.first_trial(experiment_id).get("batches_trained", 0) >= 40, 180,
+             "the trial to train a while", 0.1)
+    home.cli("pause", experiment_id)
+    wait_for(lambda: home.first_trial(experiment_id)["state"] == "PAUSED", 120, "the pause", 0.1)
+    stopped_at = home.first_trial(experiment_id)["batches_trained"]
+    assert 40 <= stopped_at < E2E_LENGTH
+    home.cli("resume", experiment_id)
+    facts = home.wait_until_ended(experiment_id, timeout=300)
+    daemon.stop()
+    trial = facts["trials"][0]
+    assert facts["state"] == "COMPLETED" and trial["batches_trained"] == E2E_LENGTH, facts
+    assert "restored checkpoint" in home.cli("logs", trial["id"]).stdout
+
+    last = home.json("checkpoints", experiment_id)[-1]
+    folder = tmp_path / "export"
+    home.cli("checkpoint", "export", last["uuid"], folder)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert metadata["weights_form"] == FORM and metadata["keras_line"] == trial["keras_line"]
+    # Loaded here (Keras 3, whichever line trained it): the layers' weights of the file.
+    model = load_model_from_checkpoint_path(str(folder))
+    with h5py.File(folder / WEIGHTS_FILENAME, "r") as h5:
+        saved = [np.asarray(h5["layers"][str(i)]) for i in range(h5["layers"].attrs["count"])]
+    for x, y in zip(saved, ordered_weights(model)[0], strict=True):
+        np.testing.assert_array_equal(x, np.asarray(y))
+    real, noise = gan.make_data(seed=1, rows=128, noise_dim=raw["hyperparameters"]["noise_dim"])
+    results = model.evaluate(tf.data.Dataset.from_tensor_slices((real, noise)).batch(32),
+                             verbose=0, return_dict=True)
+    recorded = trial["latest_validation"]
+    assert results["d_loss"] == pytest.approx(recorded["val_d_loss"], abs=1e-5)
+    assert results["g_loss"] == pytest.approx(recorded["val_g_loss"], abs=1e-5)
