@@ -74,8 +74,11 @@ def choose(model_dir: Path, environment: dict[str, str],
     model_dir = Path(model_dir)
     starts = entry_files(model_dir, config) if config is not None else None
     files = reachable(model_dir, starts) if starts else sorted(model_dir.rglob("*.py"))
-    read = [(path, keras_uses.uses(path)) for path in files]
-    read = [(path, found) for path, found in read if found is not None]
+    read: list[tuple[Path, keras_uses.FileUses]] = []
+    for path in files:
+        found_uses = keras_uses.uses(path)
+        if found_uses is not None:
+            read.append((path, found_uses))
     unparsed = [(path, found.unparsed) for path, found in read if found.unparsed is not None]
 
     def where(path: Path, use: keras_uses.Use) -> str:

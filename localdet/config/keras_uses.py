@@ -128,7 +128,7 @@ def _read(tree: ast.AST, text: str) -> FileUses:
                         for v in aliases.values())
     internals: list[Use] = []
 
-    def classify(dotted: str, node: ast.AST) -> None:
+    def classify(dotted: str, node: ast.stmt | ast.expr) -> None:
         kind = ("keras2" if keras2_only(dotted) else "keras3" if keras3_only(dotted)
                 else "new" if _named(dotted, NEW_KERAS_API)
                 else "determined" if _named(dotted, DETERMINED_API) else None)

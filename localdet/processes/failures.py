@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 from localdet.paths import Layout
 from localdet.processes import capped_log, launcher
@@ -56,7 +57,7 @@ def record(db: StateDB, layout: Layout, trial: Trial) -> launcher.Failure | None
     return failure
 
 
-def marked_point(log: os.PathLike, offset: int = 0) -> tuple[str | None, int | None]:
+def marked_point(log: Path, offset: int = 0) -> tuple[str | None, int | None]:
     """(phase, batches) where the launch's failure mark says training failed; (None, None)
     when it failed before training, or has no mark (a script)."""
     try:
