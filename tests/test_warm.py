@@ -139,3 +139,38 @@ def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(
     # records if it ended before the new daemon looked): never launched again.
     assert launches(home, experiment) == [False, True]
     assert all(t["restarts"] == 0 for t in facts["trials"])
+
+
+@pytest.mark.parametrize(("folder", "fits"), [("plain_trial", True), ("keras3_trial", False)])
+def test_the_warm_process_ready_from_the_start_is_of_the_line_trial_classes_run_under(
+        layout, folder, fits):
+    """A plain trial class (Keras 2, by Determined's rule: the line most trials now run
+    under) forks its first launch from the warm process the daemon starts with; a trial that
+    needs Keras 3 starts cold, and leaves a warm process of its own kind behind."""
+    import shutil
+
+    import yaml
+
+    from localdet.config import keras_choice
+    from localdet.config.experiment import parse_config
+    from localdet.processes import launcher
+    from localdet.processes.warm_pool import environment_kind, kind_of
+    from localdet.records.db import StateDB
+
+    source = Path(__file__).parent / "compat" / "keras_line" / folder
+    config = parse_config(yaml.safe_load((source / "const.yaml").read_text())).config
+    db = StateDB.open(layout.db)
+    experiment_id = db.create_experiment(
+        name="x", description="", config=config, original_config="", searcher="single",
+        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
+    shutil.copytree(source, layout.model_dir(experiment_id))
+    db.db["experiments"].update(experiment_id, {"model_dir": str(layout.model_dir(experiment_id))})
+    trial = db.trial(db.create_trial(experiment_id=experiment_id, request_id=1, hparams={},
+                                     seed=1, target_batches=8))
+    spec = launcher.launch_spec(layout, db.experiment(experiment_id), trial, [0],
+                                visible_devices="")
+    db.close()
+    at_start = environment_kind(launcher.experiment_environment(
+        layout, {}, keras_choice.default()[0]))
+    assert (kind_of(spec) == at_start) is fits
+    assert spec.keras_line == ("keras2" if fits else "keras3")
