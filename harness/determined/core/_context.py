@@ -120,6 +120,14 @@ class Context:
             raise SystemExit(1)
 
 
+def searcher_sets_length(config: Dict[str, Any]) -> bool:
+    """Whether the searcher says how long the trial trains (`max_length`, `max_time`, ASHA's
+    rungs); otherwise the script's own loop does."""
+    searcher = config.get("searcher") or {}
+    return searcher.get("max_length") is not None or searcher.get("max_time") is not None \
+        or searcher.get("name") == "adaptive_asha"
+
+
 def _seed(seed: int) -> None:
     """The trial's seed for the generators the script already uses, as localdet seeds every
     trial (TensorFlow only if the script imported it: a plain Python loop stays light)."""
@@ -207,13 +215,14 @@ def init(*, distributed: Optional[DistributedContext] = None,
     chief = distributed.rank == 0
     trial.trial_dir.mkdir(parents=True, exist_ok=True)
     _seed(trial.seed)
-    length = TrialLength(reporter if chief else None, trial.target_batches)
+    length = TrialLength(reporter if chief else None, trial.target_batches,
+                         searched=searcher_sets_length(trial.config))
     if info is not None and info.trial is not None:  # a resumed trial starts where it was
         length.last_steps = info.trial.steps_completed
     train = TrainContext(reporter if chief else None, distributed, length,
                          tensorboard_path=trial.trial_dir / "tensorboard",
                          tensorboard_mode=tensorboard_mode)
-    if trial.target_batches > 0:
+    if length.searched:
         searcher: SearcherContext = SearcherContext(
             distributed, length_in_units(trial.target_batches, trial.config),
             _parse_searcher_units(trial.config), train,

@@ -11,7 +11,7 @@ target is kept ahead of what it has trained (its own `report_progress` estimate,
 batch past its last report): a paused trial is then not mistaken for a finished one. When
 the script ends without being preempted, the target becomes what it trained.
 
-    length = TrialLength(reporter, info.target_batches)
+    length = TrialLength(reporter, info.target_batches, searched=True)
     length.steps(200); length.validated(200)
     length.reached()          # True once a validation at the target was reported
     length.finished()         # the script ended on its own: its length is what it trained
@@ -26,14 +26,18 @@ from determined.core._reporting import TrialReporter
 
 
 class TrialLength:
-    def __init__(self, reporter: Optional[TrialReporter], target_batches: int):
+    def __init__(self, reporter: Optional[TrialReporter], target_batches: int,
+                 searched: Optional[bool] = None):
+        """`searched`: whether the searcher sets the length (default: a target is given);
+        False where the target is only what an earlier launch of the script recorded."""
         self._reporter = reporter
-        self.target = target_batches   # 0: the script decides
-        self.searched = target_batches > 0
+        self.searched = target_batches > 0 if searched is None else searched
+        self.target = target_batches if self.searched else 0
         self.last_steps = 0            # the most batches reported so far (metrics, checkpoints)
         self.validated_steps = -1      # the most batches a validation was reported at
         self._estimate = 0             # what the script's progress says its length is
-        self._recorded = 0             # the target last written for an unsearched run
+        # The target last written for an unsearched run (an earlier launch's, at first).
+        self._recorded = 0 if self.searched else target_batches
         self._lock = threading.Lock()
 
     def steps(self, steps_completed: int) -> None:

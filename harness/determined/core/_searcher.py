@@ -114,7 +114,7 @@ class SearcherOperation:
         self._completed = True
         logger.info("op.report_completed(%r) at length %d", searcher_metric, self._length)
         if self._train is not None and self._metric is not None:
-            steps = self._train._length.last_steps or self._batches
+            steps = max(self._train._length.last_steps, self._batches)
             self._train.report_validation_metrics(steps, {self._metric: searcher_metric})
 
 

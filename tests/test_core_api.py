@@ -1,0 +1,213 @@
+"""Determined's Core API (`det.core.init()`) and its Keras callback: the contexts against a
+real state database and reporter, off localdet as Determined's off-cluster context, and, end
+to end under one daemon, our compat folders (tests/compat/core_api): an iris Keras script
+with DeterminedCallback and det.keras.TensorBoard under the tensorflow launcher, and a plain
+Python loop."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import wait_for
+from test_multi_slot_e2e import pause_soon_after
+
+import determined as det
+from determined import _info
+
+COMPAT = Path(__file__).resolve().parent / "compat" / "core_api"
+
+
+@pytest.fixture
+def trial_process(tmp_path, monkeypatch):
+    """Make this process a trial the launcher started: an experiment and a RUNNING trial
+    recorded, and the environment a launcher gives. Returns (db, make) where make(searcher)
+    records the trial and returns its id."""
+    from localdet.config.experiment import parse_config
+    from localdet.paths import Layout
+    from localdet.records.db import StateDB
+
+    layout = Layout(tmp_path / "home").ensure()
+    db = StateDB.open(layout.db)
+    monkeypatch.setenv("LOCALDET_HOME", str(layout.home))
+    monkeypatch.setattr(_info, "_cache", {})
+
+    def make(searcher: dict) -> int:
+        config = parse_config({"entrypoint": "python3 train.py", "searcher": searcher,
+                               "hyperparameters": {"lr": 0.1}}).config
+        experiment_id = db.create_experiment(
+            name="core", description="", config=config, original_config="",
+            searcher=searcher["name"], metric=searcher["metric"], smaller_is_better=True,
+            experiment_seed=1, model_dir=str(tmp_path))
+        length = (searcher.get("max_length") or {}).get("batches", 0)
+        trial_id = db.create_trial(experiment_id=experiment_id, request_id=1,
+                                   hparams={"lr": 0.1}, seed=3, target_batches=length)
+        db.update_trial(trial_id, state="RUNNING", pid=os.getpgrp())
+        monkeypatch.setenv("LOCALDET_TRIAL_ID", str(trial_id))
+        _info._cache.clear()
+        return trial_id
+
+    yield db, make
+    db.close()
+
+
+def test_a_script_without_a_length_records_metrics_and_checkpoints_and_pauses(trial_process):
+    db, make = trial_process
+    trial_id = make({"name": "single", "metric": "err"})
+    with det.core.init() as core_context:
+        info = det.get_cluster_info()
+        assert (info.task_type, info.trial.trial_id, info.trial.hparams,
+                info.latest_checkpoint) == ("TRIAL", trial_id, {"lr": 0.1}, None)
+        assert core_context.info is info and info.trial._config["searcher"]["metric"] == "err"
+        core_context.train.report_training_metrics(10, {"loss": np.float32(0.5), "name": "x"})
+        core_context.train.report_validation_metrics(20, {"err": 0.25})
+        with core_context.checkpoint.store_path({"steps_completed": 20, "note": "a"}) as (
+                path, storage_id):
+            (path / "weights.txt").write_text("w=1")
+        core_context.train.report_progress(0.5)
+        assert db.trial(trial_id).target_batches == 40  # its progress: half way at 20
+        assert not core_context.preempt.should_preempt()
+        # A script the searcher gave no length: its own loop decides, so no operations.
+        with pytest.raises(ValueError, match="no searcher.max_length"):
+            next(core_context.searcher.operations())
+    metrics = {(m.kind, m.batches_trained): m.metrics for m in db.metrics(trial_id)}
+    assert metrics == {("training", 10): {"loss": 0.5}, ("validation", 20): {"err": 0.25}}
+    checkpoint = db.checkpoint(storage_id)
+    assert (checkpoint.batches_trained, checkpoint.metadata) == (20, {"steps_completed": 20,
+                                                                      "note": "a"})
+    trial = db.trial(trial_id)
+    assert (trial.latest_checkpoint, trial.target_batches) == (storage_id, 20)  # its end
+
+    # Launched again, paused: it resumes from the checkpoint, and a pause keeps its target.
+    db.update_trial(trial_id, stop_requested="PAUSE")
+    _info._cache.clear()
+    with det.core.init() as core_context:
+        info = det.get_cluster_info()
+        assert (info.latest_checkpoint, info.trial.steps_completed) == (storage_id, 20)
+        with core_context.checkpoint.restore_path(info.latest_checkpoint) as path:
+            assert (path / "weights.txt").read_text() == "w=1"
+            assert json.loads((path / "metadata.json").read_text())["note"] == "a"
+        assert core_context.checkpoint.get_metadata(storage_id)["note"] == "a"
+        core_context.train.report_validation_metrics(30, {"err": 0.2})
+        assert core_context.preempt.should_preempt()
+        assert core_context.preempt.should_preempt()  # it stays asked
+    trial = db.trial(trial_id)
+    assert (trial.stop_requested, trial.target_batches) == ("PAUSING", 31)
+
+
+def test_a_searcher_length_reaches_the_script_and_preempts_once_validated(trial_process):
+    db, make = trial_process
+    trial_id = make({"name": "single", "metric": "err", "max_length": {"batches": 30}})
+    with det.core.init() as core_context:
+        for op in core_context.searcher.operations():
+            assert op.length == 30
+            core_context.train.report_validation_metrics(20, {"err": 0.5})
+            assert not core_context.preempt.should_preempt()
+            op.report_progress(32)
+            op.report_completed(0.4)  # recorded as a validation at the batches reached
+            assert core_context.preempt.should_preempt()
+        assert core_context.searcher.get_configured_units() == det.core.Unit.BATCHES
+    assert [(m.batches_trained, m.metrics) for m in db.metrics(trial_id)] == \
+        [(20, {"err": 0.5}), (30, {"err": 0.4})]
+    assert db.trial(trial_id).target_batches == 30  # the searcher's, never the script's
+
+
+def _completed(operations, metric):
+    for op in operations:
+        yield op
+        op.report_completed(metric)
+
+
+def test_off_localdet_it_is_determineds_off_cluster_context(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCALDET_TRIAL_ID", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert det.get_cluster_info() is None
+    with det.core.init() as core_context:
+        with core_context.checkpoint.store_path({"steps_completed": 5}) as (path, storage_id):
+            (path / "model").write_text("m")
+        core_context.train.report_validation_metrics(5, {"loss": 1.0})
+        assert not core_context.preempt.should_preempt()
+        assert core_context.train.get_tensorboard_path() is None
+        (op,) = list(_completed(core_context.searcher.operations(), 1.0))
+        assert op.length == 1
+    stored = tmp_path / "data" / "determined" / storage_id
+    assert (stored / "model").read_text() == "m"
+    assert json.loads((stored / "metadata.json").read_text()) == {"steps_completed": 5}
+    context = det.core.init(checkpoint_storage=str(tmp_path / "elsewhere"))
+    uploaded = context.checkpoint.upload(stored, {"steps_completed": 6},
+                                         selector=lambda name: name == "model")
+    assert sorted(p.name for p in (tmp_path / "elsewhere" / uploaded).iterdir()) == \
+        ["metadata.json", "model"]
+
+
+def test_the_launchers_run_a_script_by_hand(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "determined.launch.tensorflow", "--port",
+                           "1", "--", "python3", "-c", "print('ran')"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "ran\n")
+    with pytest.raises(ImportError, match="torch.distributed launcher"):
+        __import__("determined.launch.torch_distributed")
+
+
+# --- end to end, under one daemon -------------------------------------------------------------
+
+
+def _config(folder: Path, source: str, name: str, **changes) -> Path:
+    config = yaml.safe_load((COMPAT / source).read_text())
+    config.update(name=name, reproducibility={"experiment_seed": 5}, **changes)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _final_weights(home, experiment_id: int) -> np.ndarray:
+    model_dir = home.rows("SELECT model_dir FROM experiments WHERE id = ?",
+                          experiment_id)[0]["model_dir"]
+    return np.load(Path(model_dir) / "final_weights.npy")
+
+
+@pytest.mark.slow
+def test_core_api_scripts_under_the_daemon(home, tmp_path, daemons):
+    """One daemon: the iris DeterminedCallback script under a random search whose length
+    stops it (one trial), the same script with no length paused and resumed (it ends with
+    the same weights), and the plain loop."""
+    iris, plain = COMPAT / "iris_callback", COMPAT / "plain_loop"
+    entry = "python3 -m determined.launch.tensorflow -- python3 train.py --epochs {}"
+    daemons(home, "--slots", "2")
+    search = {"name": "random", "metric": "val_categorical_accuracy", "max_trials": 1,
+              "smaller_is_better": False, "max_length": {"batches": 156}}
+    home.cli("submit", _config(tmp_path, "iris_callback/const.yaml", "searched",
+                               searcher=search, entrypoint=entry.format(100)), iris)
+    home.cli("submit", _config(tmp_path, "iris_callback/const.yaml", "paused",
+                               entrypoint=entry.format(20)), iris)
+    searched, paused = (home.experiment_named(n)["id"] for n in ("searched", "paused"))
+    pause_soon_after(home, paused, 24)
+    wait_for(lambda: home.first_trial(paused)["state"] == "PAUSED", 300, "the pause", 0.1)
+    stopped = home.first_trial(paused)
+    # While the script decides its length, its target is what its progress says (160).
+    assert 24 <= stopped["batches_trained"] < 160 == stopped["target_batches"]
+    home.cli("resume", paused)
+    home.cli("submit", _config(tmp_path, "plain_loop/const.yaml", "plain"), plain)
+    # The searcher's length reaches the script: it stops at the first epoch end past it.
+    for experiment_id in (searched, paused):
+        facts = home.wait_until_ended(experiment_id)
+        assert facts["state"] == "COMPLETED", facts
+        assert facts["trials"][0]["batches_trained"] == 160
+    np.testing.assert_array_equal(_final_weights(home, searched), _final_weights(home, paused))
+    trial = home.first_trial(paused)
+    assert trial["target_batches"] == 160
+    assert home.rows("SELECT COUNT(*) AS n FROM metrics WHERE trial_id = ? AND kind = ?",
+                     trial["id"], "validation")[0]["n"] == 20
+    assert home.rows("SELECT metadata FROM checkpoints WHERE uuid = ?",
+                     trial["latest_checkpoint"])[0]["metadata"] == '{"steps_completed": 160}'
+    tensorboard = home.path / "experiments" / str(paused) / "trials" / str(trial["id"])
+    assert list((tensorboard / "tensorboard").rglob("events.out.tfevents.*"))
+    facts = home.wait_until_ended(home.experiment_named("plain")["id"])
+    assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 400
