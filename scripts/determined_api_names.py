@@ -101,10 +101,55 @@ def release_tags(checkout: Path) -> List[Tuple[Version, str]]:
     return sorted(found.items())
 
 
-def show(checkout: Path, tag: str, path: str) -> Optional[str]:
-    result = subprocess.run(["git", "-C", str(checkout), "show", f"{tag}:{path}"],
-                            capture_output=True, text=True)
-    return result.stdout if result.returncode == 0 else None
+class Reader:
+    """The files this script reads, at every release tag, read with two `git cat-file` runs
+    (one request per file and tag would wait on the scheduler for every round trip): the
+    first names the blob each tag's path holds, the second reads each distinct blob once."""
+
+    def __init__(self, checkout: Path, tags: List[str]) -> None:
+        paths = sorted({p for ps in [*MODULE_FILES.values(), *CLASS_FILES.values()]
+                        for p in ps})
+        requests = [f"{tag}:{path}" for tag in tags for path in paths]
+        names = self._git(checkout, "--batch-check", requests).decode().splitlines()
+        self.blob_of: Dict[str, str] = {}
+        for request, header in zip(requests, names, strict=True):
+            parts = header.split()
+            if len(parts) == 3 and parts[1] == "blob":  # else "<request> missing"
+                self.blob_of[request] = parts[0]
+        shas = sorted(set(self.blob_of.values()))
+        out = self._git(checkout, "--batch", shas)
+        self.texts: Dict[str, str] = {}
+        at = 0
+        for sha in shas:  # each: "<sha> blob <size>\n<content>\n"
+            end = out.index(b"\n", at)
+            size = int(out[at:end].split()[2])
+            self.texts[sha] = out[end + 1:end + 1 + size].decode()
+            at = end + 1 + size + 1
+        self.trees: Dict[str, ast.Module] = {}
+
+    @staticmethod
+    def _git(checkout: Path, mode: str, lines: List[str]) -> bytes:
+        return subprocess.run(["git", "-C", str(checkout), "cat-file", mode],
+                              input="".join(f"{line}\n" for line in lines).encode(),
+                              capture_output=True, check=True).stdout
+
+    def tree(self, tag: str, path: str) -> Optional[ast.Module]:
+        """The file parsed, parsed once per distinct blob."""
+        sha = self.blob_of.get(f"{tag}:{path}")
+        if sha is None:
+            return None
+        if sha not in self.trees:
+            self.trees[sha] = ast.parse(self.texts[sha])
+        return self.trees[sha]
+
+
+_readers: Dict[Path, Reader] = {}
+
+
+def reader(checkout: Path) -> Reader:
+    if checkout not in _readers:
+        _readers[checkout] = Reader(checkout, [t for _, t in release_tags(checkout)])
+    return _readers[checkout]
 
 
 def _is_determined(module: Optional[str], level: int) -> bool:
@@ -126,7 +171,7 @@ def _all_list(value: ast.expr) -> List[str]:
     return []
 
 
-def exported_names(source: str, package_init: bool) -> Set[str]:
+def exported_names(tree: ast.Module, package_init: bool) -> Set[str]:
     """The names a module file binds at module level, by the rules in the docstring."""
     names: Set[str] = set()
 
@@ -161,7 +206,7 @@ def exported_names(source: str, package_init: bool) -> Set[str]:
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
 
-    visit(ast.parse(source).body)
+    visit(tree.body)
     return names
 
 
@@ -217,21 +262,35 @@ def class_members(tree: ast.Module, name: str) -> Optional[Tuple[List[str], Dict
     return bases, public
 
 
-def resolve_members(checkout: Path, tag: str, name: str,
-                    cache: Dict[str, Optional[ast.Module]]) -> Dict[str, str]:
+_members_of: Dict[Tuple[str, str], Optional[Tuple[List[str], Dict[str, str]]]] = {}
+
+
+def class_block(source: str, name: str) -> Optional[str]:
+    """The text of top-level class `name` in a file, up to the next top-level statement, so
+    only it is parsed (whole files, a thousand lines each, at every release are slow)."""
+    match = re.search(rf"^class {re.escape(name)}\b.*?(?=^[^\s#)]|\Z)", source,
+                      re.MULTILINE | re.DOTALL)
+    return match.group(0) if match else None
+
+
+def resolve_members(checkout: Path, tag: str, name: str) -> Dict[str, str]:
     """The public members of class `name` at `tag`, its known base classes' included."""
+    files = reader(checkout)
     for path in CLASS_FILES.get(name, []):
-        if path not in cache:
-            source = show(checkout, tag, path)
-            cache[path] = ast.parse(source) if source is not None else None
-        tree = cache[path]
-        found = class_members(tree, name) if tree is not None else None
+        sha = files.blob_of.get(f"{tag}:{path}")
+        if sha is None:
+            continue
+        if (sha, name) not in _members_of:
+            block = class_block(files.texts[sha], name)
+            _members_of[sha, name] = (class_members(ast.parse(block), name)
+                                      if block is not None else None)
+        found = _members_of[sha, name]
         if found is not None:
             bases, members = found
             merged: Dict[str, str] = {}
             for base in reversed(bases):
                 if base != name:
-                    merged.update(resolve_members(checkout, tag, base, cache))
+                    merged.update(resolve_members(checkout, tag, base))
             merged.update(members)
             return merged
     return {}
@@ -244,9 +303,8 @@ def collect_members(checkout: Path) -> Dict[str, Dict[str, Dict[str, str]]]:
     labels = [".".join(map(str, version)) for version, _ in tags]
     seen: Dict[str, Dict[str, Dict[str, List[int]]]] = {s: {} for s in CLASSES}
     for index, (_, tag) in enumerate(tags):
-        cache: Dict[str, Optional[ast.Module]] = {}
         for section, cls in CLASSES.items():
-            for member, kind in resolve_members(checkout, tag, cls, cache).items():
+            for member, kind in resolve_members(checkout, tag, cls).items():
                 entry = seen[section].setdefault(member, {})
                 entry.setdefault("", []).append(index)
                 entry.setdefault(kind, []).append(index)
@@ -271,12 +329,15 @@ def collect(checkout: Path) -> Dict[str, Dict[str, str]]:
         sys.exit(f"{checkout} has no release tags from 0.17 to 0.38 (is it a clone of "
                  "determined-ai/determined with its tags?)")
     seen: Dict[str, Dict[str, List[int]]] = {m: {} for m in MODULE_FILES}
+    exports: Dict[int, Set[str]] = {}  # by parsed file: most are the same across releases
     for index, (_, tag) in enumerate(tags):
         for module, paths in MODULE_FILES.items():
             for path in paths:
-                source = show(checkout, tag, path)
-                if source is not None:
-                    for name in exported_names(source, path.endswith("__init__.py")):
+                tree = reader(checkout).tree(tag, path)
+                if tree is not None:
+                    if id(tree) not in exports:
+                        exports[id(tree)] = exported_names(tree, path.endswith("__init__.py"))
+                    for name in exports[id(tree)]:
                         seen[module].setdefault(name, []).append(index)
                     break
     labels = [".".join(map(str, version)) for version, _ in tags]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import io
 import json
@@ -394,6 +395,8 @@ def _det(w):
         "_local_execution_manager": lambda: _runs_in_folder(w.tmp),
         "core": lambda: det.core.DistributedContext is type(w.ctx.distributed),
         "keras": lambda: det.keras is keras,
+        "launch": lambda: det.launch.__name__ == "determined.launch"
+        and importlib.util.find_spec("determined.launch.tensorflow") is not None,
         "errors": lambda: issubclass(errors.NotServedError, NotImplementedError),
         "util": lambda: (util.calculate_batch_sizes({"global_batch_size": 10}, 3) == (3, 9)
                          and util.is_overridden(w.trial.build_model, keras.TFKerasTrial)

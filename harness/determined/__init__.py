@@ -32,6 +32,7 @@ _NAMES = {
     "keras": "determined.keras",
     "errors": "determined.errors",
     "util": "determined.util",
+    "launch": "determined.launch",
     "InvalidHP": "determined.errors",
     "EnvContext": "determined._env_context",
     "ExperimentConfig": "determined._env_context",
