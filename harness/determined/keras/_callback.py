@@ -134,7 +134,7 @@ class DeterminedCallback(_Callback):
         optimizer_file = Path(path + ".optimizer.npz")
         if optimizer_file.exists() and getattr(model, "optimizer", None) is not None:
             with np.load(optimizer_file) as saved:
-                values = [saved[f"v{i}"] for i in range(len(saved.files))]
+                values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
             _state.build_optimizer(model.optimizer, model)
             variables = _state._variables(model.optimizer)
             if len(variables) != len(values):
@@ -151,8 +151,8 @@ class DeterminedCallback(_Callback):
         model.save_weights(path + KERAS3_SUFFIX)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and _state._variables(optimizer):
-            np.savez(path + ".optimizer.npz", **{f"v{i}": np.asarray(v.numpy()) for i, v in
-                                                 enumerate(_state._variables(optimizer))})
+            np.savez(path + ".optimizer.npz",
+                     *[np.asarray(v.numpy()) for v in _state._variables(optimizer)])
 
     # -- Keras's hooks ----------------------------------------------------------------------
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
