@@ -11,7 +11,9 @@ multi-process trial starts this instead, in its own session, its stdout the tria
 - Each rank gets distributed_environments(N) (LOCALDET_RANK, ...), the r-th of the
   supervisor's LOCALDET_SLOTS and, when it lists one device per rank, the r-th of its
   CUDA_VISIBLE_DEVICES; with --tf-config a TF_CONFIG for MultiWorkerMirroredStrategy on
-  127.0.0.1 (worker r of N, a free port each); with --horovod, Horovod's Gloo variables
+  127.0.0.1 (worker r of N, a free port each: the multi_worker_mirrored engine's, and given
+  to gradient_allreduce ranks too, whose own exchange needs only the LOCALDET_* variables,
+  for code that builds its own strategy); with --horovod, Horovod's Gloo variables
   (HOROVOD_RANK, ...) and the rendezvous server that `horovodrun --gloo` would run, here in
   the supervisor, on 127.0.0.1.
 - Every line a rank writes (stdout and stderr) is copied to stdout as "[rank r] line".
