@@ -46,9 +46,14 @@ SHAPE_CHOSEN_CROSSENTROPY = frozenset({"ce", "crossentropy"})
 # Metric strings that name a function under another name in the reading line.
 METRIC_STRING_ALIASES: Dict[str, Dict[str, str]] = {
     KERAS3: {"kld": "kl_divergence", "KLD": "kl_divergence",
-             "kullback_leibler_divergence": "kl_divergence", "logcosh": "log_cosh"},
-    KERAS2: {"kl_divergence": "kullback_leibler_divergence"},
+             "kullback_leibler_divergence": "kl_divergence", "logcosh": "log_cosh",
+             "log_cosh": "log_cosh"},
+    KERAS2: {"kl_divergence": "kullback_leibler_divergence",
+             "categorical_hinge": "categorical_hinge"},
 }
+# The class a sparse cross-entropy metric with `ignore_class` becomes across lines: Keras 2
+# averages over the entries kept, Keras 3 over all of them (the ignored ones count 0).
+IGNORE_CLASS_CROSSENTROPY = "localdet>IgnoreClassCrossentropy"
 _KERAS2_REDUCTIONS = {"auto", "none", "sum", "sum_over_batch_size"}
 # Keras 3's "mean" is its "sum_over_batch_size"; "mean_with_sample_weight" differs only
 # where sample weights are given (it divides by their sum).
@@ -89,10 +94,16 @@ class _Translator:
     target: str
     custom: FrozenSet[str]
     notes: List[str]
+    writer: Optional[str] = None  # the line that recorded it, where known
 
     @property
     def source(self) -> str:
+        """The line whose one-line classes have no equivalent in the target."""
         return other_line(self.target)
+
+    @property
+    def crossing(self) -> bool:
+        return self.writer != self.target
 
     def entries(self, entry: Any, kind: str) -> Any:
         """`kind`: "losses" or "metrics". Lists and per-output dicts keep their shape;
@@ -131,7 +142,13 @@ class _Translator:
             self.untranslatable(f"class '{name}'", kind)
         if not isinstance(config, dict):
             return {"class_name": name, "config": {}}
-        return {"class_name": name, "config": self.class_config(name, dict(config), kind)}
+        config = self.class_config(name, dict(config), kind)
+        if name == "SparseCategoricalCrossentropy" and kind == "metrics" and \
+                config.get("ignore_class") is not None and self.crossing and self.writer:
+            # Computed as the line that recorded it averaged it.
+            config["over"] = "kept" if self.writer == KERAS2 else "all"
+            return {"class_name": IGNORE_CLASS_CROSSENTROPY, "config": config}
+        return {"class_name": name, "config": config}
 
     def string(self, name: str, kind: str) -> Any:
         if name in self.custom:
@@ -169,6 +186,8 @@ class _Translator:
             config.pop("fn", None)
         if "reduction" in config:
             config["reduction"] = self.reduction(config["reduction"], name)
+        if name == "AUC" and isinstance(config.get("label_weights"), str):
+            config["label_weights"] = _numbers(config["label_weights"])
         if self.target == KERAS2:
             if kind == "losses":
                 self.drop_dtype(config, name)
@@ -176,6 +195,10 @@ class _Translator:
                     self.drop_default(config, name, "axis", (-1,))
             if name == "SparseTopKCategoricalAccuracy":
                 self.drop_default(config, name, "from_sorted_ids", (False,))
+            if kind == "metrics" and str(config.get("dtype", "")).startswith("int"):
+                # Keras 3 records the IoU metrics' count dtype there; Keras 2 computes
+                # them in floats.
+                config.pop("dtype")
         return config
 
     def reduction(self, value: Any, owner: Any) -> Any:
@@ -230,13 +253,23 @@ class _Translator:
         return {"class_name": name, "config": config}
 
 
+def _numbers(text: str) -> List[float]:
+    """The numbers of an array both lines record as its printed form (AUC's label weights:
+    "[0.5 1.  2. ]" by Keras 2, "tf.Tensor([0.5 1.  2. ], shape=(3,), ...)" by Keras 3)."""
+    inside = text[text.find("[") + 1:text.find("]")] if "[" in text else text
+    return [float(part) for part in inside.replace(",", " ").split()]
+
+
 def translate_training_config(config: Dict[str, Any], target: str,
-                              custom_names: FrozenSet[str] = frozenset()) -> CompileArguments:
+                              custom_names: FrozenSet[str] = frozenset(),
+                              writer: Optional[str] = None) -> CompileArguments:
     """The compile arguments `config` (a parsed `training_config`) records, for `target`
     ("keras2" or "keras3"); `custom_names`: names the reader resolves to objects of its own
-    (the trial's custom losses and metrics), passed through unchanged."""
+    (the trial's custom losses and metrics), passed through unchanged; `writer`: the line
+    that recorded it, where known (a metric both lines compute differently is then
+    computed as the writer did)."""
     notes: List[str] = []
-    translator = _Translator(target, frozenset(custom_names), notes)
+    translator = _Translator(target, frozenset(custom_names), notes, writer)
     result = CompileArguments(notes=notes, loss_weights=config.get("loss_weights"))
     try:
         result.loss = translator.entries(config.get("loss"), "losses")

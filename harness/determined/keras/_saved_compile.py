@@ -14,12 +14,13 @@ import inspect
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import h5py
 import tensorflow as tf
 
 from determined.keras._compile_translation import (
+    IGNORE_CLASS_CROSSENTROPY,
     CompileArguments,
     translate_training_config,
 )
@@ -28,14 +29,17 @@ from determined.keras._line import keras_line
 log = logging.getLogger("determined.keras")
 
 
-def read_training_config(h5_path: Path) -> Optional[Dict[str, Any]]:
-    """The compile arguments an `.h5` records, as the line that wrote it serialised them;
-    None when the model was saved uncompiled."""
+def read_training_config(h5_path: Path) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """The compile arguments an `.h5` records, as the line that wrote it serialised them
+    (None when the model was saved uncompiled), and that line."""
     with h5py.File(h5_path, "r") as h5:
         raw = h5.attrs.get("training_config")
+        version = h5.attrs.get("keras_version")
+    version = version.decode() if isinstance(version, bytes) else str(version or "")
+    writer = "keras3" if version.startswith("3.") else "keras2" if version else None
     if raw is None:
-        return None
-    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        return None, writer
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw), writer
 
 
 def crossentropy_by_shape(y_true: Any, y_pred: Any) -> Any:
@@ -52,6 +56,28 @@ def crossentropy_by_shape(y_true: Any, y_pred: Any) -> Any:
 
 class _NoEquivalent(ValueError):
     pass
+
+
+def _ignore_class_crossentropy(name: str, over: str, from_logits: bool = False,
+                               ignore_class: int = 0, axis: int = -1, dtype: Any = None,
+                               **_: Any) -> Any:
+    """A sparse cross-entropy metric with `ignore_class` averaged as the line that recorded
+    it averaged it: over the entries kept (Keras 2) or over all of them (Keras 3)."""
+
+    class IgnoreClassCrossentropy(tf.keras.metrics.Mean):
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            y_pred = tf.convert_to_tensor(y_pred)
+            labels = tf.reshape(tf.cast(y_true, "int64"), tf.shape(y_pred)[:-1])
+            kept = tf.not_equal(labels, ignore_class)
+            values = tf.keras.losses.sparse_categorical_crossentropy(
+                tf.where(kept, labels, tf.zeros_like(labels)), y_pred,
+                from_logits=from_logits, axis=axis)
+            weights = tf.cast(kept, values.dtype)
+            if over == "kept":
+                return super().update_state(values, sample_weight=weights)
+            return super().update_state(values * weights, sample_weight=sample_weight)
+
+    return IgnoreClassCrossentropy(name=name, dtype=dtype)
 
 
 def _function(name: Any, custom: Dict[str, Any]) -> Callable[..., Any]:
@@ -118,6 +144,8 @@ def _build(spec: Any, custom: Dict[str, Any], kind: str) -> Any:
         if kind == "losses":
             return _with_arguments(fn, name, config)
         return tf.keras.metrics.MeanMetricWrapper(fn, name=name, dtype=dtype, **config)
+    if class_name == IGNORE_CLASS_CROSSENTROPY:
+        return _ignore_class_crossentropy(**config)
     module = tf.keras.losses if kind == "losses" else tf.keras.metrics
     other = tf.keras.metrics if kind == "losses" else tf.keras.losses
     cls = tf.keras.utils.get_registered_object(class_name, custom) or \
@@ -185,11 +213,12 @@ def _optimizer(spec: Optional[Dict[str, Any]], notes: List[str]) -> Any:
 
 
 def build_compile_arguments(config: Dict[str, Any], custom: Dict[str, Any],
-                            n_outputs: int = 1) -> CompileArguments:
-    """`compile`'s arguments in this line, built from a parsed `training_config`; its
-    `notes` name what has no equivalent here."""
+                            n_outputs: int = 1,
+                            writer: Optional[str] = None) -> CompileArguments:
+    """`compile`'s arguments in this line, built from a parsed `training_config` that the
+    line `writer` recorded (where known); its `notes` name what has no equivalent here."""
     custom_names = frozenset(custom) | frozenset(tf.keras.utils.get_custom_objects())
-    args = translate_training_config(config, keras_line(), custom_names)
+    args = translate_training_config(config, keras_line(), custom_names, writer)
     if not args.compile:
         return args
     try:
@@ -218,10 +247,11 @@ def compile_as_saved(model: Any, h5_path: Path, custom: Dict[str, Any]) -> bool:
     """Compile `model` with the loss, metrics and optimizer its `.h5` records (`custom`:
     the objects a name may mean beyond Keras's own); False when it is left uncompiled (the
     file records no compilation, or its loss has no equivalent in this line)."""
-    config = read_training_config(h5_path)
+    config, writer = read_training_config(h5_path)
     if config is None:
         return False
-    args = build_compile_arguments(config, custom, len(getattr(model, "outputs", None) or [1]))
+    args = build_compile_arguments(config, custom, len(getattr(model, "outputs", None) or [1]),
+                                   writer)
     if args.notes:
         log.warning("Loading '%s' under %s: %s.", h5_path, _spoken(), "; ".join(args.notes))
     if not args.compile:
