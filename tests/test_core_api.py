@@ -116,6 +116,21 @@ def test_a_searcher_length_reaches_the_script_and_preempts_once_validated(trial_
     assert db.trial(trial_id).target_batches == 30  # the searcher's, never the script's
 
 
+def test_a_time_metric_length_counts_in_that_metric():
+    from determined.core._length import TrialLength
+
+    epochs = TrialLength(None, 3, searched=True, time_metric="epochs")  # max_time: 3 epochs
+    epochs.validated(200, {"epochs": 2.0, "loss": 0.1})
+    assert not epochs.reached()
+    epochs.validated(300, {"epochs": 3.0})
+    assert epochs.reached()
+    batches = TrialLength(None, 300, searched=True, time_metric="batches")
+    batches.validated(299, {"epochs": 9.0})
+    assert not batches.reached()
+    batches.validated(300)
+    assert batches.reached()
+
+
 def _completed(operations, metric):
     for op in operations:
         yield op

@@ -216,7 +216,8 @@ def init(*, distributed: Optional[DistributedContext] = None,
     trial.trial_dir.mkdir(parents=True, exist_ok=True)
     _seed(trial.seed)
     length = TrialLength(reporter if chief else None, trial.target_batches,
-                         searched=searcher_sets_length(trial.config))
+                         searched=searcher_sets_length(trial.config),
+                         time_metric=(trial.config.get("searcher") or {}).get("time_metric"))
     if info is not None and info.trial is not None:  # a resumed trial starts where it was
         length.last_steps = info.trial.steps_completed
     train = TrainContext(reporter if chief else None, distributed, length,

@@ -20,17 +20,21 @@ the script ends without being preempted, the target becomes what it trained.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Dict, Optional
 
 from determined.core._reporting import TrialReporter
 
 
 class TrialLength:
     def __init__(self, reporter: Optional[TrialReporter], target_batches: int,
-                 searched: Optional[bool] = None):
+                 searched: Optional[bool] = None, time_metric: Optional[str] = None):
         """`searched`: whether the searcher sets the length (default: a target is given);
-        False where the target is only what an earlier launch of the script recorded."""
+        False where the target is only what an earlier launch of the script recorded.
+        `time_metric`: Determined 0.38's `searcher.time_metric`; other than "batches", the
+        target counts in that validation metric (DeterminedCallback reports `epochs`)."""
         self._reporter = reporter
+        self.time_metric = None if time_metric in (None, "batches") else time_metric
+        self.validated_time = float("-inf")  # the most `time_metric` a validation reported
         self.searched = target_batches > 0 if searched is None else searched
         self.target = target_batches if self.searched else 0
         self.last_steps = 0            # the most batches reported so far (metrics, checkpoints)
@@ -45,9 +49,13 @@ class TrialLength:
             self.last_steps = max(self.last_steps, int(steps_completed))
         self._keep_ahead()
 
-    def validated(self, steps_completed: int) -> None:
+    def validated(self, steps_completed: int, metrics: Optional[Dict[str, float]] = None
+                  ) -> None:
         with self._lock:
             self.validated_steps = max(self.validated_steps, int(steps_completed))
+            if self.time_metric is not None and self.time_metric in (metrics or {}):
+                self.validated_time = max(self.validated_time,
+                                          float((metrics or {})[self.time_metric]))
         self.steps(steps_completed)
 
     def progress(self, fraction: float) -> None:
@@ -60,8 +68,13 @@ class TrialLength:
         self._keep_ahead()
 
     def reached(self) -> bool:
-        """Whether the searcher's length was reached: a validation at or past it."""
-        return self.searched and self.validated_steps >= self.target
+        """Whether the searcher's length was reached: a validation at or past it (in
+        batches, or in the configured time metric)."""
+        if not self.searched:
+            return False
+        if self.time_metric is not None:
+            return self.validated_time >= self.target
+        return self.validated_steps >= self.target
 
     def finished(self) -> None:
         """The script ended on its own (not preempted): its length is what it trained."""

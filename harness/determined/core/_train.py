@@ -106,7 +106,7 @@ class TrainContext:
         values = _numbers(metrics, where)
         logger.info("%s: %s", where, values)
         if group == VALIDATION:
-            self._length.validated(int(steps_completed))
+            self._length.validated(int(steps_completed), values)
         else:
             self._length.steps(int(steps_completed))
         if self._reporter is None:
