@@ -103,7 +103,9 @@ if rank == 0:
         "ranks_differ": max(float(np.abs(a - b).max()) for a, b in zip(*every)),
         "from_one_slot": max(float(np.abs(a - b).max()) for a, b in zip(trained, one)),
         "trained": max(float(np.abs(a - b).max()) for a, b in zip(trained, initial)),
-        "class": type(models[0].encoder_optimizer).__name__,
+        "classes_kept": all(type(o) is c for o, c in (
+            (models[0].encoder_optimizer, tf.keras.optimizers.Adam),
+            (models[1].optimizer, tf.keras.optimizers.legacy.SGD))),
     }), flush=True)
 '''
 
@@ -131,7 +133,7 @@ def test_two_ranks_end_within_1e_5_of_one_slot_with_sum_over_batch_size_losses(t
     assert two_ranks["trained"] > 1e-2  # the weights moved
     assert two_ranks["ranks_differ"] == 0.0  # the same averaged gradients on every rank
     assert two_ranks["from_one_slot"] < 1e-5
-    assert two_ranks["class"] == "Adam"  # what a checkpoint records stays the optimizer's
+    assert two_ranks["classes_kept"]  # what a checkpoint records stays the optimizer's
 
 
 def test_allreduce_mean_gives_every_rank_the_same_mean_and_refuses_unlike_arrays(tmp_path):

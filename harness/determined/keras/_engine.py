@@ -209,8 +209,8 @@ class MultiWorkerMirrored(Single):
 
 class _GradientAveraging(Single):
     """Averages gradients across the ranks in the optimizers: an optimizer given to
-    `wrap_optimizer`, and the model's own, becomes an instance of a subclass of its class
-    whose `apply_gradients` first replaces the gradients by their mean over the ranks. Every
+    `wrap_optimizer`, and the model's own, gets an `apply_gradients` that first replaces the
+    gradients by their mean over the ranks, then applies them as before. Every
     update goes through `apply_gradients` (Keras's `minimize` too), so gradients are averaged
     once per update however the step reaches the optimizer: Keras's own train_step, or a
     custom one that calls `apply_gradients` itself (a GAN's). Subclasses say how the ranks
@@ -225,33 +225,27 @@ class _GradientAveraging(Single):
         if keras_line != "keras2":
             raise EngineError(f"the {self.name} engine runs Keras 2 only; use "
                               "resources.engine: auto")
-        self._classes: Dict[type, type] = {}
         self._optimizers: List[Any] = []  # every optimizer it averages, for the broadcast
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         if optimizer is None or isinstance(optimizer, str):
             return optimizer  # Keras makes the object at compile; prepare() wraps that one
-        if not getattr(optimizer, "_localdet_averaged", False):
-            # In place: the object the user holds, its state and its tracking stay as they
-            # are, and its class keeps its name (what a checkpoint's .h5 records).
-            object.__setattr__(optimizer, "__class__", self._averaging(type(optimizer)))
-            self._optimizers.append(optimizer)
-        return optimizer
-
-    def _averaging(self, base: Any) -> type:
-        if base not in self._classes:
+        if "_localdet_apply_gradients" not in vars(optimizer):
+            # On the object itself, past Keras's attribute tracking: the object the user
+            # holds, its class (what a checkpoint's .h5 records), state and tracking stay
+            # as they are. Keras's minimize() and any train_step reach it by
+            # self.apply_gradients.
+            apply_gradients = optimizer.apply_gradients
             engine = self
 
-            def apply_gradients(optimizer: Any, grads_and_vars: Any, *args: Any,
-                                **kwargs: Any) -> Any:
-                return base.apply_gradients(optimizer, engine.averaged(grads_and_vars),
-                                            *args, **kwargs)
+            def averaging_apply_gradients(grads_and_vars: Any, *args: Any,
+                                          **kwargs: Any) -> Any:
+                return apply_gradients(engine.averaged(grads_and_vars), *args, **kwargs)
 
-            self._classes[base] = type(base.__name__, (base,), {
-                "apply_gradients": apply_gradients, "_localdet_averaged": True,
-                "__module__": base.__module__, "__qualname__": base.__qualname__,
-                "__doc__": base.__doc__})
-        return self._classes[base]
+            object.__setattr__(optimizer, "_localdet_apply_gradients", apply_gradients)
+            object.__setattr__(optimizer, "apply_gradients", averaging_apply_gradients)
+            self._optimizers.append(optimizer)
+        return optimizer
 
     def averaged(self, grads_and_vars: Any) -> List[Any]:
         """The (gradient, variable) pairs with each gradient replaced by its mean over the
