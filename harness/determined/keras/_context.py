@@ -153,8 +153,8 @@ class TFKerasTrialContext(TrialContext):
         return model
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
-        """Track the optimizer for checkpoints; under Horovod, wrap it in Horovod's
-        DistributedOptimizer (compile the model with what this returns)."""
+        """Track the optimizer for checkpoints; on several slots under Keras 2, make the
+        same object average its gradients across the ranks (localdet/config/engines.py)."""
         optimizer = _engine.current().wrap_optimizer(optimizer)
         self.optimizers.append(optimizer)
         return optimizer
