@@ -60,23 +60,43 @@ def export_latest(reporter, trial_id: int, folder: Path) -> Path:
     return reader.materialize(reader.resolve(trial_id=trial_id), folder)
 
 
+class NoisyGan(gan.TinyGan):
+    """Draws part of its noise inside train_step with tf.random.normal, as Determined's GAN
+    example drew all of it."""
+
+    def train_step(self, data):
+        real, noise = data
+        return super().train_step((real, noise + 0.1 * tf.random.normal(tf.shape(noise))))
+
+
+def build_gan(context, optimizers=None):
+    optimizers = optimizers or tf.keras.optimizers
+    model = context.wrap_model(NoisyGan(noise_dim=HPARAMS["noise_dim"],
+                                        hidden=HPARAMS["hidden"]))
+    model.compile(
+        generator_optimizer=context.wrap_optimizer(optimizers.Adam(HPARAMS["generator_lr"])),
+        discriminator_optimizer=context.wrap_optimizer(
+            optimizers.Adam(HPARAMS["discriminator_lr"])),
+        loss_fn=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
+class NoisyGanTrial(gan.GanTrial):
+    def build_model(self):
+        return build_gan(self.context)
+
+
 class LegacyOptimizersGanTrial(gan.GanTrial):
-    """The GAN with Keras 2's legacy optimizers, as Determined's GAN example built it."""
+    """With Keras 2's legacy optimizers, as Determined's GAN example built it."""
 
     def build_model(self):
-        model = self.context.wrap_model(gan.TinyGan(noise_dim=HPARAMS["noise_dim"],
-                                                    hidden=HPARAMS["hidden"]))
-        legacy = tf.keras.optimizers.legacy
-        model.compile(
-            generator_optimizer=self.context.wrap_optimizer(legacy.Adam(0.01)),
-            discriminator_optimizer=self.context.wrap_optimizer(legacy.Adam(0.005)),
-            loss_fn=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-        return model
+        return build_gan(self.context, tf.keras.optimizers.legacy)
 
 
-def train(folder: Path, pause_at=(), fit=False, trial_class=gan.GanTrial) -> dict:
-    """The GAN trained to TARGET batches, paused (and resumed in a fresh runner) as asked;
-    through its TFKerasTrial or through `context.fit` in a script."""
+def train(folder: Path, pause_at=(), fit=False, trial_class=NoisyGanTrial) -> dict:
+    """The GAN (drawing noise in its train_step) trained to TARGET batches, paused (and
+    resumed in a fresh runner) as asked; through its TFKerasTrial or through `context.fit`
+    in a script."""
     entrypoint = "python3 train.py" if fit else "model_def:GanTrial"
     db, trial_id, reporter, _ = start_trial(folder, TARGET, hparams=HPARAMS,
                                             entrypoint=entrypoint, **CONFIG)
@@ -106,7 +126,7 @@ def fit_script(reporter):
     info = reporter.trial_info()
     prepare_process(info)
     context = KerasContext(info, reporter)
-    trial = gan.GanTrial(context._trial_context)
+    trial = NoisyGanTrial(context._trial_context)
     model = trial.build_model()
     context.fit(model, trial.build_training_data_loader(),
                 validation_data=trial.build_validation_data_loader(), verbose=0)
@@ -140,7 +160,7 @@ def test_a_paused_trial_ends_bit_for_bit_like_an_uninterrupted_run_and_loads(str
     assert not (folder / "determined-keras-model.h5").exists()
 
     model = load_model_from_checkpoint_path(str(folder))
-    assert type(model).__name__ == "TinyGan"  # built by the trial class in code/
+    assert type(model).__name__ == "TinyGan"  # built by the compat trial class in code/
     # Its layers' weights, that is: tf_keras counts the metric trackers' states among a
     # model's weights too, and the trained model's were reset after the checkpoint.
     for x, y in zip(straight["layer_weights"], ordered_weights(model)[0], strict=True):
@@ -172,6 +192,34 @@ def test_legacy_optimizers_resume_built_on_their_own_sub_models(tmp_path):
     paused = train(tmp_path / "paused", pause_at=(5,), trial_class=LegacyOptimizersGanTrial)
     assert_same_run(straight, paused)
     assert all(len(o) > 4 for o in paused["optimizers"][1:]), "slots were saved and compared"
+
+
+def test_unseeded_random_ops_in_a_tf_function_continue_from_the_checkpointed_generator():
+    """A custom train_step drawing its noise with tf.random.normal (Determined's GAN): what
+    a fresh tf.function draws after the generator's state is restored (a resumed process)
+    is what the first function drew next. Seeded and eager calls are TensorFlow's own."""
+    from determined.keras import _graph_random, _state
+
+    def step():  # a new tf.function each time, as each process traces its own
+        return tf.function(lambda: tf.concat([tf.random.normal([2]), tf.random.uniform([2]),
+                                              tf.random.truncated_normal([2])], 0))
+
+    _state.seed_tf_global_generator(5)
+    _graph_random.install()
+    uninterrupted = step()
+    draws = [uninterrupted().numpy()]
+    saved = _state._tf_global_generator().state.numpy()  # the checkpoint after one step
+    draws += [uninterrupted().numpy() for _ in range(2)]
+    resumed = step()
+    _state.seed_tf_global_generator(5)
+    _state._tf_global_generator().reset(saved)
+    for expected in draws[1:]:
+        np.testing.assert_array_equal(resumed().numpy(), expected)
+    seeded = tf.function(lambda: tf.random.normal([2], seed=3))
+    tf.random.set_seed(1)
+    first = seeded().numpy()
+    tf.random.set_seed(1)
+    np.testing.assert_array_equal(tf.function(lambda: tf.random.normal([2], seed=3))(), first)
 
 
 def test_which_models_are_saved_whole():

@@ -28,7 +28,7 @@ import yaml
 
 from determined.core import TrialInfo, TrialReporter
 from determined.core._reporting import TENSORBOARD_DIR_VAR
-from determined.keras import _data, _engine, _sharding, _state, _weights_file
+from determined.keras import _data, _engine, _graph_random, _sharding, _state, _weights_file
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
@@ -96,6 +96,8 @@ def prepare_process(info: TrialInfo) -> None:
         tf.keras.backend.experimental.enable_tf_random_generator()
     tf.keras.utils.set_random_seed(info.seed)  # Python, NumPy and TensorFlow
     _state.seed_tf_global_generator(info.seed)
+    # A custom train_step's unseeded tf.random draws come from that generator, so resume.
+    _graph_random.install()
 
 
 def _apply_session_config(config: Any) -> None:
