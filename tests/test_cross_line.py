@@ -372,6 +372,7 @@ def lines(tmp_path_factory):
     return {"keras2": keras2, "keras3": keras3, "checkpoints": checkpoints}
 
 
+@pytest.mark.slow
 def test_the_tables_cover_every_class_and_name_both_lines_share(lines):
     keras2, keras3 = lines["keras2"], lines["keras3"]
     for kind in ("losses", "metrics"):
@@ -413,11 +414,13 @@ def _differences(source: dict, reader: dict) -> list:
     return found
 
 
+@pytest.mark.slow
 def test_every_shared_class_with_its_arguments_computes_the_same_in_the_other_line(lines):
     assert _differences(lines["keras2"], lines["keras3"]) == []
     assert _differences(lines["keras3"], lines["keras2"]) == []
 
 
+@pytest.mark.slow
 def test_a_class_of_one_line_is_named_and_left_out_in_the_other(lines):
     for source, reader in (("keras2", "keras3"), ("keras3", "keras2")):
         for case_id in lines[source]["cases"]:
@@ -427,6 +430,7 @@ def test_a_class_of_one_line_is_named_and_left_out_in_the_other(lines):
                 assert case_id.split(":")[1] in " ".join(translated["notes"])
 
 
+@pytest.mark.slow
 def test_every_metric_name_computes_the_same_in_the_other_line(lines):
     """As an `.h5` records it after training (Keras 2: the object "acc" became) and as
     given (before any training, and Keras 3 always)."""
@@ -440,6 +444,7 @@ def test_every_metric_name_computes_the_same_in_the_other_line(lines):
                     (source, form, kind)
 
 
+@pytest.mark.slow
 def test_every_shared_loss_name_means_the_same_function(lines):
     keras2, keras3 = lines["keras2"]["loss_names"], lines["keras3"]["loss_names"]
     shared = set(keras2) & set(keras3)
@@ -455,6 +460,7 @@ def _like_recorded(evaluated: dict, recorded: dict) -> None:
         assert value == pytest.approx(recorded[f"val_{name}"], rel=1e-5, abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_a_keras2_script_checkpoint_loads_compiled_under_keras_3(lines):
     checkpoints, script = lines["checkpoints"], lines["keras2"]["script"]
     _like_recorded(checkpoints.evaluate_loaded(Path(script["folder"]),
@@ -462,11 +468,13 @@ def test_a_keras2_script_checkpoint_loads_compiled_under_keras_3(lines):
                    script["recorded"])
 
 
+@pytest.mark.slow
 def test_a_keras3_script_checkpoint_loads_compiled_under_keras_2(lines):
     _like_recorded(lines["keras2"]["loaded"]["other_script"],
                    lines["keras3"]["script"]["recorded"])
 
 
+@pytest.mark.slow
 def test_a_trial_whose_code_needs_keras_2_loads_under_keras_3_from_its_h5(lines, caplog):
     checkpoints, trial = lines["checkpoints"], lines["keras2"]["trials"]["LegacyTrial"]
     with caplog.at_level(logging.WARNING, logger="determined.keras"):
@@ -477,6 +485,7 @@ def test_a_trial_whose_code_needs_keras_2_loads_under_keras_3_from_its_h5(lines,
     assert "loading the Keras 2 .h5 the checkpoint holds instead" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_layer_written_against_keras_2_internals_falls_back_and_names_the_line(
         lines, caplog):
     """keras-multi-head's case: the model builds under Keras 3, then its layer reaches for
@@ -494,6 +503,7 @@ def test_a_layer_written_against_keras_2_internals_falls_back_and_names_the_line
            "'_trainable_weights')" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_names_no_line_still_falls_back_to_the_other(lines, tmp_path,
                                                                       monkeypatch):
     """Not only where the checkpoint says the other line trained it: a Keras-line error

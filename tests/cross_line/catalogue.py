@@ -186,12 +186,19 @@ def name_values(groups: Dict[str, List[str]], data: Any,
     return out
 
 
-def loss_name_values(names: List[str], data: Any, kinds: Dict[str, str]) -> Dict[str, float]:
-    """Each loss by name, resolved as `compile` resolves it, on its kind of data."""
+def loss_name_values(names: Dict[str, str], data: Any) -> Dict[str, float]:
+    """Each loss by name (`names`: name -> data kind), as the other line recorded it and
+    translated for this one, resolved as `compile` resolves it; a name without equivalent
+    here is left out."""
+    from determined.keras._compile_translation import translate_training_config
+
     out = {}
-    for name in names:
-        y, p = data[kinds[name] + "_y"], data[kinds[name] + "_p"]
-        out[name] = float(tf.reduce_mean(tf.keras.losses.get(name)(y, p)))
+    for name, kind in names.items():
+        args = translate_training_config({"loss": name}, line(), writer=_other_line())
+        if not args.compile:
+            continue
+        y, p = data[kind + "_y"], data[kind + "_p"]
+        out[name] = float(tf.reduce_mean(tf.keras.losses.get(args.loss)(y, p)))
     return out
 
 
@@ -204,10 +211,7 @@ def side(request: Dict[str, Any]) -> Dict[str, Any]:
         "enumerated": enumerate_line(),
         "cases": serialise_cases(request["cases"], data),
         "names": name_values(request["metric_names"], data),
-        "loss_names": loss_name_values(
-            [name for name in request["loss_names"]
-             if name in resolvable(list(request["loss_names"]))["loss_names"]], data,
-            request["loss_names"]),
+        "loss_names": loss_name_values(request["loss_names"], data),
     }
     answer["resolvable"] = resolvable(answer["enumerated"]["candidates"]
                                       + request.get("candidates", []))

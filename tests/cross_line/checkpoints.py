@@ -47,7 +47,7 @@ def script_checkpoint(scratch: Path) -> Tuple[Path, Dict[str, float]]:
     from determined.keras._trial_controller import prepare_process
 
     db, trial_id, reporter, info = start_trial(
-        scratch, 12, hparams={"global_batch_size": 16}, entrypoint="python3 train.py")
+        scratch, 4, hparams={"global_batch_size": 16}, entrypoint="python3 train.py")
     prepare_process(info)
     context = KerasContext(info, reporter)
     model = tf.keras.Sequential([tf.keras.Input(shape=(5,)),
@@ -61,7 +61,7 @@ def script_checkpoint(scratch: Path) -> Tuple[Path, Dict[str, float]]:
                  tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True,
                                                                 name="xent"),
                  tf.keras.metrics.MeanIoU(num_classes=3, sparse_y_pred=False, name="iou")])
-    x, y = script_data(0, 192)
+    x, y = script_data(0, 64)
     context.fit(model, x, y, batch_size=16, validation_data=script_data(1, 64))
     folder = _export(reporter, trial_id, scratch / "export")
     return folder, dict(db.metrics(trial_id, kind="validation")[-1].metrics)
@@ -78,7 +78,7 @@ def trial_checkpoint(scratch: Path, entrypoint: str) -> Tuple[Path, Dict[str, fl
 
     scratch.mkdir(parents=True, exist_ok=True)
     db, trial_id, reporter, info = start_trial(
-        scratch, 16, hparams={"global_batch_size": 32, "learning_rate": 0.02},
+        scratch, 4, hparams={"global_batch_size": 32, "learning_rate": 0.02},
         entrypoint=entrypoint)
     shutil.copytree(FOLDER, scratch / "model", dirs_exist_ok=True)
     with det.import_from_path(FOLDER):

@@ -51,6 +51,11 @@ METRIC_STRING_ALIASES: Dict[str, Dict[str, str]] = {
     KERAS2: {"kl_divergence": "kullback_leibler_divergence",
              "categorical_hinge": "categorical_hinge"},
 }
+# Loss strings of Keras 2 that Keras 3 names otherwise (Keras 3's own have no Keras 2 form).
+LOSS_STRING_ALIASES: Dict[str, Dict[str, str]] = {
+    KERAS3: {"logcosh": "log_cosh", "kullback_leibler_divergence": "kl_divergence"},
+    KERAS2: {},
+}
 # The class a sparse cross-entropy metric with `ignore_class` becomes across lines: Keras 2
 # averages over the entries kept, Keras 3 over all of them (the ignored ones count 0).
 IGNORE_CLASS_CROSSENTROPY = "localdet>IgnoreClassCrossentropy"
@@ -163,7 +168,8 @@ class _Translator:
             if alias is not None:  # the name the user chose stays the metric's name
                 return {"class_name": "MeanMetricWrapper",
                         "config": {"fn": alias, "name": name}}
-        return name
+            return name
+        return LOSS_STRING_ALIASES[self.target].get(name, name)
 
     def wrapper(self, class_name: str, config: Dict[str, Any], kind: str) -> Any:
         """A built-in or custom function under a name of its own, with its arguments."""

@@ -80,8 +80,10 @@ def _ignore_class_crossentropy(name: str, over: str, from_logits: bool = False,
     return IgnoreClassCrossentropy(name=name, dtype=dtype)
 
 
-def _function(name: Any, custom: Dict[str, Any]) -> Callable[..., Any]:
-    """A built-in or custom function by the name an entry records."""
+def _function(name: Any, custom: Dict[str, Any], kind: str) -> Callable[..., Any]:
+    """A built-in or custom function by the name an entry records, looked up among `kind`
+    ("losses" or "metrics") first: `cosine_similarity` is the negative cosine as a loss,
+    the cosine as a metric."""
     if callable(name):
         return cast(Callable[..., Any], name)
     if not isinstance(name, str):
@@ -90,11 +92,13 @@ def _function(name: Any, custom: Dict[str, Any]) -> Callable[..., Any]:
         return cast(Callable[..., Any], custom[name])
     if name == "crossentropy":
         return crossentropy_by_shape
-    for module in (tf.keras.losses, tf.keras.metrics):
+    modules = (tf.keras.losses, tf.keras.metrics) if kind == "losses" else \
+        (tf.keras.metrics, tf.keras.losses)
+    for module in modules:
         found = getattr(module, name, None)
         if inspect.isfunction(found):
             return cast(Callable[..., Any], found)
-    for module in (tf.keras.losses, tf.keras.metrics):
+    for module in modules:
         try:
             found = module.get(name)
         except (ValueError, TypeError):
@@ -105,6 +109,19 @@ def _function(name: Any, custom: Dict[str, Any]) -> Callable[..., Any]:
     if callable(found) and not inspect.isclass(found):
         return cast(Callable[..., Any], found)
     raise _NoEquivalent(f"function '{name}'")
+
+
+def _metric_by_name(name: Any, custom: Dict[str, Any]) -> Any:
+    """The metric object this line's `metrics.get` makes of a built-in function's name
+    (Keras 3 keeps some metric functions, as `cosine_similarity`, only as classes);
+    None where it gives a function (Keras 2) or nothing."""
+    if not isinstance(name, str) or name in custom:
+        return None
+    try:
+        found = tf.keras.metrics.get(name)
+    except (ValueError, TypeError):
+        return None
+    return found if isinstance(found, tf.keras.metrics.Metric) else None
 
 
 def _with_arguments(fn: Callable[..., Any], name: str, kwargs: Dict[str, Any]) -> Any:
@@ -137,10 +154,21 @@ def _build(spec: Any, custom: Dict[str, Any], kind: str) -> Any:
     if class_name in custom and inspect.isclass(custom[class_name]):
         return custom[class_name].from_config(config)
     if class_name in ("MeanMetricWrapper", "LossFunctionWrapper"):
-        fn = _function(config.pop("fn", None) or config.get("name"), custom)
-        name = config.pop("name", None) or getattr(fn, "__name__", "metric")
+        fn_name = config.pop("fn", None) or config.get("name")
+        name = config.pop("name", None) or str(fn_name)
         config.pop("reduction", None)
         dtype = config.pop("dtype", None)
+        metric = _metric_by_name(fn_name, custom) if kind == "metrics" and not config \
+            else None
+        if metric is not None:
+            # Named as `compile` names a metric given by a string (Keras 2's name is
+            # read-only).
+            try:
+                metric.name = name
+            except AttributeError:
+                metric._name = name
+            return metric
+        fn = _function(fn_name, custom, kind)
         if kind == "losses":
             return _with_arguments(fn, name, config)
         return tf.keras.metrics.MeanMetricWrapper(fn, name=name, dtype=dtype, **config)
