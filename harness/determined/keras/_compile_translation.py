@@ -62,12 +62,12 @@ IGNORE_CLASS_CROSSENTROPY = "localdet>IgnoreClassCrossentropy"
 _KERAS2_REDUCTIONS = {"auto", "none", "sum", "sum_over_batch_size"}
 # Keras 3's "mean" is its "sum_over_batch_size"; "mean_with_sample_weight" differs only
 # where sample weights are given (it divides by their sum).
-_REDUCTION_TO = {KERAS3: {"auto": "sum_over_batch_size"},
+_REDUCTION_TO: Dict[str, Dict[Any, str]] = {KERAS3: {"auto": "sum_over_batch_size"},
                  KERAS2: {None: "none", "mean": "sum_over_batch_size",
                           "mean_with_sample_weight": "sum_over_batch_size"}}
 _WRAPPERS = {"MeanMetricWrapper", "LossFunctionWrapper"}
 # Optimizer settings of one line only: dropped silently where they hold the default.
-_OPTIMIZER_ONLY_IN = {
+_OPTIMIZER_ONLY_IN: Dict[str, Dict[str, Optional[tuple]]] = {
     KERAS2: {"decay": (0, 0.0, None), "is_legacy_optimizer": None, "jit_compile": None},
     KERAS3: {"loss_scale_factor": (None,), "gradient_accumulation_steps": (None,)},
 }

@@ -8,8 +8,16 @@ script (the New Keras API) has no trial class: its `.h5` holds the architecture,
 model is compiled with the loss, metrics and optimizer the `.h5` records.
 
 A checkpoint written under the other Keras line loads too: its weights go into the model
-built here, and where the trial's code itself only runs under the other line, that line
-rebuilds the model in a subprocess and hands it over as an `.h5`.
+built here. Where building or loading it here fails for a Keras-line reason (an
+AttributeError, TypeError or ImportError raised in or through Keras or TensorFlow: code
+written against the other line's API or internals), or the code fails and the other line
+trained it, the other line builds it: from the checkpoint's own `.h5` where that line wrote
+it, else in a subprocess of that line that hands it over as an `.h5`; one warning on the
+`determined.keras` logger says which. A model from an `.h5` is compiled with the loss,
+metrics and optimizer it records, translated for this line (`_compile_translation`): a
+metric without an equivalent here is left out, a loss without one leaves the model
+uncompiled, each named in one warning. A model that only the other line can host (a layer
+built on that line's internals) ends in one sentence saying which line to load it with.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from determined.exec.run_trial import exception_line
 from determined.keras._checkpoint_formats import (
@@ -62,6 +70,12 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
             `determined-keras-model.h5`).
         tags: accepted for compatibility with Determined (SavedModel tags); Keras
             checkpoints have none, so it is ignored.
+
+    A checkpoint trained under the other Keras line (Keras 2 is `tf_keras`, chosen with
+    `TF_USE_LEGACY_KERAS=1`) comes back compiled with the equivalent loss, metrics and
+    optimizer; what has no equivalent in this line is named in a warning (a metric is left
+    out; for a loss, the model is returned uncompiled for you to compile). Where the model
+    cannot be built in this line, the other line builds it, with a warning saying so.
     """
     try:
         saved = read_checkpoint(Path(path))
@@ -138,12 +152,13 @@ def _is_keras_line_error(error: BaseException) -> bool:
                for frame in traceback.extract_tb(error.__traceback__))
 
 
-def _keras_roots() -> tuple:
-    roots = []
+def _keras_roots() -> Tuple[str, ...]:
+    roots: List[str] = []
     for package in ("keras", "tf_keras", "tensorflow"):
         spec = importlib.util.find_spec(package)
-        roots.extend(os.path.join(location, "") for location in
-                     (spec.submodule_search_locations or []) if spec is not None)
+        if spec is not None:
+            roots.extend(os.path.join(location, "")
+                         for location in spec.submodule_search_locations or [])
     return tuple(roots)
 
 

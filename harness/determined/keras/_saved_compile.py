@@ -201,8 +201,9 @@ def _build_metrics(specs: Any, custom: Dict[str, Any], notes: List[str]) -> Any:
 
 def _described(spec: Any) -> str:
     if isinstance(spec, dict):
-        config = spec.get("config") if isinstance(spec.get("config"), dict) else {}
-        return f"'{config.get('name') or spec.get('class_name')}'"
+        config = spec.get("config")
+        named = config.get("name") if isinstance(config, dict) else None
+        return f"'{named or spec.get('class_name')}'"
     return repr(spec)
 
 
