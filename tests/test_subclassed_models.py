@@ -150,9 +150,11 @@ def assert_same_run(a: dict, b: dict) -> None:
 
 
 def test_a_paused_trial_ends_bit_for_bit_like_an_uninterrupted_run_and_loads(straight,
-                                                                              tmp_path):
+                                                                              tmp_path, caplog):
     paused = train(tmp_path, pause_at=(5,))
     assert_same_run(straight, paused)
+    # wrap_dataset(d).batch(n), as Determined's GAN wrote it, counts as wrapped.
+    assert "not wrapped" not in caplog.text
 
     folder = paused["export"]
     metadata = json.loads((folder / "metadata.json").read_text())
@@ -220,6 +222,47 @@ def test_unseeded_random_ops_in_a_tf_function_continue_from_the_checkpointed_gen
     first = seeded().numpy()
     tf.random.set_seed(1)
     np.testing.assert_array_equal(tf.function(lambda: tf.random.normal([2], seed=3))(), first)
+
+
+class Regressor(tf.keras.Model):
+    """The commonest subclassed model: layers made in __init__, their weights on the first
+    call, Keras's own train_step and compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = tf.keras.layers.Dense(8, activation="tanh")
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, inputs, training=None):
+        return self.out(self.hidden(inputs))
+
+
+class RegressorTrial(det.keras.TFKerasTrial):
+    def __init__(self, context):
+        self.context = context
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(64, 3)).astype("float32")
+        self.y = self.x.sum(axis=1, keepdims=True)
+
+    def build_model(self):
+        model = self.context.wrap_model(Regressor())
+        model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)),
+                      loss="mse")
+        return model
+
+    def build_training_data_loader(self):
+        return self.x, self.y
+
+    def build_validation_data_loader(self):
+        return self.x[:16], self.y[:16]
+
+
+def test_a_model_built_on_its_first_call_resumes_from_the_shapes_keras_recorded(tmp_path):
+    straight = train(tmp_path / "straight", trial_class=RegressorTrial)
+    paused = train(tmp_path / "paused", pause_at=(5,), trial_class=RegressorTrial)
+    assert_same_run(straight, paused)
+    with h5py.File(paused["export"] / WEIGHTS_FILENAME, "r") as h5:
+        assert json.loads(h5.attrs["build_config"])["input_shape"][1:] == [3]
 
 
 def test_which_models_are_saved_whole():

@@ -180,9 +180,24 @@ class TrialController:
     def _check_loaders(self) -> None:
         for name, loader in (("training", self.train_loader),
                              ("validation", self.validation_loader)):
-            if isinstance(loader, tf.data.Dataset) and not self.context.is_wrapped_dataset(loader):
+            if isinstance(loader, tf.data.Dataset) and not self._wrapped_upstream(loader):
                 log.warning("the %s tf.data.Dataset was not wrapped with "
                             "context.wrap_dataset(); it will not be sharded across slots", name)
+
+    def _wrapped_upstream(self, dataset: Any) -> bool:
+        """Whether `dataset` or one it was made from (`wrap_dataset(d).batch(n)`, as
+        Determined's examples wrote it) was wrapped."""
+        pending, seen = [dataset], set()
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if self.context.is_wrapped_dataset(current):
+                return True
+            inputs = getattr(current, "_inputs", None)
+            pending.extend(inputs() if callable(inputs) else [])
+        return False
 
     def _batch_size(self) -> int:
         """The per-slot batch size, needed only to batch NumPy data."""

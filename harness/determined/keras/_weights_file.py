@@ -12,11 +12,14 @@ them). So the weights are written in an order both lines agree on: the layers de
 children in the order they were assigned, and each layer's own trainable then non-trainable
 weights, each with its short name ("kernel") and shape, which reading checks. Weights that
 walk does not reach (tf_keras's metric states) follow in a section of their own, read back
-only by the line that wrote it.
+only by the line that wrote it. A model whose layers make their weights when it is first
+called is built from the input shapes Keras recorded then (`get_build_config`) before its
+weights are read.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -76,11 +79,26 @@ def _full_name(variable: Any) -> str:
     return str(getattr(variable, "path", None) or variable.name)
 
 
+def _build_config(model: Any) -> str:
+    """The shapes the model was first called with (Keras's own record, in either line), as
+    JSON: a model whose layers make their weights on that first call is built from it."""
+    get = getattr(model, "get_build_config", None)
+    config = get() if callable(get) else None
+    return json.dumps(config, default=lambda shape: list(shape.as_list()))
+
+
+def _build_from(model: Any, config_json: str) -> None:
+    config = json.loads(config_json)
+    if config and not getattr(model, "built", True) and hasattr(model, "build_from_config"):
+        model.build_from_config(config)
+
+
 def write_weights(model: Any, path: Path) -> None:
     walked, rest = ordered_weights(model)
     with h5py.File(path, "w") as h5:
         h5.attrs["form"] = FORM
         h5.attrs["keras_line"] = keras_line()
+        h5.attrs["build_config"] = _build_config(model)
         for section, variables in ((_LAYERS, walked), (_REST, rest)):
             group = h5.create_group(section)
             group.attrs["count"] = len(variables)
@@ -116,9 +134,13 @@ def read_weights(model: Any, path: Path) -> None:
         if str(h5.attrs.get("form", "")) != FORM:
             raise WeightsMismatch(f"'{path}' is not a {FORM} weights file")
         written_by = str(h5.attrs["keras_line"])
+        build_config = str(h5.attrs.get("build_config", "null"))
         walked_values = _section(h5, _LAYERS)
         rest_values = _section(h5, _REST)
     walked, rest = ordered_weights(model)
+    if len(walked) < len(walked_values):  # layers that make their weights on first call
+        _build_from(model, build_config)
+        walked, rest = ordered_weights(model)
     _check(walked, walked_values, "layer weights")
     assignments: List[Tuple[Any, np.ndarray]] = list(
         zip(walked, (v for _, v in walked_values), strict=True))
