@@ -24,7 +24,8 @@ weights are taken (a warm start, from epoch 0).
 A checkpoint holds `model_checkpoint` (Keras 2: TensorFlow's weight format, optimizer
 included, which `model.load_weights(path / "model_checkpoint")` reads; Keras 3:
 `model_checkpoint.weights.h5` plus the optimizer's variables), `callback_state` (epoch,
-batches, continue_id, generators) and `metadata.json` (`steps_completed`).
+batches, continue_id, generators), `metadata.json` (`steps_completed`) and, under localdet,
+the model folder as `code/`.
 """
 
 from __future__ import annotations
@@ -237,6 +238,10 @@ class DeterminedCallback(_Callback):
                          "generators": _state.capture(self.model, [])}
                 with open(path / CALLBACK_STATE, "wb") as handle:
                     pickle.dump(state, handle)
+                reporter = getattr(self._core, "_reporter", None)
+                if reporter is not None:  # the model folder, as every trial checkpoint has
+                    shutil.copytree(reporter.trial_info().model_dir, path / "code",
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         self._last_ckpt_epoch = epoch
 
     def _load(self, checkpoint: Optional[str]) -> Optional[contextlib.ExitStack]:
