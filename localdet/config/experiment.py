@@ -38,6 +38,8 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
+from localdet.config.schema import LENGTH_UNITS
+
 # The schema and its defaults, ConfigError and lengths live in schema.py (typed.py builds on
 # them too); imported here under the names this module has always used and exported.
 from localdet.config.schema import ConfigError as ConfigError
@@ -46,6 +48,7 @@ from localdet.config.schema import fill_searcher_defaults as _fill_searcher_defa
 from localdet.config.schema import global_batch_size as global_batch_size
 from localdet.config.schema import join_path as _join
 from localdet.config.schema import length_to_batches as length_to_batches
+from localdet.config.schema import resolve as _resolve
 from localdet.config.schema import schema as _schema
 from localdet.config.schema import schema_path as schema_path
 from localdet.config.schema import shown as _shown
@@ -186,7 +189,8 @@ def _environment_variables(value: list[str] | dict[str, list[str]],
         if value.get("rocm"):
             warnings.append("ignoring 'environment.environment_variables.rocm': localdet does "
                             "not run on ROCm")
-        value = [*value.get("cpu", []), *value.get("cuda", [])]
+        # 'gpu' is what Determined called cuda before 0.17.6 (an alias after).
+        value = [*value.get("cpu", []), *value.get("gpu", []), *value.get("cuda", [])]
     return dict(entry.split("=", 1) for entry in value)
 
 
@@ -250,6 +254,44 @@ def _launcher(tokens: list[str]) -> tuple[str | None, str | None]:
     return None, shlex.join(rest)
 
 
+def _without_nulls(raw: dict[str, Any], node: Any) -> dict[str, Any]:
+    """A copy of `raw` without the keys set to null where the schema takes no null: in
+    Determined's configs (its schemas allow null nearly everywhere) null means the default.
+    Only the schema's own sections: hyperparameters and data are the user's."""
+    node = _resolve_all(node)
+    properties = node.get("properties", {}) if isinstance(node, dict) else {}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        sub = _resolve_all(properties.get(key))
+        if value is None and isinstance(sub, dict) and "null" not in _types(sub):
+            continue
+        if isinstance(value, dict) and isinstance(sub, dict) and sub.get("properties"):
+            value = _without_nulls(value, sub)
+        out[key] = copy.deepcopy(value)
+    return out
+
+
+def _resolve_all(node: Any) -> Any:
+    """A schema node with its $ref and allOf parts merged (enough to see its properties)."""
+    node = _resolve(node)
+    if isinstance(node, dict) and "allOf" in node:
+        merged = {k: v for k, v in node.items() if k != "allOf"}
+        for part in node["allOf"]:
+            part = _resolve_all(part)
+            if isinstance(part, dict):
+                merged.setdefault("properties", {})
+                merged["properties"] = {**part.get("properties", {}), **merged["properties"]}
+        return merged
+    return node
+
+
+def _types(node: dict[str, Any]) -> list[str]:
+    if "enum" in node:
+        return ["null"] if None in node["enum"] else []
+    kind = node.get("type", [])
+    return [kind] if isinstance(kind, str) else list(kind)
+
+
 def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, Any], list[str]]:
     """Validate `raw` against `schema`; returns a copy with defaults filled and the warnings."""
     if raw is None:
@@ -257,10 +299,10 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
     if not isinstance(raw, dict):
         raise ConfigError(f"top level: expected a mapping of config keys, got "
                           f"{type(raw).__name__} {_shown(raw)}")
-    error = best_match(_Validator(schema).iter_errors(raw), key=_relevance)
+    config = _without_nulls(raw, schema)
+    error = best_match(_Validator(schema).iter_errors(config), key=_relevance)
     if error is not None:
         raise _translate(error)
-    config = copy.deepcopy(raw)
     warnings: list[str] = []
     _fill_defaults(config, schema, "", warnings)
     return config, warnings
@@ -292,6 +334,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
                                                            "hyperparameters")
     env = config["environment"]
     env["environment_variables"] = _environment_variables(env["environment_variables"], warnings)
+    _time_length(searcher, warnings)
     _entrypoint(config)
     if config["entrypoint_kind"] == "trial_class":
         # A trial class has no epochs of its own: the searcher alone says how long it trains.
@@ -300,8 +343,8 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
                               "searcher with a metric and a max_length", "searcher")
         if searcher["max_length"] is None:
             raise ConfigError("missing required key 'searcher.max_length'; a trial class "
-                              "entrypoint trains for as long as the searcher says",
-                              "searcher.max_length")
+                              "entrypoint trains for as long as the searcher says (max_length, "
+                              "or time_metric with max_time)", "searcher.max_length")
     for holder, key, what in ((searcher, "max_length", "searcher.max_length"),
                               (config, "min_validation_period", "min_validation_period"),
                               (config, "min_checkpoint_period", "min_checkpoint_period")):
@@ -316,6 +359,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     if _is_const(config["hyperparameters"].get("global_batch_size")):
         global_batch_size(config)  # a constant that is no batch size fails now
     _check_searcher(config, warnings)
+    _storage_of_other_kinds(config["checkpoint_storage"], warnings)
     _check_checkpoint_storage(config["checkpoint_storage"])
     resources = config["resources"]
     if resources["max_memory"] is not None:  # bytes from here on
@@ -327,21 +371,56 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
                         warnings=warnings)
 
 
+def _time_length(searcher: dict[str, Any], warnings: list[str]) -> None:
+    """Determined 0.38's `time_metric`/`max_time` become `max_length: {time_metric: max_time}`,
+    the one length localdet's searchers read; both keys are removed. Determined's searcher
+    read `time_metric` from each validation's metrics (any name the script reports); here a
+    trial's length is counted in batches, so only the three units that convert to batches
+    are taken."""
+    metric, max_time = searcher.pop("time_metric", None), searcher.pop("max_time", None)
+    if metric is None and max_time is None:
+        return
+    if metric is None or max_time is None:
+        given, missing = ("time_metric", "max_time") if max_time is None \
+            else ("max_time", "time_metric")
+        raise ConfigError(f"missing required key 'searcher.{missing}'; searcher.{given} needs "
+                          f"it to say how long a trial trains", f"searcher.{missing}")
+    if metric not in LENGTH_UNITS:
+        raise ConfigError(f"searcher.time_metric: localdet counts a trial's length in batches, "
+                          f"records or epochs, not in a metric the script reports "
+                          f"(got {_shown(metric)}){_did_you_mean(metric, list(LENGTH_UNITS))}",
+                          "searcher.time_metric")
+    length = {metric: max_time}
+    old = searcher["max_length"]
+    if old is not None and (old if isinstance(old, dict) else {"batches": old}) != length:
+        warnings.append(f"ignoring 'searcher.max_length' ({_shown(old)}): time_metric and "
+                        f"max_time set the length ({metric}: {max_time}), as in Determined 0.38")
+    searcher["max_length"] = length
+
+
 def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
     """Fill the named searcher's own defaults and check what it needs beyond the schema."""
     searcher = config["searcher"]
     name = searcher["name"]
     _fill_searcher_defaults(searcher)
-    if name in ("random", "adaptive_asha") and searcher.get("max_trials") is None:
+    if name in ("random", "adaptive_asha", "async_halving") \
+            and searcher.get("max_trials") is None:
         raise ConfigError(f"missing required key 'searcher.max_trials'; the {name} searcher needs "
                           f"it to know how many trials to run", "searcher.max_trials")
-    if name == "adaptive_asha":
+    if name == "async_halving":
+        # One bracket of num_rungs rungs: adaptive_asha with bracket_rungs [num_rungs].
+        searcher["bracket_rungs"] = [searcher["num_rungs"]]
+        for key, value in _schema()["$defs"]["searcher"]["x-defaults-by-name"][
+                "adaptive_asha"].items():
+            searcher.setdefault(key, value)
+    if name in ("adaptive_asha", "async_halving"):
         if searcher["max_length"] is None:
-            raise ConfigError("missing required key 'searcher.max_length'; the adaptive_asha "
-                              "searcher needs it to size its rungs", "searcher.max_length")
+            raise ConfigError(f"missing required key 'searcher.max_length'; the {name} searcher "
+                              f"needs it to size its rungs (or time_metric with max_time)",
+                              "searcher.max_length")
         if searcher["stop_once"]:
-            warnings.append("ignoring 'searcher.stop_once': localdet's adaptive_asha always "
-                            "promotes trials, continuing them from their checkpoints")
+            warnings.append(f"ignoring 'searcher.stop_once': localdet's {name} always "
+                            f"promotes trials, continuing them from their checkpoints")
             searcher["stop_once"] = False
     if name == "grid":
         # Imported here: the searcher package imports this module.
@@ -354,6 +433,41 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
                               f"{MAX_GRID_POINTS:,} are allowed: lower some counts",
                               "hyperparameters")
+
+
+_ELSEWHERE_KEYS = ("type", "bucket", "prefix", "container_path")
+
+
+def _storage_of_other_kinds(storage: dict[str, Any], warnings: list[str]) -> None:
+    """Determined's storage types other than shared_fs and s3, in place: 'directory' is a
+    folder at container_path (with no container, a folder of this machine: shared_fs
+    there); gcs, azure and hdfs cannot be reached, so their checkpoints go to localdet's own
+    store, and the config says so. container_path of a shared_fs is a path inside
+    Determined's container, which has none here."""
+    kind = storage.get("type")
+    if kind == "directory":
+        if not storage.get("container_path"):
+            raise ConfigError("missing required key 'checkpoint_storage.container_path'; a "
+                              "'directory' storage writes checkpoints there",
+                              "checkpoint_storage.container_path")
+        storage.update(type="shared_fs", host_path=storage.pop("container_path"))
+        storage.setdefault("storage_path", None)
+    elif kind in ("gcs", "azure", "hdfs"):
+        for key in _ELSEWHERE_KEYS:
+            storage.pop(key, None)
+        warnings.append(f"ignoring 'checkpoint_storage.type' ({kind!r}): localdet cannot reach "
+                        f"{kind}; checkpoints go to its own store, kept as save_trial_best, "
+                        f"save_trial_latest and save_experiment_best say")
+    if storage.pop("container_path", None) is not None:
+        reason = ": localdet runs trials outside containers"  # the schema's, for its siblings
+        key = "'checkpoint_storage.container_path'"
+        same = [i for i, w in enumerate(warnings) if w.startswith("ignoring ") and
+                w.endswith(reason) and "'checkpoint_storage." in w]
+        if same:  # one warning for the container keys, as the schema gives the others
+            head = warnings[same[0]].removesuffix(reason)
+            warnings[same[0]] = f"{head}, {key}{reason}"
+        else:
+            warnings.append(f"ignoring {key}{reason}")
 
 
 _STORAGE_KEYS = {"shared_fs": ("host_path", "storage_path"),

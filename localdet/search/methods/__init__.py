@@ -38,6 +38,8 @@ SEARCH_METHODS: dict[str, Callable[[ExperimentConfig, int], SearchMethod]] = {
     "grid": GridSearch,
     "random": RandomSearch,
     "adaptive_asha": AdaptiveASHASearch,
+    # Determined's async_halving is one ASHA bracket (parse_config sets bracket_rungs).
+    "async_halving": AdaptiveASHASearch,
 }
 
 
