@@ -27,17 +27,6 @@ class TFKerasTrialController:
                             "drives the trial; run it with `localdet run CONFIG MODEL_DIR`")
 
 
-class DeterminedCallback:
-    """Determined 0.38's callback for `model.fit` under `det.core.init()`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from determined import errors
-
-        raise errors.refuse("determined.keras.DeterminedCallback", "call `context = "
-                            "det.keras.init()` and train with `context.fit(model, ...)`, "
-                            "which checkpoints, reports and resumes the same way")
-
-
 class TFKerasNativeContext:
     """Determined 0.17.0's context of the Native API (`det.experimental.create`)."""
 
