@@ -1,5 +1,6 @@
 """The type names Determined's Keras API annotated loaders with (`keras.InputData`,
-`keras.ArrayLike`), for user code that still names them."""
+`keras.ArrayLike`), for user code that still names them, and the classes of Determined's
+runner and Native API, which refuse with one sentence when made."""
 
 from __future__ import annotations
 
