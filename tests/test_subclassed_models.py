@@ -285,6 +285,48 @@ def test_weights_that_do_not_fit_are_refused_in_one_sentence(tmp_path):
         read_weights(gan.TinyGan(noise_dim=3, hidden=8), path)
 
 
+LOAD_UNDER_KERAS_2 = """
+import json, sys
+import h5py, numpy as np, tensorflow as tf
+import determined as det
+from determined.keras import load_model_from_checkpoint_path
+from determined.keras._weights_file import ordered_weights
+folder, gan_folder = sys.argv[1], sys.argv[2]
+model = load_model_from_checkpoint_path(folder)
+with h5py.File(folder + "/localdet-keras-weights.h5", "r") as h5:
+    saved = [np.asarray(h5["layers"][str(i)]) for i in range(h5["layers"].attrs["count"])]
+equal = all(np.array_equal(a, np.asarray(b))
+            for a, b in zip(saved, ordered_weights(model)[0], strict=True))
+with det.import_from_path(gan_folder):
+    from model_def import make_data
+real, noise = make_data(seed=1, rows=128, noise_dim=3)
+results = model.evaluate(tf.data.Dataset.from_tensor_slices((real, noise)).batch(32),
+                         verbose=0, return_dict=True)
+print(json.dumps({"line": tf.keras.__name__, "equal": equal,
+                  "results": {k: float(v) for k, v in results.items()}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
+                    reason="already running under Keras 2")
+def test_a_keras_3_checkpoint_of_a_subclassed_model_loads_under_keras_2(straight):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_UNDER_KERAS_2, str(straight["export"]), str(GAN)],
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["line"].startswith("tf_keras") and found["equal"], found
+    recorded = [m for kind, _, m in straight["metrics"] if kind == "validation"][-1]
+    assert found["results"]["d_loss"] == pytest.approx(recorded["val_d_loss"], abs=1e-5)
+    assert found["results"]["g_loss"] == pytest.approx(recorded["val_g_loss"], abs=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
                     reason="already running under Keras 2")
@@ -313,6 +355,8 @@ def test_the_compat_gan_pauses_resumes_and_loads_under_a_daemon(home, tmp_path, 
 
     raw = yaml.safe_load((GAN / "const.yaml").read_text())
     raw["searcher"]["max_length"] = {"batches": E2E_LENGTH}
+    # Trained under Keras 2, loaded below in this Keras 3 process.
+    raw["environment"] = {"environment_variables": ["TF_USE_LEGACY_KERAS=1"]}
     raw.update(scheduling_unit=20, min_validation_period={"batches": 1000},
                min_checkpoint_period={"batches": 1000})
     config = tmp_path / "gan.yaml"
@@ -337,8 +381,9 @@ def test_the_compat_gan_pauses_resumes_and_loads_under_a_daemon(home, tmp_path, 
     folder = tmp_path / "export"
     home.cli("checkpoint", "export", last["uuid"], folder)
     metadata = json.loads((folder / "metadata.json").read_text())
-    assert metadata["weights_form"] == FORM and metadata["keras_line"] == trial["keras_line"]
-    # Loaded here (Keras 3, whichever line trained it): the layers' weights of the file.
+    assert metadata["weights_form"] == FORM and metadata["keras_line"] == "keras2"
+    assert trial["keras_line"] == "keras2"
+    # Loaded here, under Keras 3: the layers' weights of the file.
     model = load_model_from_checkpoint_path(str(folder))
     with h5py.File(folder / WEIGHTS_FILENAME, "r") as h5:
         saved = [np.asarray(h5["layers"][str(i)]) for i in range(h5["layers"].attrs["count"])]
