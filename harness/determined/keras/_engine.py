@@ -356,6 +356,13 @@ class GradientAllreduce(_GradientAveraging):
         group = self.distributed._process_group(self.COLLECTIVE)
         return group.allreduce_mean(self.COLLECTIVE, arrays)
 
+    def prepare(self, model: Any, dataset: tf.data.Dataset) -> None:
+        if getattr(model, "jit_compile", False):  # before any collective: every rank stops
+            raise EngineError("model.compile(jit_compile=True) cannot train on several slots "
+                              "without Horovod (XLA cannot compile the gradient exchange); "
+                              "compile without jit_compile")
+        super().prepare(model, dataset)
+
     def _broadcast(self, variables: List[Any]) -> None:
         chief = self.distributed.rank == 0
         values = self.distributed.broadcast([np.asarray(v.numpy()) for v in variables]
