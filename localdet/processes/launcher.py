@@ -29,7 +29,7 @@ from determined.core._reporting import (
 from localdet.checkpoints import disk_space
 from localdet.config import engines, keras_choice
 from localdet.paths import Layout
-from localdet.processes import capped_log
+from localdet.processes import capped_log, startup_hook
 from localdet.records.db import Experiment, Trial
 from localdet.records.states import ExperimentKind
 
@@ -92,8 +92,11 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     engine = _engine(experiment)
     env[ENGINE_VAR] = engine
     return LaunchSpec(
-        argv=supervised_argv(argv_for(experiment.config), engine, len(slots),
-                             experiment.config.get("launcher")),
+        # The folder's startup-hook.sh first, once for all ranks (once per container, as
+        # Determined ran it): localdet/processes/startup_hook.py.
+        argv=startup_hook.wrapped(supervised_argv(argv_for(experiment.config), engine,
+                                                  len(slots), experiment.config.get("launcher")),
+                                  Path(experiment.model_dir)),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),
@@ -145,9 +148,10 @@ def supervised_argv(argv: list[str], engine: str, slots: int,
 def unsupervised_argv(argv: list[str]) -> list[str]:
     """The ranks' own command inside a `supervised_argv` (for launchers that start each rank
     themselves, on several machines); any other argv as it is."""
+    hook, argv = startup_hook.unwrapped(argv)  # each node runs the hook before its ranks
     if argv[1:4] == ["-P", "-m", "localdet.processes.ranks"] and "--" in argv:
-        return argv[argv.index("--") + 1:]
-    return argv
+        return hook + argv[argv.index("--") + 1:]
+    return hook + argv
 
 
 def _engine(experiment: Experiment) -> str:
