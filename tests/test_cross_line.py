@@ -165,9 +165,9 @@ CLASS_CASES: dict = {
         ({"alpha": 0.3, "gamma": 1.0, "from_logits": True, "label_smoothing": 0.05,
           "axis": -1, "reduction": "sum"}, "categorical_logits")],
     ("losses", "CategoricalHinge"): [({"reduction": "sum"}, "categorical")],
-    ("losses", "CosineSimilarity"): [({"axis": -1, "reduction": "sum"}, "regression")],
+    ("losses", "CosineSimilarity"): [({"axis": 0, "reduction": "sum"}, "regression")],
     ("losses", "Hinge"): [({"reduction": "sum"}, "hinge")],
-    ("losses", "Huber"): [({"delta": 1.0, "reduction": "sum_over_batch_size"}, "regression")],
+    ("losses", "Huber"): [({"delta": 0.5, "reduction": "sum_over_batch_size"}, "regression")],
     ("losses", "KLDivergence"): [({"reduction": "none"}, "categorical")],
     ("losses", "LogCosh"): [({"reduction": "sum"}, "regression")],
     ("losses", "MeanAbsoluteError"): [({"reduction": "sum"}, "regression")],
@@ -194,7 +194,7 @@ CLASS_CASES: dict = {
     ("metrics", "CategoricalCrossentropy"): [
         ({"from_logits": True, "label_smoothing": 0.1, "axis": -1}, "categorical_logits")],
     ("metrics", "CategoricalHinge"): [({}, "categorical")],
-    ("metrics", "CosineSimilarity"): [({"axis": -1}, "regression")],
+    ("metrics", "CosineSimilarity"): [({"axis": 0}, "regression")],
     ("metrics", "F1Score"): [({"average": "macro", "threshold": 0.5}, "binary")],
     ("metrics", "FBetaScore"): [
         ({"average": "weighted", "beta": 2.0, "threshold": 0.4}, "binary")],

@@ -83,8 +83,12 @@ def _serialised(obj: Any) -> Any:
         from tf_keras.src.saving.legacy.saved_model import json_utils
     else:
         from keras.src.legacy.saving import json_utils, saving_utils
-    return json.loads(json.dumps(saving_utils._serialize_nested_config(obj),
-                                 default=json_utils.get_json_type))
+    from determined.keras._saved_compile import complete_entry
+
+    entry = json.loads(json.dumps(saving_utils._serialize_nested_config(obj),
+                                  default=json_utils.get_json_type))
+    complete_entry(obj, entry)  # as the harness completes what Keras 3 leaves out
+    return entry
 
 
 def _instance(kind: str, class_name: str, kwargs: Dict[str, Any]) -> Any:

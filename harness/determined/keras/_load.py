@@ -347,6 +347,9 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
 
 def _save_whole_model(folder: str, out: str) -> None:
     """In the subprocess: load the checkpoint in this line, save the whole model."""
+    from determined.keras._saved_compile import record_missing_arguments
+
     model = load_model_from_checkpoint_path(folder)
     with quiet_keras_warnings():
         model.save(out)
+    record_missing_arguments(model, Path(out))

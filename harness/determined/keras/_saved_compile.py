@@ -272,6 +272,42 @@ def build_compile_arguments(config: Dict[str, Any], custom: Dict[str, Any],
     return args
 
 
+def complete_entry(given: Any, entry: Any) -> bool:
+    """Add to `entry` (a recorded loss or metric, or a structure of them) the arguments its
+    object `given` keeps only as its function's keyword arguments, which Keras 3's
+    `get_config` leaves out (Huber's `delta`, CosineSimilarity's `axis`,
+    SparseCategoricalCrossentropy's `axis`); True where any was added."""
+    if isinstance(given, (list, tuple)) and isinstance(entry, list):
+        return any([complete_entry(g, e) for g, e in zip(given, entry, strict=False)])
+    if isinstance(given, dict) and isinstance(entry, dict) and "class_name" not in entry:
+        return any([complete_entry(g, entry.get(k)) for k, g in given.items()])
+    arguments = getattr(given, "_fn_kwargs", None)
+    config = entry.get("config") if isinstance(entry, dict) else None
+    if not isinstance(arguments, dict) or not isinstance(config, dict):
+        return False
+    added = {key: value for key, value in arguments.items() if key not in config
+             and isinstance(value, (bool, int, float, str, type(None)))}
+    config.update(added)
+    return bool(added)
+
+
+def record_missing_arguments(model: Any, h5_path: Path) -> None:
+    """Complete the compile arguments a Keras 3 `.h5` records (see `complete_entry`), so
+    that either line compiles the model as it was; Keras 2 records them all itself."""
+    given = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not isinstance(given, dict):
+        return
+    with h5py.File(h5_path, "r+") as h5:
+        raw = h5.attrs.get("training_config")
+        if raw is None:
+            return
+        config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        changed = [complete_entry(given.get(key), config.get(key))
+                   for key in ("loss", "metrics", "weighted_metrics")]
+        if any(changed):
+            h5.attrs["training_config"] = json.dumps(config)
+
+
 def compile_as_saved(model: Any, h5_path: Path, custom: Dict[str, Any]) -> bool:
     """Compile `model` with the loss, metrics and optimizer its `.h5` records (`custom`:
     the objects a name may mean beyond Keras's own); False when it is left uncompiled (the

@@ -32,6 +32,7 @@ from determined.keras import _data, _engine, _graph_random, _sharding, _state, _
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
+from determined.keras._saved_compile import record_missing_arguments
 
 MODEL_FILENAME = "determined-keras-model.h5"
 MODEL_FORM = "keras-model-h5"  # architecture, weights, compile settings: Keras's own .h5
@@ -539,6 +540,7 @@ class TrialController:
         if saves_whole(self.model):
             with quiet_keras_warnings():
                 self.model.save(directory / MODEL_FILENAME)
+            record_missing_arguments(self.model, directory / MODEL_FILENAME)  # Keras 3's
             return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
         # Keras saves no other model whole in an .h5; the trial class rebuilds it.
         _weights_file.write_weights(self.model, directory / _weights_file.WEIGHTS_FILENAME)
