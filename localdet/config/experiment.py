@@ -352,7 +352,10 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             continue  # max_length of a script's run: its epochs decide
         if isinstance(holder[key], int):
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
-        batches = length_to_batches(holder[key], config, what)  # fail now, not hours into training
+        # Fail now, not hours into training. A searched batch size counts the searcher's
+        # records and epochs per trial (search/methods): the smallest gives the most batches.
+        sized = _with_smallest_batch_size(config) if key == "max_length" else config
+        batches = length_to_batches(holder[key], sized, what)
         if batches > MAX_INT:
             raise ConfigError(f"{what}: comes to {batches:,} batches, more than localdet counts; "
                               f"lower it", what)
@@ -369,6 +372,28 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
     return ParsedConfig(config=config, settings=ExperimentConfig.from_dict(config),
                         warnings=warnings)
+
+
+def _with_smallest_batch_size(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` as length_to_batches reads it, with a searched global_batch_size (an int
+    range or a choice of integers) replaced by the smallest it can take; `config` itself
+    when the batch size is constant or absent."""
+    path = "hyperparameters.global_batch_size"
+    hp = config["hyperparameters"].get("global_batch_size")
+    if hp is None or _is_const(hp):
+        return config
+    if hp["type"] == "int":
+        smallest = hp["minval"]
+    elif hp["type"] == "categorical" and all(_strict_int(None, v) for v in hp["vals"]):
+        smallest = min(hp["vals"])
+    else:
+        raise ConfigError(f"{path}: a searched batch size must be an int range or a choice of "
+                          f"integers, got {_shown(hp)}", path)
+    if smallest < 1:
+        raise ConfigError(f"{path}: every batch size it can take must be at least 1, got "
+                          f"{_shown(hp)}", path)
+    return {**config, "hyperparameters": {**config["hyperparameters"],
+                                          "global_batch_size": smallest}}
 
 
 def _time_length(searcher: dict[str, Any], warnings: list[str]) -> None:

@@ -200,8 +200,20 @@ class ExperimentConfig:
         """`config` itself if typed already, else built from the dict."""
         return config if isinstance(config, ExperimentConfig) else cls.from_dict(config)
 
-    def batches(self, length: Length, what: str) -> int:
-        """`length` in batches (records and epochs rounded up); `what` names it in errors."""
+    def batches(self, length: Length, what: str,
+                hparams: Mapping[str, Any] | None = None) -> int:
+        """`length` in batches (records and epochs rounded up); `what` names it in errors.
+        `hparams`: one trial's, whose own global_batch_size counts its records and epochs
+        (Determined's way when the batch size is searched)."""
+        space = self.hyperparameters
+        if hparams is not None and "global_batch_size" in hparams:
+            space = {"global_batch_size": hparams["global_batch_size"]}
         return length_to_batches(length.as_dict(), {"records_per_epoch": self.records_per_epoch,
-                                                    "hyperparameters": self.hyperparameters},
-                                 what)
+                                                    "hyperparameters": space}, what)
+
+    @property
+    def batch_size_searched(self) -> bool:
+        """Whether global_batch_size is a range or a choice, so that a length in records or
+        epochs comes to a different number of batches for each trial."""
+        hp = self.hyperparameters.get("global_batch_size")
+        return isinstance(hp, Mapping) and hp.get("type") not in (None, "const")

@@ -15,7 +15,8 @@ next rung, the rest wait and are closed once the bracket can promote nothing mor
     bracket_max_concurrent_trials(16, 4, [45, 14, 5])       # [6, 5, 5]
 
 Request ids are shared by all brackets: 1, 2, 3... in creation order. Rung lengths are
-computed in max_length's own unit (batches, records or epochs), then converted to batches.
+computed in max_length's own unit (batches, records or epochs), then converted to batches:
+for each trial with its own global_batch_size when that is searched, as Determined did.
 A trial that exits early counts as the worst possible result at the rung it was training
 for; the daemon has already ended it, so it is never promoted into training or closed (one
 that exits while waiting keeps its result; should it be promoted later, it counts as the
@@ -108,7 +109,8 @@ def rung_units(max_length_units: int, rungs: int, divisor: float) -> list[int]:
 
 @dataclass
 class Rung:
-    length: int                                   # batches, in total
+    length: int                                   # batches, in total (units if batch size varies)
+    units: int = 0                                # in max_length's unit
     results: list[tuple[float, int]] = field(default_factory=list)  # (metric, request), best first
     promoted: set[int] = field(default_factory=set)  # promoted out of this rung
 
@@ -119,9 +121,13 @@ class Bracket:
 
     def __init__(self, index: int, rung_lengths: list[int], max_trials: int,
                  max_concurrent_trials: int, divisor: float,
-                 create: Callable[[Bracket], list[Operation]]):
+                 create: Callable[[Bracket], list[Operation]],
+                 batches: Callable[[int, Rung], int] | None = None):
+        """`batches(request, rung)`: the rung's length in batches for that trial (default:
+        the rung's length, the same for all)."""
         self.index = index
         self.rungs = [Rung(length) for length in rung_lengths]
+        self.batches = batches or (lambda _request, rung: rung.length)
         self.max_trials = max_trials
         self.max_concurrent_trials = max_concurrent_trials
         self.pacing = Pacing(max_trials, max_concurrent_trials)
@@ -152,7 +158,8 @@ class Bracket:
 
     def on_validation_completed(self, request_id: int, metric: float,
                                 length: int) -> list[Operation]:
-        if request_id not in self.training or length < self.rungs[self.rung_of[request_id]].length:
+        rung = self.rungs[self.rung_of[request_id]] if request_id in self.training else None
+        if rung is None or length < self.batches(request_id, rung):
             return []  # not the validation its rung waits for (or a duplicate)
         return self._report(request_id, metric)
 
@@ -206,7 +213,7 @@ class Bracket:
                 # It cannot train on: count it as the worst result in the next rung instead.
                 request_id, metric = promoted, WORST
                 continue
-            ops.append(ValidateAfter(promoted, self.rungs[index + 1].length))
+            ops.append(ValidateAfter(promoted, self.batches(promoted, self.rungs[index + 1])))
             training_added = True
             break
         # Keep the bracket busy: what did not go on training is replaced by a new trial.
@@ -281,14 +288,20 @@ class AdaptiveASHASearch:
         trials = bracket_max_trials(max_trials, divisor, counts)
         concurrency = bracket_max_concurrent_trials(searcher.max_concurrent_trials, divisor,
                                                     trials)
-        self.brackets = []
-        for index, rungs in enumerate(counts):
-            lengths = [settings.batches(Length(unit, n), "searcher.max_length")
-                       for n in rung_units(units, rungs, divisor)]
-            self.brackets.append(Bracket(index, lengths, trials[index], concurrency[index],
-                                         divisor, self._create))
         # Which hyperparameters: drawn as `random` draws them, one counter for all brackets.
         self.source = RandomDraws(settings.hyperparameters, experiment_seed, max_trials)
+        self.unit = unit
+        self.per_trial = settings.batch_size_searched and unit != "batches"
+        self.brackets = []
+        for index, rungs in enumerate(counts):
+            per_rung = rung_units(units, rungs, divisor)
+            lengths = per_rung if self.per_trial else [
+                settings.batches(Length(unit, n), "searcher.max_length") for n in per_rung]
+            bracket = Bracket(index, lengths, trials[index], concurrency[index], divisor,
+                              self._create, self._trial_batches if self.per_trial else None)
+            for rung, n in zip(bracket.rungs, per_rung, strict=True):
+                rung.units = n
+            self.brackets.append(bracket)
         self.bracket_of: dict[int, Bracket] = {}
         self.smaller_is_better = searcher.smaller_is_better
         self.shut_down = False
@@ -325,15 +338,23 @@ class AdaptiveASHASearch:
         return min(1.0, sum(b.progress() for b in self.brackets) / len(self.brackets))
 
     def rungs(self) -> list[dict]:
-        return [{"bracket": bracket.index, "rung": index, "length": rung.length,
+        """"length" in batches, or in max_length's unit ("unit") when each trial's batch size
+        makes it a different number of batches."""
+        unit = self.unit if self.per_trial else "batches"
+        return [{"bracket": bracket.index, "rung": index, "length": rung.length, "unit": unit,
                  "reached": len(rung.results), "promoted": len(rung.promoted)}
                 for bracket in self.brackets for index, rung in enumerate(bracket.rungs)]
+
+    def _trial_batches(self, request_id: int, rung: Rung) -> int:
+        return self.settings.batches(Length(self.unit, rung.units), "searcher.max_length",
+                                     self.source.hparams(request_id))
 
     def _create(self, bracket: Bracket) -> list[Operation]:
         request_id = len(self.bracket_of) + 1  # one counter for all brackets
         self.bracket_of[request_id] = bracket
         bracket.trial_created(request_id)
-        return [self.source.create(request_id), ValidateAfter(request_id, bracket.rungs[0].length)]
+        return [self.source.create(request_id),
+                ValidateAfter(request_id, bracket.batches(request_id, bracket.rungs[0]))]
 
     def _shutdown_if_done(self) -> list[Operation]:
         if self.shut_down or not all(b.finished for b in self.brackets):

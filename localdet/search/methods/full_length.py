@@ -12,7 +12,8 @@ says when the search is over.
 exited (base.Pacing): that many are created at first, one more each time one closes or
 exits early.
 A script's run may leave max_length out: its target is then 0 batches, meaning the script's
-own epochs decide, and its first completed validation closes it.
+own epochs decide, and its first completed validation closes it. A max_length in records or
+epochs with a searched global_batch_size comes to each trial's own number of batches.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ class FullLengthSearch:
         self.settings = ExperimentConfig.of(config)
         self.experiment_seed = experiment_seed
         searcher = self.settings.searcher
-        self.max_length = (0 if searcher.max_length is None  # 0: the script decides
-                           else self.settings.batches(searcher.max_length, "searcher.max_length"))
         self.source = self.hparam_source()
+        self._targets: dict[int, int] = {}
+        # The same for every trial unless the batch size is searched (then trial 1's).
+        self.max_length = self.target(1)
         self.total_trials = self.source.count
         self.pacing = Pacing(self.total_trials, searcher.max_concurrent_trials)
         self.finished: set[int] = set()  # closed by us or exited early
@@ -51,6 +53,18 @@ class FullLengthSearch:
         """Which hyperparameters each trial gets, and how many trials."""
         raise NotImplementedError
 
+    def target(self, request_id: int) -> int:
+        """Request r's length in batches; 0: the script decides."""
+        if not self.settings.batch_size_searched:
+            request_id = 1  # the same for all
+        if request_id not in self._targets:
+            length = self.settings.searcher.max_length
+            hparams = self.source.hparams(request_id) if length is not None \
+                and self.settings.batch_size_searched else None
+            self._targets[request_id] = 0 if length is None else self.settings.batches(
+                length, "searcher.max_length", hparams)
+        return self._targets[request_id]
+
     # -- the SearchMethod protocol ----------------------------------------------------
     def initial_operations(self) -> list[Operation]:
         ops: list[Operation] = []
@@ -60,7 +74,7 @@ class FullLengthSearch:
 
     def on_validation_completed(self, request_id: int, metric: float,
                                 length: int) -> list[Operation]:
-        if not self._running(request_id) or length < self.max_length:
+        if not self._running(request_id) or length < self.target(request_id):
             return []  # not the validation at max_length (or a duplicate): nothing to decide
         self.finished.add(request_id)
         return [Close(request_id), *self._shutdown_if_done()]
@@ -83,10 +97,10 @@ class FullLengthSearch:
         a trial that exited early counts as done, since it will train no further."""
         if not self.max_length or not self.total_trials:
             return 0.0  # unknown until the script records its length
-        done = sum(self.max_length if r in self.exited
-                   else min(batches_trained.get(r, 0), self.max_length)
-                   for r in range(1, self.total_trials + 1))
-        return min(1.0, done / (self.max_length * self.total_trials))
+        requests = range(1, self.total_trials + 1)
+        done = sum(self.target(r) if r in self.exited
+                   else min(batches_trained.get(r, 0), self.target(r)) for r in requests)
+        return min(1.0, done / sum(self.target(r) for r in requests))
 
     def rungs(self) -> list[dict]:
         return []
@@ -98,7 +112,7 @@ class FullLengthSearch:
     def _create(self) -> list[Operation]:
         self.pacing.count()
         request_id = self.pacing.created  # request ids are 1, 2, 3... in creation order
-        return [self.source.create(request_id), ValidateAfter(request_id, self.max_length)]
+        return [self.source.create(request_id), ValidateAfter(request_id, self.target(request_id))]
 
     def _create_next(self) -> list[Operation]:
         """A trial left: one more may start."""
