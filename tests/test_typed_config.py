@@ -155,3 +155,20 @@ def test_a_job_has_its_own_defaults_in_the_canonical_form():
     assert parsed.settings.max_restarts == 0  # a job's default, not an experiment's 5
     assert parsed.settings.name == "job"
     assert parsed.settings == ExperimentConfig.from_dict(parsed.config)
+
+
+def test_a_length_in_epochs_counts_each_trials_own_batch_size():
+    settings = parse_config({
+        "entrypoint": "model_def:Trial", "records_per_epoch": 1000,
+        "hyperparameters": {"global_batch_size": {"type": "categorical", "vals": [10, 30]}},
+        "searcher": {"name": "grid", "metric": "val_loss", "max_length": {"epochs": 2}}}).settings
+    assert settings.batch_size_searched
+    length = settings.searcher.max_length
+    assert [settings.batches(length, "searcher.max_length", {"global_batch_size": size})
+            for size in (10, 30)] == [200, 67]
+    ops = make_search_method(settings, 1).initial_operations()
+    sizes = {op.request_id: op.hparams["global_batch_size"] for op in ops
+             if isinstance(op, Create)}
+    targets = {op.request_id: op.length for op in ops if hasattr(op, "length")}
+    assert {sizes[r]: targets[r] for r in sizes} == {10: 200, 30: 67}
+    assert not ExperimentConfig.from_dict(BARE).batch_size_searched
