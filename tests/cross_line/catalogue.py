@@ -29,13 +29,14 @@ def line() -> str:
 
 
 def enumerate_line() -> Dict[str, Any]:
-    """Classes (with their constructor's parameters) and the lower-case names this line's
+    """Classes (their constructor's parameters and defaults) and the lower-case names this line's
     loss and metric modules export (`candidates`; see `resolvable`)."""
     out: Dict[str, Any] = {}
     for kind, module, base in (("losses", tf.keras.losses, tf.keras.losses.Loss),
                                ("metrics", tf.keras.metrics, tf.keras.metrics.Metric)):
-        out[kind] = {name: [p for p in inspect.signature(obj.__init__).parameters
-                            if p not in ("self", "name", "dtype", "kwargs")]
+        out[kind] = {name: {p: _plain(parameter.default) for p, parameter in
+                            inspect.signature(obj.__init__).parameters.items()
+                            if p not in ("self", "name", "dtype", "kwargs")}
                      for name, obj in vars(module).items() if inspect.isclass(obj)
                      and issubclass(obj, base) and name not in ABSTRACT[kind]
                      and not name.startswith("_")}
@@ -44,6 +45,14 @@ def enumerate_line() -> Dict[str, Any]:
         if not name.startswith("_") and not name[0].isupper()
         and name not in ("get", "serialize", "deserialize", "experimental"))
     return out
+
+
+def _plain(default: Any) -> Any:
+    """A parameter's default as JSON holds it (None where it has none)."""
+    if default is inspect.Parameter.empty:
+        return None
+    return default if isinstance(default, (bool, int, float, str, type(None))) else \
+        repr(default)
 
 
 def resolvable(candidates: List[str]) -> Dict[str, List[str]]:
