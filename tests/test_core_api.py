@@ -116,6 +116,21 @@ def test_a_searcher_length_reaches_the_script_and_preempts_once_validated(trial_
     assert db.trial(trial_id).target_batches == 30  # the searcher's, never the script's
 
 
+def test_report_early_exit_invalid_hp_ends_the_trial_as_invalid_hp_does(
+        trial_process, capsys, tmp_path):
+    from localdet.processes import failures, launcher
+
+    _, make = trial_process
+    make({"name": "single", "metric": "err"})
+    with pytest.raises(SystemExit) as exited:
+        with det.core.init() as core_context:
+            core_context.train.report_early_exit(det.core.EarlyExitReason.INVALID_HP)
+    assert exited.value.code == 1
+    log = tmp_path / "trial.log"
+    log.write_text(capsys.readouterr().err)
+    assert failures.invalid_hparams(launcher.failure(log))  # no restarts; the search goes on
+
+
 def test_a_time_metric_length_counts_in_that_metric():
     from determined.core._length import TrialLength
 

@@ -167,7 +167,8 @@ def _storage_path(checkpoint_storage: Optional[Union[str, Dict[str, Any]]]) -> p
 def _dummy_init(*, distributed: Optional[DistributedContext] = None,
                 checkpoint_storage: Optional[Union[str, Dict[str, Any]]] = None,
                 tensorboard_path: Optional[pathlib.Path] = None,
-                preempt_mode: PreemptMode = PreemptMode.WorkersAskChief) -> Context:
+                preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+                storage_manager: Any = None) -> Context:
     """The off-cluster context (Determined's local test mode)."""
     distributed = distributed or DistributedContext()
     base = _storage_path(checkpoint_storage)
@@ -184,7 +185,7 @@ def init(*, distributed: Optional[DistributedContext] = None,
          checkpoint_storage: Optional[Union[str, Dict[str, Any]]] = None,
          preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
          tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
-         async_checkpointing: bool = True) -> Context:
+         async_checkpointing: bool = True, storage_manager: Any = None) -> Context:
     """The Core API context; see the module docstring.
 
     Args:
@@ -198,7 +199,12 @@ def init(*, distributed: Optional[DistributedContext] = None,
             place (`TensorboardMode`).
         async_checkpointing: accepted; checkpoints are always stored in the background and
             recorded before the context closes.
+        storage_manager: Determined 0.18-0.2x's argument, accepted and unused (its storage
+            classes are the master's; checkpoints go where `checkpoint_storage` says).
     """
+    if storage_manager is not None:
+        logger.warning("core.init(storage_manager=...) is ignored by localdet; pass "
+                       "checkpoint_storage= (a folder) off localdet")
     if not os.environ.get(TRIAL_ID_VAR):
         return _dummy_init(distributed=distributed, checkpoint_storage=checkpoint_storage,
                            preempt_mode=preempt_mode)
