@@ -208,11 +208,9 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
         "it failed at its checkpoint after 8 batches, the same way as before")
 
     for run in facts.values():  # which Keras each trial ran under, and why: trial classes
-        for t in run["trials"]:  # are Determined's, hence Keras 2; the script is not
+        for t in run["trials"]:  # and a script using `determined` are Determined's: Keras 2
             if t["id"] in launches(home, run["id"]):
-                expected = ("keras3", "default") if run is script_run else (
-                    "keras2", "determined_api")
-                assert (t["keras_line"], t["keras_line_rule"]) == expected, t
+                assert (t["keras_line"], t["keras_line_rule"]) == ("keras2", "determined_api")
 
     invalid = facts["invalid-hp"]
     by_width = {t["hparams"]["width"]: t for t in invalid["trials"]}

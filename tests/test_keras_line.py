@@ -296,6 +296,12 @@ def test_each_folder_runs_on_the_line_it_needs(folder, line, rule, source):
     assert (chosen, *keras_choice.rule_of(why)) == (line, rule, source), why
 
 
+def test_a_script_written_for_determined_runs_under_keras_2_without_its_launcher():
+    line, why = keras_choice.choose(KERAS_LINE / "core_api", {}, SCRIPT)
+    assert (line, *keras_choice.rule_of(why)) == ("keras2", "determined_api", "train.py:7")
+    assert "it uses import determined as det" in why
+
+
 def test_a_package_is_read_where_the_trial_finds_it_and_named_in_the_reason():
     folder = KERAS_LINE / "dense_heads_trial"
     line, why = keras_choice.choose(folder, {"PYTHONPATH": str(SITE)}, _config_of(folder))

@@ -13,9 +13,9 @@ decided by SOURCE: ...`, see `reason`):
    uses what only one line has (localdet/config/keras_packages.py).
 5. `new_keras_api`: the code uses localdet's New Keras API (`det.keras.init()`), written
    for this TensorFlow: Keras 3.
-6. `determined_api`: the code is written against Determined's APIs (a trial class, the Core
-   API, `det.keras.DeterminedCallback`, a `determined.launch` launcher): Keras 2, the line
-   Determined ran all of it under.
+6. `determined_api`: the code is written against Determined's APIs (a trial class, a
+   `determined.launch` launcher, a script that uses `determined`: the Core API,
+   `det.keras.DeterminedCallback`, ...): Keras 2, the line Determined ran all of it under.
 7. `default`: anything else (a plain script): Keras 3, TensorFlow's own default.
 
 Only files the entrypoint reaches count: its module or script, then the model folder's

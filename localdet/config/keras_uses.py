@@ -42,11 +42,10 @@ KERAS3_ONLY = ("ops", "random", "tree", "config", "distribution", "dtype_policie
 # Keras 2 internals a layer touches on itself (Keras 3's Layer has `_trainable_variables`):
 # counted in a file that imports Keras or TensorFlow.
 _KERAS2_LAYER_INTERNALS = ("_trainable_weights", "_non_trainable_weights")
-# Determined's APIs, whose code Determined ran under Keras 2, and localdet's own New Keras API.
-DETERMINED_API = ("determined.keras.TFKerasTrial", "determined.keras.DeterminedCallback",
-                  "determined.keras.TensorBoard", "determined.core.init",
-                  "determined.core.DistributedContext", "determined.get_cluster_info",
-                  "determined.keras.callbacks")
+# Determined's APIs (anything of `determined`: the Core API, its Keras callback, trial
+# classes, the experimental client), whose code Determined ran under Keras 2; and localdet's
+# own New Keras API, which is not Determined's.
+DETERMINED_API = ("determined",)
 NEW_KERAS_API = ("determined.keras.init",)
 # For a file that does not parse: the Keras 2 names, searched as text.
 _KERAS2_TEXT = re.compile(r"optimizers\.legacy|keras\.engine\b|\btf_keras\b|"
