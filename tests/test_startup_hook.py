@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,6 +32,7 @@ GOOD_HOOK = """\
 echo "hook starts; config says CONFIG_VAR=$CONFIG_VAR"
 export HOOK_VALUE=42
 echo prepared > made-by-hook.txt
+python3 -c 'import sys; open("hook-python.txt", "w").write(sys.executable)'
 """
 
 BAD_HOOK = """\
@@ -69,6 +71,9 @@ def test_the_hook_runs_first_and_what_it_exports_reaches_the_command(tmp_path):
         "script sees HOOK_VALUE=42",
         "script reads prepared",
     ]
+    # `python3` (and so `pip`) in the hook is the trial's own interpreter.
+    hook_python = Path((tmp_path / "model" / "hook-python.txt").read_text())
+    assert hook_python.parent == Path(sys.executable).parent
 
 
 def test_a_failing_hook_stops_the_command_with_one_sentence(tmp_path):

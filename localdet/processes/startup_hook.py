@@ -1,6 +1,7 @@
 """A model folder's `startup-hook.sh`, run before the trial's processes as Determined ran it:
-sourced by bash (`set -e`) in the trial's folder, with the trial's environment, so what it
-exports (and a `cd`) holds for the trial's command, which then replaces this process.
+sourced by bash (`set -e`) in the trial's folder, with the trial's environment (its Python's
+`python3` and `pip` first on PATH, as in Determined's container), so what it exports (and a
+`cd`) holds for the trial's command, which then replaces this process.
 
     argv = wrapped(argv, model_dir)   # argv itself when the folder has no hook
     # python -P -m localdet.processes.startup_hook -- ARGV...
@@ -47,6 +48,18 @@ def unwrapped(argv: list[str]) -> tuple[list[str], list[str]]:
     return [], argv
 
 
+def hook_environment() -> dict[str, str]:
+    """The trial's environment, with the trial's interpreter's folder first on PATH: in
+    Determined's container `python3` and `pip` were the trial's, so a hook's `pip install`
+    must reach the Python the trial runs in, not whichever is first on the daemon's PATH."""
+    env = dict(os.environ)
+    own = os.path.dirname(sys.executable)
+    path = env.get("PATH", "")
+    if path.split(os.pathsep)[:1] != [own]:
+        env["PATH"] = os.pathsep.join([own, path]) if path else own
+    return env
+
+
 def run_hook() -> tuple[int, str, str | None, dict[str, str]]:
     """Source the hook in this folder: (exit code, its last output line, the folder and
     the environment it left; None and {} when it failed or exited the shell itself)."""
@@ -55,7 +68,7 @@ def run_hook() -> tuple[int, str, str | None, dict[str, str]]:
     script = _SCRIPT.format(hook=HOOK, fd=write_end)
     process = subprocess.Popen(["bash", "-c", script], stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               pass_fds=(write_end,))
+                               pass_fds=(write_end,), env=hook_environment())
     os.close(write_end)
     last = ""
     out = sys.stdout.buffer
