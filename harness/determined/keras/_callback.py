@@ -163,7 +163,11 @@ class DeterminedCallback(_Callback):
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._epoch = epoch
         if self._generators is not None:  # after Keras set up the epoch's data
-            _state.restore(self._generators, self.model, [])
+            try:
+                _state.restore(self._generators, self.model, [])
+            except ValueError as error:  # the model's variables differ from the saved run's
+                logger.warning("the random generators' states were not restored (%s): the "
+                               "resumed run may draw other random numbers", error)
             self._generators = None
         if self._is_chief:
             self._core.train.set_status("training")
