@@ -489,12 +489,17 @@ def test_a_keras2_script_checkpoint_loads_compiled_under_keras_3(lines):
     _like_recorded(checkpoints.evaluate_loaded(Path(script["folder"]),
                                                checkpoints.script_data(1, 64)),
                    script["recorded"])
+    # The optimizer has a Keras 3 equivalent: the same class and rate.
+    assert checkpoints.optimizer_of(Path(script["folder"])) == {
+        "class": "Adam", "learning_rate": pytest.approx(0.02)}
 
 
 @pytest.mark.slow
 def test_a_keras3_script_checkpoint_loads_compiled_under_keras_2(lines):
     _like_recorded(lines["keras2"]["loaded"]["other_script"],
                    lines["keras3"]["script"]["recorded"])
+    assert lines["keras2"]["optimizer"] == {"class": "Adam",
+                                            "learning_rate": pytest.approx(0.02)}
 
 
 @pytest.mark.slow

@@ -103,3 +103,12 @@ def evaluate_loaded(folder: Path, data: Tuple[np.ndarray, np.ndarray]) -> Dict[s
     model = load_model_from_checkpoint_path(str(folder))
     found = model.evaluate(*data, verbose=0, return_dict=True)
     return {name: float(value) for name, value in found.items()}
+
+
+def optimizer_of(folder: Path) -> Dict[str, Any]:
+    """The class and learning rate of the optimizer the loaded model is compiled with."""
+    from determined.keras import load_model_from_checkpoint_path
+
+    optimizer = load_model_from_checkpoint_path(str(folder)).optimizer
+    return {"class": type(optimizer).__name__,
+            "learning_rate": float(np.asarray(optimizer.learning_rate))}

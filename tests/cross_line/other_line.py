@@ -27,6 +27,7 @@ def main(request_path: str, answer_path: str) -> None:
     for name in request["trials"]:
         folder, recorded = checkpoints.trial_checkpoint(scratch / name, f"model_def:{name}")
         answer["trials"][name] = {"folder": str(folder), "recorded": recorded}
+    answer["optimizer"] = checkpoints.optimizer_of(Path(request["other_script"]))
     answer["loaded"] = {
         "other_script": checkpoints.evaluate_loaded(Path(request["other_script"]),
                                                     checkpoints.script_data(1, 64)),
