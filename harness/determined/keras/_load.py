@@ -188,7 +188,15 @@ def _load_from_other_line(saved: SavedCheckpoint, line: str, attempt: _Attempt,
                 "a subprocess instead.", saved.folder, _spoken(line), reason, _spoken(other))
     with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
         h5_path = Path(scratch) / "model.h5"
-        _rebuild_in_line(saved, other, h5_path, reason)
+        try:
+            _rebuild_in_line(saved, other, h5_path, reason)
+        except CheckpointLoadError:
+            if saved.whole_model is None or attempt.tried_h5:
+                raise
+            # Neither line builds it from the code; the .h5 of this line still may.
+            with contextlib.suppress(Exception):
+                return _whole_model(saved, saved.whole_model, line)
+            raise
         return _handed_over(saved, h5_path, line, other, reason)
 
 
