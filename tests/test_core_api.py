@@ -55,7 +55,8 @@ def trial_process(tmp_path, monkeypatch):
     db.close()
 
 
-def test_a_script_without_a_length_records_metrics_and_checkpoints_and_pauses(trial_process):
+def test_a_script_without_a_length_records_metrics_and_checkpoints_and_pauses(trial_process,
+                                                                            monkeypatch):
     db, make = trial_process
     trial_id = make({"name": "single", "metric": "err"})
     with det.core.init() as core_context:
@@ -92,6 +93,14 @@ def test_a_script_without_a_length_records_metrics_and_checkpoints_and_pauses(tr
             assert (path / "weights.txt").read_text() == "w=1"
             assert json.loads((path / "metadata.json").read_text())["note"] == "a"
         assert core_context.checkpoint.get_metadata(storage_id)["note"] == "a"
+        # Without the database (a trial on another machine): the checkpoint's metadata.json.
+        from determined.core._reporting import reporter_factory
+
+        def elsewhere(uuid):
+            raise FileNotFoundError("no database here")
+        monkeypatch.setattr(reporter_factory(), "checkpoint_metadata", elsewhere)
+        assert core_context.checkpoint.get_metadata(storage_id) == {"steps_completed": 20,
+                                                                    "note": "a"}
         core_context.train.report_validation_metrics(30, {"err": 0.2})
         assert core_context.preempt.should_preempt()
         assert core_context.preempt.should_preempt()  # it stays asked

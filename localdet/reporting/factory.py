@@ -47,6 +47,11 @@ class LocaldetReporterFactory:
             db.close()
 
     def checkpoint_metadata(self, uuid: str) -> Dict[str, Any]:
+        """From the database; a trial reporting over HTTP does not read it (the caller
+        then reads the checkpoint's metadata.json), hence FileNotFoundError."""
+        if os.environ.get(REPORT_URL_VAR):
+            raise FileNotFoundError("a trial reporting over HTTP does not read the daemon's "
+                                    "database")
         from localdet.paths import Layout
         from localdet.records.db import StateDB
 
@@ -59,6 +64,9 @@ class LocaldetReporterFactory:
     def delete_checkpoint(self, uuid: str) -> None:
         """Marked deleted at once; retention's collector frees the files (`localdet gc`,
         or the daemon after the trial), never while a reader holds them."""
+        if os.environ.get(REPORT_URL_VAR):
+            raise RuntimeError("a trial reporting over HTTP cannot delete checkpoints; "
+                               "delete them with `localdet gc` or retention settings")
         from localdet.paths import Layout
         from localdet.records.db import StateDB
 

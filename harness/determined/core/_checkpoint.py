@@ -209,7 +209,15 @@ class CheckpointContext:
 
     def get_metadata(self, storage_id: str) -> Dict[str, Any]:
         """The metadata the checkpoint was saved with."""
-        return reporter_factory().checkpoint_metadata(storage_id)
+        try:
+            return reporter_factory().checkpoint_metadata(storage_id)
+        except OSError:
+            # The database is not on this machine (a trial on a cluster's node): the
+            # checkpoint's own metadata.json, fetched through the reporter.
+            with self.restore_path(storage_id, DownloadMode.NoSharedDownload,
+                                   selector=lambda name: name == METADATA_FILE) as path:
+                file = path / METADATA_FILE
+                return json.loads(file.read_text()) if file.exists() else {}
 
     def delete(self, storage_id: str) -> None:
         """Delete the checkpoint: its record stays, marked deleted (`localdet checkpoints
