@@ -265,6 +265,32 @@ def test_a_model_built_on_its_first_call_resumes_from_the_shapes_keras_recorded(
         assert json.loads(h5.attrs["build_config"])["input_shape"][1:] == [3]
 
 
+def test_an_optimizer_resumes_built_on_layers_frozen_since():
+    """A fine-tuning callback froze a layer after the optimizer was built on it: the state
+    goes back onto the same variables of a fresh model."""
+    from determined.keras import _state
+
+    def make():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(4),
+                                     tf.keras.layers.Dense(1)])
+        return model, tf.keras.optimizers.Adam(0.1)
+
+    model, optimizer = make()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones((2, 3))))
+    variables = model.trainable_variables
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+    model.layers[0].trainable = False
+    saved = _state.capture(model, [optimizer])
+    fresh, fresh_optimizer = make()
+    _state.restore(saved, fresh, [fresh_optimizer])
+    assert saved["optimizers"][0]["targets"] == [0, 1, 2, 3]
+    for x, y in zip(optimizer_values([optimizer])[0], optimizer_values([fresh_optimizer])[0],
+                    strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_which_models_are_saved_whole():
     inputs = tf.keras.Input(shape=(3,))
     functional = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))

@@ -14,6 +14,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
+from determined.keras._weights_file import ordered_weights
+
 
 def _variables(optimizer: Any) -> List[Any]:
     variables = optimizer.variables
@@ -58,28 +60,35 @@ def _built_on(optimizer: Any) -> Optional[Tuple[Callable[[Any], Any], List[Any]]
     return None
 
 
+def _model_weights(model: Any) -> List[Any]:
+    """The model's weights in an order that does not change when layers are frozen or
+    unfrozen (a callback fine-tuning a base model): the weights file's."""
+    walked, rest = ordered_weights(model)
+    return walked + rest
+
+
 def _optimizer_state(number: int, optimizer: Any, model: Any) -> Dict[str, Any]:
-    """The optimizer's variables, and which of the model's trainable variables (by position)
-    it was built on, so a resumed process builds it on the same ones: a GAN's two optimizers
-    each train one sub-model, not the whole model."""
+    """The optimizer's variables, and which of the model's weights (by position) it was
+    built on, so a resumed process builds it on the same ones: a GAN's two optimizers each
+    train one sub-model, not the whole model."""
     built = _built_on(optimizer)
     targets = None
     if built is not None:
         key, keys = built
-        position = {key(v): i for i, v in enumerate(model.trainable_variables)}
+        position = {key(v): i for i, v in enumerate(_model_weights(model))}
         missing = [k for k in keys if k not in position]
         if missing:
             raise OptimizerStateError(
                 f"optimizer {number} ({type(optimizer).__name__}) trains {len(missing)} "
-                "variables that are not the model's trainable variables; only variables of "
-                "the model given to wrap_model can be checkpointed")
+                "variables that are not the model's weights; only variables of the model "
+                "given to wrap_model can be checkpointed")
         targets = [position[k] for k in keys]
     return {"targets": targets, "values": [v.numpy() for v in _variables(optimizer)]}
 
 
 def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any]) -> None:
     if saved["targets"] is not None:
-        variables = model.trainable_variables
+        variables = _model_weights(model)
         build_optimizer(optimizer, model, [variables[i] for i in saved["targets"]])
     current = _variables(optimizer)
     if len(current) != len(saved["values"]):
