@@ -129,7 +129,6 @@ def get_cluster_info() -> Optional[ClusterInfo]:
         RANK_VAR,
         SLOTS_VAR,
         TRIAL_ID_VAR,
-        reporter_factory,
     )
 
     if not os.environ.get(TRIAL_ID_VAR):
@@ -139,9 +138,7 @@ def get_cluster_info() -> Optional[ClusterInfo]:
         return _cache["info"]
     info = reporter.trial_info()
     slots = [int(s) for s in os.environ.get(SLOTS_VAR, "").split(",") if s.isdigit()]
-    steps = 0
-    if info.latest_checkpoint:
-        steps = reporter_factory().checkpoint_batches(info.latest_checkpoint)
+    steps = info.latest_checkpoint_batches if info.latest_checkpoint else 0
     trial = None
     if info.kind != "job":
         trial = TrialInfo(trial_id=info.trial_id, experiment_id=info.experiment_id,

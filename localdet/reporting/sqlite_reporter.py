@@ -84,7 +84,16 @@ class SQLiteReporter:
             model_dir=Path(experiment.model_dir),
             trial_dir=self.layout.trial_dir(experiment.id, trial.id),
             kind=experiment.kind,
+            latest_checkpoint_batches=self._checkpoint_batches(trial.latest_checkpoint),
         )
+
+    def _checkpoint_batches(self, uuid: str | None) -> int:
+        if uuid is None:
+            return 0
+        try:
+            return int(self.db.checkpoint(uuid).batches_trained)
+        except NotFound:  # deleted meanwhile: the restore says so in its own words
+            return 0
 
     def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
         self.db.record_metrics(self.trial_id, "training", batches_trained, metrics)

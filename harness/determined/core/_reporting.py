@@ -66,6 +66,7 @@ class TrialInfo:
     model_dir: Path          # the snapshot of the submitted model folder
     trial_dir: Path          # the trial's own folder (logs, TensorBoard files)
     kind: str = "experiment" # "job": a batch job's process, which has no training
+    latest_checkpoint_batches: int = 0  # the batches trained when latest_checkpoint was saved
 
 
 class TrialReporter(Protocol):
