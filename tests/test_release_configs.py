@@ -209,6 +209,7 @@ def test_a_0_17_config_applies_what_one_machine_can_and_notes_the_rest():
                 "checkpoint_storage.type"):
         assert f"'{key}'" in notes, key
     assert "internal" not in notes  # null: the default, nothing to note
+    assert "bind_mounts: a trial here sees '/data' at its own path" not in notes  # same path
     assert all("\n" not in w for w in parsed.warnings)
 
 
@@ -248,6 +249,10 @@ def test_a_0_3x_config_writes_checkpoints_to_its_directory(tmp_path):
         assert f"'{key}'" in notes, key
     assert parsed.settings.batches(parsed.settings.searcher.max_length,
                                    "searcher.max_length") == 1875  # 60000 / 32
+    moved = parse_config({"entrypoint": "python3 train.py", "bind_mounts": [
+        {"host_path": "/srv/data", "container_path": "/data"}]})
+    assert ("bind_mounts: a trial here sees '/srv/data' at its own path, not at '/data' as in "
+            "Determined's container") in moved.warnings
 
 
 def test_0_38s_time_metric_is_the_same_length_as_max_length():

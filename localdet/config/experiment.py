@@ -335,6 +335,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     env = config["environment"]
     env["environment_variables"] = _environment_variables(env["environment_variables"], warnings)
     _time_length(searcher, warnings)
+    warnings.extend(_bind_mount_notes(raw.get("bind_mounts")))
     _entrypoint(config)
     if config["entrypoint_kind"] == "trial_class":
         # A trial class has no epochs of its own: the searcher alone says how long it trains.
@@ -372,6 +373,18 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
     return ParsedConfig(config=config, settings=ExperimentConfig.from_dict(config),
                         warnings=warnings)
+
+
+def _bind_mount_notes(mounts: Any) -> list[str]:
+    """A trial here reads the machine's own paths: say so for each mount whose path inside
+    Determined's container differs from the host's (the code's paths may need changing)."""
+    notes = []
+    for mount in mounts if isinstance(mounts, list) else []:
+        if isinstance(mount, dict) and mount.get("host_path") and mount.get("container_path") \
+                and mount["host_path"] != mount["container_path"]:
+            notes.append(f"bind_mounts: a trial here sees {mount['host_path']!r} at its own "
+                         f"path, not at {mount['container_path']!r} as in Determined's container")
+    return notes
 
 
 def _with_smallest_batch_size(config: dict[str, Any]) -> dict[str, Any]:
