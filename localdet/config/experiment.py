@@ -24,7 +24,6 @@ schema and fills its defaults, here and into stored configs (`typed.ExperimentCo
 
 from __future__ import annotations
 
-import copy
 import difflib
 import importlib.util
 import math
@@ -38,7 +37,7 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
-from localdet.config.schema import LENGTH_UNITS
+from localdet.config import releases
 
 # The schema and its defaults, ConfigError and lengths live in schema.py (typed.py builds on
 # them too); imported here under the names this module has always used and exported.
@@ -48,7 +47,6 @@ from localdet.config.schema import fill_searcher_defaults as _fill_searcher_defa
 from localdet.config.schema import global_batch_size as global_batch_size
 from localdet.config.schema import join_path as _join
 from localdet.config.schema import length_to_batches as length_to_batches
-from localdet.config.schema import resolve as _resolve
 from localdet.config.schema import schema as _schema
 from localdet.config.schema import schema_path as schema_path
 from localdet.config.schema import shown as _shown
@@ -254,44 +252,6 @@ def _launcher(tokens: list[str]) -> tuple[str | None, str | None]:
     return None, shlex.join(rest)
 
 
-def _without_nulls(raw: dict[str, Any], node: Any) -> dict[str, Any]:
-    """A copy of `raw` without the keys set to null where the schema takes no null: in
-    Determined's configs (its schemas allow null nearly everywhere) null means the default.
-    Only the schema's own sections: hyperparameters and data are the user's."""
-    node = _resolve_all(node)
-    properties = node.get("properties", {}) if isinstance(node, dict) else {}
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        sub = _resolve_all(properties.get(key))
-        if value is None and isinstance(sub, dict) and "null" not in _types(sub):
-            continue
-        if isinstance(value, dict) and isinstance(sub, dict) and sub.get("properties"):
-            value = _without_nulls(value, sub)
-        out[key] = copy.deepcopy(value)
-    return out
-
-
-def _resolve_all(node: Any) -> Any:
-    """A schema node with its $ref and allOf parts merged (enough to see its properties)."""
-    node = _resolve(node)
-    if isinstance(node, dict) and "allOf" in node:
-        merged = {k: v for k, v in node.items() if k != "allOf"}
-        for part in node["allOf"]:
-            part = _resolve_all(part)
-            if isinstance(part, dict):
-                merged.setdefault("properties", {})
-                merged["properties"] = {**part.get("properties", {}), **merged["properties"]}
-        return merged
-    return node
-
-
-def _types(node: dict[str, Any]) -> list[str]:
-    if "enum" in node:
-        return ["null"] if None in node["enum"] else []
-    kind = node.get("type", [])
-    return [kind] if isinstance(kind, str) else list(kind)
-
-
 def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, Any], list[str]]:
     """Validate `raw` against `schema`; returns a copy with defaults filled and the warnings."""
     if raw is None:
@@ -299,7 +259,7 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
     if not isinstance(raw, dict):
         raise ConfigError(f"top level: expected a mapping of config keys, got "
                           f"{type(raw).__name__} {_shown(raw)}")
-    config = _without_nulls(raw, schema)
+    config = releases.without_nulls(raw, schema)
     error = best_match(_Validator(schema).iter_errors(config), key=_relevance)
     if error is not None:
         raise _translate(error)
@@ -334,8 +294,8 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
                                                            "hyperparameters")
     env = config["environment"]
     env["environment_variables"] = _environment_variables(env["environment_variables"], warnings)
-    _time_length(searcher, warnings)
-    warnings.extend(_bind_mount_notes(raw.get("bind_mounts")))
+    releases.time_length(searcher, warnings)
+    warnings.extend(releases.bind_mount_notes(raw.get("bind_mounts")))
     _entrypoint(config)
     if config["entrypoint_kind"] == "trial_class":
         # A trial class has no epochs of its own: the searcher alone says how long it trains.
@@ -355,7 +315,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             holder[key] = {"batches": holder[key]}  # Determined's legacy bare-int form
         # Fail now, not hours into training. A searched batch size counts the searcher's
         # records and epochs per trial (search/methods): the smallest gives the most batches.
-        sized = _with_smallest_batch_size(config) if key == "max_length" else config
+        sized = releases.with_smallest_batch_size(config) if key == "max_length" else config
         batches = length_to_batches(holder[key], sized, what)
         if batches > MAX_INT:
             raise ConfigError(f"{what}: comes to {batches:,} batches, more than localdet counts; "
@@ -363,7 +323,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
     if _is_const(config["hyperparameters"].get("global_batch_size")):
         global_batch_size(config)  # a constant that is no batch size fails now
     _check_searcher(config, warnings)
-    _storage_of_other_kinds(config["checkpoint_storage"], warnings)
+    releases.storage_of_other_kinds(config["checkpoint_storage"], warnings)
     _check_checkpoint_storage(config["checkpoint_storage"])
     resources = config["resources"]
     if resources["max_memory"] is not None:  # bytes from here on
@@ -373,67 +333,6 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
             raise ConfigError(f"resources.max_memory: {e}", "resources.max_memory") from None
     return ParsedConfig(config=config, settings=ExperimentConfig.from_dict(config),
                         warnings=warnings)
-
-
-def _bind_mount_notes(mounts: Any) -> list[str]:
-    """A trial here reads the machine's own paths: say so for each mount whose path inside
-    Determined's container differs from the host's (the code's paths may need changing)."""
-    notes = []
-    for mount in mounts if isinstance(mounts, list) else []:
-        if isinstance(mount, dict) and mount.get("host_path") and mount.get("container_path") \
-                and mount["host_path"] != mount["container_path"]:
-            notes.append(f"bind_mounts: a trial here sees {mount['host_path']!r} at its own "
-                         f"path, not at {mount['container_path']!r} as in Determined's container")
-    return notes
-
-
-def _with_smallest_batch_size(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` as length_to_batches reads it, with a searched global_batch_size (an int
-    range or a choice of integers) replaced by the smallest it can take; `config` itself
-    when the batch size is constant or absent."""
-    path = "hyperparameters.global_batch_size"
-    hp = config["hyperparameters"].get("global_batch_size")
-    if hp is None or _is_const(hp):
-        return config
-    if hp["type"] == "int":
-        smallest = hp["minval"]
-    elif hp["type"] == "categorical" and all(_strict_int(None, v) for v in hp["vals"]):
-        smallest = min(hp["vals"])
-    else:
-        raise ConfigError(f"{path}: a searched batch size must be an int range or a choice of "
-                          f"integers, got {_shown(hp)}", path)
-    if smallest < 1:
-        raise ConfigError(f"{path}: every batch size it can take must be at least 1, got "
-                          f"{_shown(hp)}", path)
-    return {**config, "hyperparameters": {**config["hyperparameters"],
-                                          "global_batch_size": smallest}}
-
-
-def _time_length(searcher: dict[str, Any], warnings: list[str]) -> None:
-    """Determined 0.38's `time_metric`/`max_time` become `max_length: {time_metric: max_time}`,
-    the one length localdet's searchers read; both keys are removed. Determined's searcher
-    read `time_metric` from each validation's metrics (any name the script reports); here a
-    trial's length is counted in batches, so only the three units that convert to batches
-    are taken."""
-    metric, max_time = searcher.pop("time_metric", None), searcher.pop("max_time", None)
-    if metric is None and max_time is None:
-        return
-    if metric is None or max_time is None:
-        given, missing = ("time_metric", "max_time") if max_time is None \
-            else ("max_time", "time_metric")
-        raise ConfigError(f"missing required key 'searcher.{missing}'; searcher.{given} needs "
-                          f"it to say how long a trial trains", f"searcher.{missing}")
-    if metric not in LENGTH_UNITS:
-        raise ConfigError(f"searcher.time_metric: localdet counts a trial's length in batches, "
-                          f"records or epochs, not in a metric the script reports "
-                          f"(got {_shown(metric)}){_did_you_mean(metric, list(LENGTH_UNITS))}",
-                          "searcher.time_metric")
-    length = {metric: max_time}
-    old = searcher["max_length"]
-    if old is not None and (old if isinstance(old, dict) else {"batches": old}) != length:
-        warnings.append(f"ignoring 'searcher.max_length' ({_shown(old)}): time_metric and "
-                        f"max_time set the length ({metric}: {max_time}), as in Determined 0.38")
-    searcher["max_length"] = length
 
 
 def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
@@ -471,41 +370,6 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             raise ConfigError(f"hyperparameters: the grid has {size:,} points; at most "
                               f"{MAX_GRID_POINTS:,} are allowed: lower some counts",
                               "hyperparameters")
-
-
-_ELSEWHERE_KEYS = ("type", "bucket", "prefix", "container_path")
-
-
-def _storage_of_other_kinds(storage: dict[str, Any], warnings: list[str]) -> None:
-    """Determined's storage types other than shared_fs and s3, in place: 'directory' is a
-    folder at container_path (with no container, a folder of this machine: shared_fs
-    there); gcs, azure and hdfs cannot be reached, so their checkpoints go to localdet's own
-    store, and the config says so. container_path of a shared_fs is a path inside
-    Determined's container, which has none here."""
-    kind = storage.get("type")
-    if kind == "directory":
-        if not storage.get("container_path"):
-            raise ConfigError("missing required key 'checkpoint_storage.container_path'; a "
-                              "'directory' storage writes checkpoints there",
-                              "checkpoint_storage.container_path")
-        storage.update(type="shared_fs", host_path=storage.pop("container_path"))
-        storage.setdefault("storage_path", None)
-    elif kind in ("gcs", "azure", "hdfs"):
-        for key in _ELSEWHERE_KEYS:
-            storage.pop(key, None)
-        warnings.append(f"ignoring 'checkpoint_storage.type' ({kind!r}): localdet cannot reach "
-                        f"{kind}; checkpoints go to its own store, kept as save_trial_best, "
-                        f"save_trial_latest and save_experiment_best say")
-    if storage.pop("container_path", None) is not None:
-        reason = ": localdet runs trials outside containers"  # the schema's, for its siblings
-        key = "'checkpoint_storage.container_path'"
-        same = [i for i, w in enumerate(warnings) if w.startswith("ignoring ") and
-                w.endswith(reason) and "'checkpoint_storage." in w]
-        if same:  # one warning for the container keys, as the schema gives the others
-            head = warnings[same[0]].removesuffix(reason)
-            warnings[same[0]] = f"{head}, {key}{reason}"
-        else:
-            warnings.append(f"ignoring {key}{reason}")
 
 
 _STORAGE_KEYS = {"shared_fs": ("host_path", "storage_path"),
