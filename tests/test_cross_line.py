@@ -21,17 +21,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from determined.keras._architecture_translation import (
-    ArchitectureNotTranslatable,
-    keras3_model_config_for_keras2,
-)
-from determined.keras._compile_translation import (
-    FUNCTIONS_ONLY_IN,
-    ONLY_IN,
-    translate_training_config,
-)
-
 CROSS = Path(__file__).parent / "cross_line"
+KERAS = Path(__file__).parent.parent / "harness" / "determined" / "keras"
+
+
+def _by_path(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+# The translation modules by their files: `determined.keras` would start TensorFlow, and
+# they need none.
+_compile_translation = _by_path("cross_line_compile_translation",
+                                KERAS / "_compile_translation.py")
+_architecture_translation = _by_path("cross_line_architecture_translation",
+                                     KERAS / "_architecture_translation.py")
+ArchitectureNotTranslatable = _architecture_translation.ArchitectureNotTranslatable
+keras3_model_config_for_keras2 = _architecture_translation.keras3_model_config_for_keras2
+FUNCTIONS_ONLY_IN = _compile_translation.FUNCTIONS_ONLY_IN
+ONLY_IN = _compile_translation.ONLY_IN
+translate_training_config = _compile_translation.translate_training_config
 
 
 # -- the translation rules, without TensorFlow ------------------------------------------
@@ -357,12 +371,7 @@ def run_keras2(request: dict, scratch: Path) -> dict:
 
 def _module(name: str):
     """A helper of tests/cross_line/, imported by path (its names are common ones)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"cross_line_{name}", CROSS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _by_path(f"cross_line_{name}", CROSS / f"{name}.py")
 
 
 @pytest.fixture(scope="module")
