@@ -149,7 +149,9 @@ def get_cluster_info() -> Optional[ClusterInfo]:
         cluster_id="localdet", agent_id=socket.gethostname(), slot_ids=slots,
         task_id=f"trial-{info.trial_id}", allocation_id=f"trial-{info.trial_id}",
         task_type="TRIAL" if trial else "COMMAND",
-        latest_checkpoint=info.latest_checkpoint if trial else None, trial=trial,
+        # A warm-started trial's first launch sees its source here, at 0 steps (Determined's).
+        latest_checkpoint=(info.latest_checkpoint or info.warm_start_checkpoint) if trial
+        else None, trial=trial,
         container_rank=int(os.environ.get(RANK_VAR, "0")),
         gpu_uuids=[g for g in gpus.split(",") if g])
     return _cache["info"]

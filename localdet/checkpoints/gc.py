@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
 from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
+from localdet.checkpoints.warm_start import warm_start_sources
 from localdet.config.typed import CheckpointStorage
 from localdet.paths import Layout
 from localdet.records.db import StateDB
@@ -150,6 +151,7 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
     keep = checkpoints_to_keep(
         experiment.config, experiment.metric, experiment.smaller_is_better, live, validations,
         trial_states={t[0]: t[1] for t in trials}, resume_from={t[0]: t[2] for t in trials})
+    keep |= warm_start_sources(db)  # a running experiment's trials may still start from one
     doomed = sorted((c for c in live if c.uuid not in keep),
                     key=lambda c: (c.trial_id, c.batches_trained, c.uuid))
     return doomed, CheckpointStorage.of(experiment.config).describe()

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localdet.checkpoints import warm_start
 from localdet.config import engines
 from localdet.config.experiment import (
     MAX_CONFIG_BYTES,
@@ -206,6 +207,17 @@ def _load(kind: str, text: str) -> ParsedConfig:
     return load_job_config_text(text) if kind == JOB else load_config_text(text)
 
 
+def check_warm_start(db: StateDB, parsed: ParsedConfig, kind: str) -> None:
+    """Resolve the experiment's warm-start checkpoint into its config
+    (`localdet.checkpoints.warm_start`); SubmissionError when it does not exist."""
+    if kind == JOB or not warm_start.requested(parsed.config):
+        return
+    try:
+        parsed.warnings.extend(warm_start.resolve(db, parsed.config))
+    except warm_start.WarmStartError as error:
+        raise SubmissionError(str(error)) from None
+
+
 def check_slots(config: dict, kind: str, slots: list[Slot] | None) -> None:
     """Raise SubmissionError when one trial (or the job) asks for more slots than `slots`
     (None: not known, so nothing to check)."""
@@ -356,6 +368,7 @@ class Intake:
         parsed = _load(kind, text)
         check_slots(parsed.config, kind, self.slot_list)
         check_engine(parsed.config, kind, staged, self.node_slots)
+        check_warm_start(self.db, parsed, kind)
         return text, parsed
 
     def record(self, staged: Path, source: str, *, kind: str = EXPERIMENT,
@@ -506,6 +519,9 @@ def submit(layout: Layout, config_path: Path, model_dir: Path | None,
     slots = (read_slot_file(layout.slot_file)
              if DaemonLock.holder(layout.daemon_lock) is not None else None)
     text, parsed = read_submission(config_path, model_dir, kind, slots)  # refuse a bad one now
+    if warm_start.requested(parsed.config) and layout.db.exists():  # (the daemon decides)
+        with StateDB.open(layout.db) as db:
+            check_warm_start(db, parsed, kind)
     # The experiment name may hold anything; the queue entry's name must be a plain file name.
     safe_name = re.sub(r"[^\w.-]+", "_", parsed.config["name"]).lstrip(".") or kind
     name = f"{safe_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

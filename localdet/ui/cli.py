@@ -390,6 +390,22 @@ def export(uuid: str, destination: Path) -> None:
                f"batches) written to {destination}")
 
 
+@checkpoint.command("import")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+def import_(folder: Path) -> None:
+    """Store the checkpoint FOLDER (exported from localdet, or written by Determined) as a
+    checkpoint of its own experiment, and print its uuid, for searcher.source_checkpoint_uuid."""
+    from localdet.checkpoints.importing import import_checkpoint
+
+    try:
+        imported = import_checkpoint(Layout.from_environment().ensure(), folder)
+    except StoreError as error:
+        _fail(str(error))
+    click.echo(f"checkpoint {imported.uuid} imported from {folder} ({imported.files} files, "
+               f"experiment {imported.experiment_id}, trial {imported.trial_id})", err=True)
+    click.echo(imported.uuid)
+
+
 @cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")

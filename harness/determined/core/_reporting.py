@@ -68,6 +68,19 @@ class TrialInfo:
     kind: str = "experiment" # "job": a batch job's process, which has no training
     latest_checkpoint_batches: int = 0  # the batches trained when latest_checkpoint was saved
 
+    @property
+    def warm_start_checkpoint(self) -> Optional[str]:
+        """The checkpoint a trial without one of its own starts its model from: the config's
+        `searcher.source_checkpoint_uuid` (the daemon resolves `source_trial_id` into it
+        at submission). Its weights, optimizer state and random generators, not its batch
+        count: the trial starts at batch 0, as under Determined. None once the trial has a
+        checkpoint of its own (it resumes from that), or without one in the config."""
+        if self.latest_checkpoint is not None:
+            return None
+        searcher = self.config.get("searcher") if isinstance(self.config, dict) else None
+        uuid = searcher.get("source_checkpoint_uuid") if isinstance(searcher, dict) else None
+        return uuid if isinstance(uuid, str) and uuid else None
+
 
 class TrialReporter(Protocol):
     def trial_info(self) -> TrialInfo: ...
