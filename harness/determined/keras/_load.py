@@ -39,6 +39,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from determined.exec.run_trial import exception_line
 from determined.keras._checkpoint_formats import (
+    LEGACY_MODEL_FILENAME,
+    MODEL_FILENAME,
     CheckpointFormatError,
     SavedCheckpoint,
     read_checkpoint,
@@ -221,9 +223,10 @@ def _switch(line: str) -> str:
 def _in_code_folder(code: Path) -> Iterator[None]:
     """Import from the checkpoint's code, and run in it as its trial ran (relative paths)."""
     import determined as det
+    from determined.keras._graph_mode import eager_kept
 
     cwd = os.getcwd()
-    with det.import_from_path(code):
+    with det.import_from_path(code), eager_kept():  # code that disables eager execution
         os.chdir(code)
         try:
             yield
@@ -282,7 +285,7 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
     from determined.keras import _state
     from determined.keras._saved_compile import compile_as_saved
 
-    if h5_path.suffix != ".h5":
+    if h5_path.suffix != ".h5" and h5_path.name != LEGACY_MODEL_FILENAME:
         raise CheckpointLoadError(
             f"'{saved.folder}' holds only weights and no trial class to build their model "
             "from; it cannot be loaded")
@@ -293,7 +296,8 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
                                                custom_objects=custom)
             compiled = compile_as_saved(model, h5_path, custom)
     except (ValueError, TypeError) as error:
-        unknown = "Unknown" in str(error)
+        # Keras 2 says "Unknown layer"; Keras 3 "Could not locate class".
+        unknown = "Unknown" in str(error) or "Could not locate" in str(error)
         if not unknown and _is_keras_line_error(error):
             raise  # the other line may build it
         hint = ("wrap the call in `with tf.keras.utils.custom_object_scope({...}):` naming "
@@ -317,6 +321,13 @@ def _readable_here(h5_path: Path, line: str) -> Iterator[Path]:
 
     from determined.keras._architecture_translation import keras3_model_config_for_keras2
 
+    if h5_path.suffix != ".h5":  # Determined 0.12's: Keras reads HDF5 only by its suffix
+        with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
+            named = Path(scratch) / MODEL_FILENAME
+            shutil.copyfile(h5_path, named)
+            with _readable_here(named, line) as readable:
+                yield readable
+        return
     with h5py.File(h5_path, "r") as h5:
         version = h5.attrs.get("keras_version")
         raw = h5.attrs.get("model_config")
