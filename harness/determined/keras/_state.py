@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
+from determined.keras._graph_mode import read_values, write_values
 from determined.keras._weights_file import ordered_weights
 
 
@@ -83,7 +84,7 @@ def _optimizer_state(number: int, optimizer: Any, model: Any) -> Dict[str, Any]:
                 "variables that are not the model's weights; only variables of the model "
                 "given to wrap_model can be checkpointed")
         targets = [position[k] for k in keys]
-    return {"targets": targets, "values": [v.numpy() for v in _variables(optimizer)]}
+    return {"targets": targets, "values": read_values(_variables(optimizer))}
 
 
 def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any]) -> None:
@@ -96,8 +97,7 @@ def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str,
             f"the checkpoint holds {len(saved['values'])} variables of optimizer {number} "
             f"({type(optimizer).__name__}) but it has {len(current)}; the trial must build "
             "the same optimizers, in the same order, as the run that saved it")
-    for variable, value in zip(current, saved["values"], strict=True):  # counts checked
-        variable.assign(value)
+    write_values(current, saved["values"])  # counts checked
 
 
 def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None:
@@ -113,8 +113,7 @@ def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None
     if len(variables) != len(values):
         raise RuntimeError(f"the checkpoint holds {len(values)} optimizer variables but the "
                            f"optimizer has {len(variables)}; was the optimizer changed?")
-    for variable, value in zip(variables, values, strict=True):  # counts checked above
-        variable.assign(value)
+    write_values(variables, values)  # counts checked above
 
 
 def _learning_rate(optimizer: Any) -> Any:
@@ -189,10 +188,10 @@ def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
         "numpy_random": np.random.get_state(),
         "tf_global_generator": None if generator is None else generator.state.numpy(),
         "keras_global_seed": None if keras_seed is None else keras_seed.state.numpy(),
-        "model_variables": [v.numpy() for v in _non_weight_variables(model)],
+        "model_variables": read_values(_non_weight_variables(model)),
         "layer_generators": [g.state.numpy() for g in _layer_generators(model)],
-        "learning_rates": [None if _learning_rate(o) is None else _learning_rate(o).numpy()
-                           for o in optimizers],
+        "learning_rates": [None if _learning_rate(o) is None
+                           else read_values([_learning_rate(o)])[0] for o in optimizers],
         # Every optimizer, the compiled one too: a model saved as weights alone has no
         # optimizer in its file. (Checkpoints before this held "other_optimizers" only.)
         "optimizers": [_optimizer_state(n, o, model) for n, o in enumerate(optimizers)],
@@ -216,15 +215,13 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
         op_seeds.setstate(state["tf_op_seeds"])
     # Each list was captured by position from the same model and optimizers (capture()):
     # a length that differs is a different model, not a state to restore in part.
-    for variable, value in zip(_non_weight_variables(model), state["model_variables"],
-                               strict=True):
-        variable.assign(value)
+    write_values(_non_weight_variables(model), state["model_variables"])
     for generator, value in zip(_layer_generators(model), state["layer_generators"],
                                 strict=True):
         generator.reset(value)
     for optimizer, rate in zip(optimizers, state["learning_rates"], strict=True):
         if rate is not None and _learning_rate(optimizer) is not None:
-            _learning_rate(optimizer).assign(rate)
+            write_values([_learning_rate(optimizer)], [rate])
     if "optimizers" in state:
         if len(optimizers) != len(state["optimizers"]):
             raise OptimizerStateError(
@@ -239,8 +236,7 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
     others = [o for o in optimizers if o is not model.optimizer]
     for optimizer, values in zip(others, state["other_optimizers"], strict=True):
         build_optimizer(optimizer, model)
-        for variable, value in zip(_variables(optimizer), values, strict=True):
-            variable.assign(value)
+        write_values(_variables(optimizer), values)
 
 
 def holds_every_optimizer(state: Dict[str, Any]) -> bool:

@@ -28,11 +28,20 @@ import yaml
 
 from determined.core import TrialInfo, TrialReporter
 from determined.core._reporting import TENSORBOARD_DIR_VAR
-from determined.keras import _data, _engine, _graph_random, _sharding, _state, _weights_file
+from determined.keras import (
+    _data,
+    _engine,
+    _graph_mode,
+    _graph_random,
+    _sharding,
+    _state,
+    _weights_file,
+)
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
 from determined.keras._saved_compile import record_missing_arguments
+from determined.keras._warm_start import WarmStartError, start_from
 
 MODEL_FILENAME = "determined-keras-model.h5"
 MODEL_FORM = "keras-model-h5"  # architecture, weights, compile settings: Keras's own .h5
@@ -96,6 +105,8 @@ def prepare_process(info: TrialInfo) -> None:
         # can hold; generator-backed layers keep it in variables.
         tf.keras.backend.experimental.enable_tf_random_generator()
     tf.keras.utils.set_random_seed(info.seed)  # Python, NumPy and TensorFlow
+    if _graph_mode.active():  # its random ops draw from the graph's seed, set just now
+        return
     _state.seed_tf_global_generator(info.seed)
     # A custom train_step's unseeded tf.random draws come from that generator, so resume.
     _graph_random.install()
@@ -150,6 +161,9 @@ class TrialController:
         self.paused = False
         self.train_stream: Optional[_data.TrainingStream] = None
         self._restore_dir: Optional[Path] = None
+        # Eager execution disabled by the trial's code: batches go through Keras's session.
+        self.graph_mode = _graph_mode.active()
+        self._graph_step: Optional[_graph_mode.TrainStep] = None
         self._check_model()
         self._check_loaders()
 
@@ -177,6 +191,21 @@ class TrialController:
         if getattr(self.model, "optimizer", None) is None:
             raise TrialError(f"{where} needs a compiled model: call model.compile(...) "
                              "first")
+        if self.graph_mode:
+            self._check_graph_mode()
+
+    def _check_graph_mode(self) -> None:
+        if keras_line() != "keras2":
+            raise TrialError("the trial disables eager execution, which Keras 3 cannot run; "
+                             "set TF_USE_LEGACY_KERAS=1 in environment.environment_variables")
+        if self.distributed.size > 1:
+            raise TrialError("a trial that disables eager execution trains on one slot here; "
+                             "set resources.slots_per_trial to 1, or remove "
+                             "disable_eager_execution()")
+        if not saves_whole(self.model):
+            raise TrialError("a subclassed model cannot be checkpointed with eager execution "
+                             "disabled; build a Functional or Sequential model, or remove "
+                             "disable_eager_execution()")
 
     def _check_loaders(self) -> None:
         for name, loader in (("training", self.train_loader),
@@ -254,6 +283,8 @@ class TrialController:
         the steps between run as fast as in a bare `fit`.
         """
         state = self._restore(self.info.latest_checkpoint) if self.info.latest_checkpoint else None
+        if state is None and self.info.warm_start_checkpoint:
+            self._warm_start(self.info.warm_start_checkpoint)
         fit_config = self.context.fit_config
         workers = {key: fit_config.get(key)
                    for key in ("workers", "use_multiprocessing", "max_queue_size")}
@@ -263,11 +294,15 @@ class TrialController:
             part=(self.distributed.rank, self.distributed.size),
             # A distributed iterator cannot be checkpointed: on several slots a tf.data
             # stream finds its place by reading up to it.
-            tf_data_resume="iterator" if self.engine.iterator_checkpoints else "skip",
+            # So does a graph-mode one: its v1 iterator has no checkpoint of its own.
+            tf_data_resume=("iterator" if self.engine.iterator_checkpoints
+                            and not self.graph_mode else "skip"),
             **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         self.validation_data = _data.validation_stream(
             self.validation_loader, validation_batch_size, **workers)
+        if self.graph_mode:
+            self.validation_data = _graph_mode.Batches(self.validation_data)
         if self.fit and not self.target:
             self._set_length_from_epochs(self.fit)
         try:
@@ -278,6 +313,15 @@ class TrialController:
             self.reporter.wait_for_checkpoints()
             if self._restore_dir is not None:
                 shutil.rmtree(self._restore_dir, ignore_errors=True)
+
+    def _warm_start(self, uuid: str) -> None:
+        """A trial with no checkpoint of its own starts from searcher.source_checkpoint_uuid:
+        its weights, optimizer and generator states; at batch 0 (`_warm_start`)."""
+        try:
+            start_from(uuid, self.reporter, self.model, self._optimizers(),
+                       self.info.trial_dir, self.info.trial_id)
+        except WarmStartError as error:
+            raise TrialError(str(error)) from None
 
     def _training_part(self) -> Any:
         """The training data as this rank reads it: NumPy arrays whole (the stream takes
@@ -314,7 +358,8 @@ class TrialController:
             self.engine.prepare(self.model, dataset)
         except _engine.EngineError as error:
             raise TrialError(str(error)) from None
-        self.iterator = self.engine.training_iterator(dataset)
+        self.iterator = (_graph_mode.Batches(dataset) if self.graph_mode
+                         else self.engine.training_iterator(dataset))
         if state and stream.position_in_iterator:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()
@@ -353,9 +398,13 @@ class TrialController:
         """The batches up to the target, a pause or a stop. An epoch and a workload begin
         only when their first batch is about to train (epoch first), so none begins that
         trains nothing; an epoch ends after its last batch, before that workload's end."""
-        self.model.make_train_function()
-        train_step = self.model.train_function
-        self.model.reset_metrics()
+        train_step: Any
+        if self.graph_mode:
+            train_step = self._graph_step = _graph_mode.TrainStep(self.model)
+        else:
+            self.model.make_train_function()
+            train_step = self.model.train_function
+        self._reset_metrics()
         if self.fit:
             # A resumed fit is inside an epoch that began in another process; Keras's own
             # callbacks (the progress bar) need its on_epoch_begin all the same.
@@ -477,17 +526,25 @@ class TrialController:
         if finished or self.paused or self._due(batches_trained, self.checkpoint_period):
             self.checkpoint()
         # Validation shares the compiled metrics; the next workload averages from zero.
-        self.model.reset_metrics()
+        self._reset_metrics()
         self.reporter.heartbeat()
         if stop:
             self.model.stop_training = True
         if self.paused:
             print(f"[trial {self.info.trial_id}] paused at {batches_trained} batches", flush=True)
 
+    def _reset_metrics(self) -> None:
+        self.model.reset_metrics()
+        if self._graph_step is not None:
+            self._graph_step.reset()
+
     def validate(self) -> Dict[str, float]:
         steps = self.context.fit_config.get("validation_steps")
         hooks = [_ValidationHooks(self.user_callbacks)] if self.user_callbacks else []
-        results = self.engine.evaluate(self.model, self.validation_data, steps, hooks)
+        if self.graph_mode:
+            results = _graph_mode.evaluate(self.model, self.validation_data, steps, hooks)
+        else:
+            results = self.engine.evaluate(self.model, self.validation_data, steps, hooks)
         metrics = {f"val_{k}": v for k, v in results.items()}
         self._call("on_test_end", dict(metrics))
         if self.is_chief:
@@ -541,6 +598,8 @@ class TrialController:
             with quiet_keras_warnings():
                 self.model.save(directory / MODEL_FILENAME)
             record_missing_arguments(self.model, directory / MODEL_FILENAME)  # Keras 3's
+            if self.graph_mode:
+                _graph_mode.portable_h5(directory / MODEL_FILENAME)
             return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
         # Keras saves no other model whole in an .h5; the trial class rebuilds it.
         _weights_file.write_weights(self.model, directory / _weights_file.WEIGHTS_FILENAME)
@@ -582,6 +641,10 @@ class TrialController:
             self.reporter.verify_restored_checkpoint()
             with open(directory / STATE_FILENAME, "rb") as handle:
                 state = pickle.load(handle)
+            if self.graph_mode:
+                # The training graph first: the optimizer's state then goes into the very
+                # slot variables its updates use.
+                self.model._make_train_function()
             if not _state.holds_every_optimizer(state["generators"]):
                 _state.restore_optimizer_from_h5(self.model.optimizer, self.model, model_file)
             _state.restore(state["generators"], self.model, self._optimizers())
@@ -595,6 +658,9 @@ class TrialController:
             state["iterator_checkpoint"] = str(directory / state["iterator_checkpoint"])
         print(f"[trial {self.info.trial_id}] restored checkpoint {uuid} at "
               f"{self.batches_trained} batches", flush=True)
+        if self.graph_mode:
+            print(f"[trial {self.info.trial_id}] note: {_graph_mode.RANDOM_OPS_NOTE}",
+                  flush=True)
         return state
 
 
