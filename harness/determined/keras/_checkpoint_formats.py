@@ -27,6 +27,7 @@ import yaml
 
 MODEL_FILENAME = "determined-keras-model.h5"
 WEIGHTS_PREFIX = "determined-keras-model-weights"
+LEGACY_MODEL_FILENAME = "determined-keras-model"  # Determined 0.12: the .h5 without a suffix
 
 
 class CheckpointFormatError(ValueError):
@@ -50,7 +51,8 @@ class SavedCheckpoint:
     @property
     def whole_model(self) -> Optional[Path]:
         """The `.h5` holding architecture and weights too, if the checkpoint has one."""
-        return self.weights if self.weights.name == MODEL_FILENAME else None
+        return self.weights if self.weights.name in (MODEL_FILENAME, LEGACY_MODEL_FILENAME) \
+            else None
 
 
 def trial_spec_of(entrypoint: Any) -> Optional[str]:
@@ -96,8 +98,9 @@ def _weights_file(folder: Path) -> Path:
         return folder / WEIGHTS_FILENAME
     if (folder / f"{WEIGHTS_PREFIX}.index").is_file():
         return folder / WEIGHTS_PREFIX
-    if (folder / MODEL_FILENAME).is_file():
-        return folder / MODEL_FILENAME
+    for name in (MODEL_FILENAME, LEGACY_MODEL_FILENAME):
+        if (folder / name).is_file():
+            return folder / name
     raise CheckpointFormatError(
         f"'{folder}' holds neither {MODEL_FILENAME} nor {WEIGHTS_PREFIX}.index; pass the "
         "checkpoint's top folder (from `localdet checkpoint export UUID FOLDER`, or "
@@ -137,7 +140,7 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
         return SavedCheckpoint(folder, "determined-metadata", weights,
                                trial_spec_of(config.get("entrypoint")), config,
                                metadata.get("hparams") or {}, line)
-    if weights.suffix != ".h5":
+    if weights.suffix != ".h5" and weights.name != LEGACY_MODEL_FILENAME:
         raise CheckpointFormatError(
             f"'{folder}' holds Determined's weights but no load_data.json or metadata.json "
             "saying which trial class they belong to; download it with Determined's "
