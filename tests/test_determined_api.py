@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import typing
 from pathlib import Path
 
@@ -398,6 +399,10 @@ def _det(w):
         "launch": lambda: det.launch.__name__ == "determined.launch"
         and importlib.util.find_spec("determined.launch.tensorflow") is not None,
         "errors": lambda: issubclass(errors.NotServedError, NotImplementedError),
+        "workload": lambda: det.workload.Stream is not None
+        and _refuses_in_one_sentence(lambda: det.workload.train_workload),
+        "gpu": lambda: _refuses_in_one_sentence(lambda: det.gpu.get_gpu_uuids),
+        "common": _common_serves_storage_and_refuses_the_rest,
         "util": lambda: (util.calculate_batch_sizes({"global_batch_size": 10}, 3) == (3, 9)
                          and util.is_overridden(w.trial.build_model, keras.TFKerasTrial)
                          and not util.is_overridden(w.trial.session_config,
@@ -436,6 +441,31 @@ def _det(w):
         "Log": lambda: det.Log(-3, -1, 10)["base"] == 10
         and 1e-3 <= w.ctx.get_hparam("lr") <= 1e-1,
     }
+
+
+def _refuses_in_one_sentence(use) -> bool:
+    from determined._refused import NotServedImportError
+
+    try:
+        use()
+    except NotServedImportError as error:
+        one_sentence(str(error))
+        return True
+    return False
+
+
+def _common_serves_storage_and_refuses_the_rest() -> bool:
+    from determined.common import check, storage
+
+    with tempfile.TemporaryDirectory() as folder:
+        manager = storage.SharedFSStorageManager(folder)
+        with manager.store_path("ckpt") as path:
+            (path / "w.txt").write_text("1")
+        with manager.restore_path("ckpt") as path:
+            stored = (path / "w.txt").read_text() == "1"
+    return stored and issubclass(check.CheckFailedError, Exception) \
+        and _refuses_in_one_sentence(lambda: exec("from determined.common import api")) \
+        and _refuses_in_one_sentence(lambda: storage.S3StorageManager)
 
 
 def _sys_exit_is_caught() -> bool:

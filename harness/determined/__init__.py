@@ -33,6 +33,10 @@ _NAMES = {
     "errors": "determined.errors",
     "util": "determined.util",
     "launch": "determined.launch",
+    # served in part: they import, and refuse their other names when used (_refused)
+    "common": "determined.common",
+    "gpu": "determined.gpu",
+    "workload": "determined.workload",
     "InvalidHP": "determined.errors",
     "EnvContext": "determined._env_context",
     "ExperimentConfig": "determined._env_context",

@@ -1,0 +1,26 @@
+"""determined.common: Determined's shared internals (the master's API client, its
+configuration and argument-checking helpers, its checkpoint storage). localdet serves what
+user code and Determined's own test material touch:
+
+- `determined.common.storage`: `SharedFSStorageManager` and its base class, for an
+  off-cluster checkpoint context (`core.DummyCheckpointContext(distributed, manager)`);
+- `determined.common.check`: `CheckFailedError`, the error Determined's argument checks
+  raised (the Keras data adapters raise it here too);
+- `determined.common.util`: importable, with no names.
+
+Any other module or name of it refuses, in one sentence, when used.
+"""
+
+import importlib
+from typing import Any
+
+from determined import _refused
+
+_SUBMODULES = ("storage", "check", "util")
+_refuse = _refused.refusing_getattr("common", "only storage, check and util")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # `from determined.common import storage` before its import
+        return importlib.import_module(f"determined.common.{name}")
+    return _refuse(name)
