@@ -16,7 +16,9 @@ ranks share this machine's disk), and merges their metadata.
 
 Off-cluster (`det.core.init()` outside localdet) checkpoints are plain folders named by
 their storage id under `checkpoint_storage` (a path), by default Determined's own place,
-the user data folder `determined` (~/.local/share/determined on Linux).
+the user data folder `determined` (~/.local/share/determined on Linux), or go to the
+storage manager given (`core.init(storage_manager=...)`,
+`core.DummyCheckpointContext(distributed, storage_manager)`; determined.common.storage).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import tempfile
 import uuid as uuidlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
+from determined.common import storage
 from determined.core._distributed import DistributedContext
 from determined.core._length import TrialLength
 from determined.core._reporting import TrialReporter, reporter_factory
@@ -227,35 +230,84 @@ class CheckpointContext:
 
 
 class DummyCheckpointContext(CheckpointContext):
-    """Off-cluster checkpoints: plain folders `<base>/<storage_id>` (see the module
-    docstring), recorded nowhere."""
+    """Off-cluster checkpoints, recorded nowhere: in a storage manager (Determined's
+    signature, `DummyCheckpointContext(distributed, storage_manager)`) or, given a folder,
+    as plain folders `<folder>/<storage_id>` (see the module docstring). A shared_fs
+    manager is written and read in place, as in Determined; another manager's
+    `post_store_path` stores what was written, and its `restore_path` gives it back."""
 
-    def __init__(self, dist: DistributedContext, base_path: Union[str, os.PathLike]) -> None:
+    def __init__(self, dist: DistributedContext,
+                 storage_manager: Union[storage.StorageManager, str, os.PathLike]) -> None:
         self._dist = dist
-        self._base = pathlib.Path(base_path)
+        if isinstance(storage_manager, (str, os.PathLike)):
+            storage_manager = storage.SharedFSStorageManager(os.fspath(storage_manager))
+        if not isinstance(storage_manager, storage.StorageManager):
+            raise TypeError(f"DummyCheckpointContext needs a folder or a "
+                            f"determined.common.storage.StorageManager, got "
+                            f"{type(storage_manager).__name__}")
+        self._storage_manager = storage_manager
         self._length = TrialLength(None, 0)
-        self._scratch = self._base
+        self._scratch = None
 
-    def _save(self, path: pathlib.Path, metadata: Dict[str, Any], storage_id: str) -> None:
-        (path / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str))
-        target = self._base / storage_id
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(path), str(target))
-        logger.info("saved checkpoint %s in %s", storage_id, target)
+    @contextlib.contextmanager
+    def store_path(self, metadata: Optional[Dict[str, Any]] = None, *, shard: bool = False
+                   ) -> Iterator[Tuple[pathlib.Path, str]]:
+        if not shard and self._dist.rank != 0:
+            raise RuntimeError(f"cannot call CheckpointContext.store_path(shard=False) from "
+                               f"rank {self._dist.rank}; only the chief (rank 0) may")
+        folder: Optional[str] = None
+        storage_id: Optional[str] = None
+        if self._dist.rank == 0:
+            storage_id = str(uuidlib.uuid4())
+            folder = str(self._storage_manager.pre_store_path(storage_id))
+        if shard:
+            folder, storage_id = self._dist.broadcast((folder, storage_id))
+        if folder is None or storage_id is None:  # every rank has the chief's by now
+            raise RuntimeError("store_path() got no folder from the chief")
+        path = pathlib.Path(folder)
+        try:
+            yield path, storage_id
+        except BaseException:
+            if self._dist.rank == 0:  # no half-written checkpoint is left to be found
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        merged = merge_metadata(self._dist.allgather(metadata or {})) if shard \
+            else dict(metadata or {})
+        if self._dist.rank == 0:
+            (path / METADATA_FILE).write_text(json.dumps(merged, indent=2, default=str))
+            self._storage_manager.post_store_path(path, storage_id)
+            logger.info("saved checkpoint %s", storage_id)
+        if shard:
+            self._dist.allgather(None)  # no rank goes on before the checkpoint is stored
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str,
                      download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload, *,
                      selector: Optional[Callable[[str], bool]] = None) -> Iterator[pathlib.Path]:
-        path = self._base / storage_id
-        if not path.is_dir():
-            raise FileNotFoundError(f"there is no checkpoint {storage_id} in {self._base}")
-        yield path
+        shared = DownloadMode(download_mode) == DownloadMode.LocalWorkersShareDownload \
+            and self._dist.size > 1
+        if shared and self._dist.rank != 0:
+            folder = self._dist.broadcast(None)
+            try:
+                yield pathlib.Path(folder)
+            finally:
+                self._dist.allgather(None)
+            return
+        with self._storage_manager.restore_path(storage_id, selector) as path:
+            if shared:
+                self._dist.broadcast(str(path))
+            try:
+                yield pathlib.Path(path)
+            finally:
+                if shared:
+                    self._dist.allgather(None)  # every rank is done with the folder
 
     def get_metadata(self, storage_id: str) -> Dict[str, Any]:
-        path = self._base / storage_id / METADATA_FILE
-        return json.loads(path.read_text()) if path.exists() else {}
+        with self.restore_path(storage_id, DownloadMode.NoSharedDownload,
+                               selector=lambda name: name == METADATA_FILE) as path:
+            file = path / METADATA_FILE
+            return json.loads(file.read_text()) if file.exists() else {}
 
     def delete(self, storage_id: str) -> None:
-        shutil.rmtree(self._base / storage_id, ignore_errors=True)
+        self._storage_manager.delete(storage_id, ["**/*"])
         logger.info("deleted checkpoint %s", storage_id)

@@ -169,11 +169,13 @@ def _dummy_init(*, distributed: Optional[DistributedContext] = None,
                 tensorboard_path: Optional[pathlib.Path] = None,
                 preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
                 storage_manager: Any = None) -> Context:
-    """The off-cluster context (Determined's local test mode)."""
+    """The off-cluster context (Determined's local test mode). `storage_manager` (a
+    determined.common.storage manager) takes the place of `checkpoint_storage`."""
     distributed = distributed or DistributedContext()
-    base = _storage_path(checkpoint_storage)
-    logger.info("not under localdet: checkpoints are stored in %s", base)
-    return Context(checkpoint=DummyCheckpointContext(distributed, base),
+    if storage_manager is None:
+        storage_manager = _storage_path(checkpoint_storage)
+        logger.info("not under localdet: checkpoints are stored in %s", storage_manager)
+    return Context(checkpoint=DummyCheckpointContext(distributed, storage_manager),
                    distributed=distributed,
                    preempt=DummyPreemptContext(distributed, preempt_mode),
                    train=DummyTrainContext(pathlib.Path(tensorboard_path)
@@ -199,15 +201,16 @@ def init(*, distributed: Optional[DistributedContext] = None,
             place (`TensorboardMode`).
         async_checkpointing: accepted; checkpoints are always stored in the background and
             recorded before the context closes.
-        storage_manager: Determined 0.18-0.2x's argument, accepted and unused (its storage
-            classes are the master's; checkpoints go where `checkpoint_storage` says).
+        storage_manager: Determined 0.18-0.2x's argument (a determined.common.storage
+            manager): off localdet checkpoints go there; under localdet it is ignored with
+            a warning (the experiment's checkpoint_storage is used).
     """
-    if storage_manager is not None:
-        logger.warning("core.init(storage_manager=...) is ignored by localdet; pass "
-                       "checkpoint_storage= (a folder) off localdet")
     if not os.environ.get(TRIAL_ID_VAR):
         return _dummy_init(distributed=distributed, checkpoint_storage=checkpoint_storage,
-                           preempt_mode=preempt_mode)
+                           preempt_mode=preempt_mode, storage_manager=storage_manager)
+    if storage_manager is not None:
+        logger.warning("core.init(storage_manager=...) is ignored under localdet: "
+                       "checkpoints go to the experiment's checkpoint_storage")
     import determined as det
     from determined._info import process_reporter
 
@@ -228,7 +231,8 @@ def init(*, distributed: Optional[DistributedContext] = None,
         length.last_steps = info.trial.steps_completed
     train = TrainContext(reporter if chief else None, distributed, length,
                          tensorboard_path=trial.trial_dir / "tensorboard",
-                         tensorboard_mode=tensorboard_mode)
+                         tensorboard_mode=tensorboard_mode,
+                         searcher_metric=(trial.config.get("searcher") or {}).get("metric"))
     if length.searched:
         searcher: SearcherContext = SearcherContext(
             distributed, length_in_units(trial.target_batches, trial.config),

@@ -29,6 +29,7 @@ collective and close with `close()` (or at exit); see `determined.core._process_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -159,7 +160,9 @@ class DistributedContext:
 
         A "chief" task, if the cluster has one, comes first. Machines are told apart by the
         host part of the addresses; the first worker's host is where rank 0 listens unless
-        LOCALDET_CHIEF_ADDR says otherwise.
+        LOCALDET_CHIEF_ADDR says otherwise. Without LOCALDET_DIST_AUTHKEY (a script started
+        by hand, off localdet) the collectives' key is derived from the cluster description,
+        which every worker has.
         """
         if tf_config is None:
             tf_config = os.environ.get("TF_CONFIG")
@@ -184,10 +187,20 @@ class DistributedContext:
         rank = index if kind == "chief" else len(chiefs) + index
         hosts = [_host(str(address)) for address in chiefs + workers]
         machines = list(dict.fromkeys(hosts))
-        return cls(rank=rank, size=len(hosts), local_rank=hosts[:rank].count(hosts[rank]),
-                   local_size=hosts.count(hosts[rank]),
-                   cross_rank=machines.index(hosts[rank]), cross_size=len(machines),
-                   chief_ip=hosts[0])
+        distributed = cls(rank=rank, size=len(hosts),
+                          local_rank=hosts[:rank].count(hosts[rank]),
+                          local_size=hosts.count(hosts[rank]),
+                          cross_rank=machines.index(hosts[rank]), cross_size=len(machines),
+                          chief_ip=hosts[0])
+        if distributed.size > 1 and distributed._authkey is None:
+            # Started by hand (no launcher key), as Determined's off-cluster scripts were:
+            # the workers share the cluster description, so the key comes from it. That
+            # admits no one TensorFlow's own servers at those addresses do not already
+            # admit.
+            cluster_text = json.dumps({"chief": chiefs, "worker": workers}, sort_keys=True)
+            distributed._authkey = hashlib.sha256(
+                b"localdet TF_CONFIG cluster\0" + cluster_text.encode()).digest()
+        return distributed
 
     # -- who this process is ----------------------------------------------------------------
 

@@ -9,6 +9,12 @@ Metrics are recorded as any trial's (`localdet metrics`, the dashboard, the sear
 the validations); only the chief (rank 0) reports, as in Determined. Values must be numbers:
 others (text, lists) are left out with a warning. Groups other than "training" and
 "validation" are written to the trial's log only.
+
+Keras names a validation's metrics `loss`, `accuracy` in the validation's own logs (what
+DeterminedCallback reports, as Determined's did) and `val_loss`, `val_accuracy` in the
+epoch's; configs name the searcher metric either way (Determined's own iris example says
+`val_categorical_accuracy`). So a validation that lacks the searcher metric under the
+config's name but has it under the other one records it under both.
 """
 
 from __future__ import annotations
@@ -65,13 +71,24 @@ def _numbers(metrics: Dict[str, Any], where: str) -> Dict[str, float]:
     return kept
 
 
+def _with_searcher_metric(values: Dict[str, float], metric: Optional[str]) -> Dict[str, float]:
+    """`values`, with the searcher metric under the config's name when the validation has
+    it only under Keras's other name for it (with or without `val_`)."""
+    if not metric or metric in values:
+        return values
+    other = metric[len("val_"):] if metric.startswith("val_") else f"val_{metric}"
+    return {**values, metric: values[other]} if other in values else values
+
+
 class TrainContext:
     """`core_context.train`; see the module docstring."""
 
     def __init__(self, reporter: Optional[TrialReporter], distributed: DistributedContext,
                  length: TrialLength, tensorboard_path: Optional[pathlib.Path] = None,
-                 tensorboard_mode: TensorboardMode = TensorboardMode.AUTO) -> None:
+                 tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+                 searcher_metric: Optional[str] = None) -> None:
         self._reporter = reporter  # None: off-cluster, nothing recorded
+        self._searcher_metric = searcher_metric
         self._distributed = distributed
         self._length = length
         self._tensorboard_path = tensorboard_path
@@ -106,6 +123,7 @@ class TrainContext:
         values = _numbers(metrics, where)
         logger.info("%s: %s", where, values)
         if group == VALIDATION:
+            values = _with_searcher_metric(values, self._searcher_metric)
             self._length.validated(int(steps_completed), values)
         else:
             self._length.steps(int(steps_completed))

@@ -11,21 +11,31 @@
             det.keras.TensorBoard(core_context, histogram_freq=1)])
 
 `DeterminedCallback` reports training metrics (each epoch, or every N batches) and
-validation metrics (each validation, under Keras's names and again with `val_`, so a
-searcher metric written either way is found), checkpoints every `checkpoint_epochs` epochs
-and whenever training ends or is preempted, and checks `should_preempt()` at each epoch's
-end: `localdet pause` and the searcher's length stop the fit there, after a checkpoint.
+validation metrics (each validation) under Keras's names (never `val_` ones: a validation's
+own logs name them without it), with `epochs` and `batches` added and Keras's `batch` and
+`size` left out, as Determined's did; checkpoints every `checkpoint_epochs` epochs and
+whenever training ends or is preempted; and checks `should_preempt()` at each epoch's end:
+`localdet pause` and the searcher's length stop the fit there, after a checkpoint. Its
+status (`core_context.train.set_status`) goes training, validating, checkpointing,
+restoring, finishing. With `verbose=1` Keras's progress bars give way to progress lines
+that read well in a log (at most every 10% of an epoch or a validation).
 Given a checkpoint, it loads the model's weights and optimizer state before the first
 batch; if the checkpoint was saved under the same `continue_id`, training goes on from the
 epoch after it, with the random generators as they were (a paused trial ends as if never
 paused, data order included when the data is not shuffled per epoch); otherwise only the
 weights are taken (a warm start, from epoch 0).
 
-A checkpoint holds `model_checkpoint` (Keras 2: TensorFlow's weight format, optimizer
-included, which `model.load_weights(path / "model_checkpoint")` reads; Keras 3:
-`model_checkpoint.weights.h5` plus the optimizer's variables), `callback_state` (epoch,
-batches, continue_id, generators), `metadata.json` (`steps_completed`) and, under localdet,
-the model folder as `code/`.
+A checkpoint holds the weights at `model_checkpoint`, as `save_model` writes them: under
+Keras 2, TensorFlow's weight format with the optimizer in it, which
+`model.load_weights(path / "model_checkpoint")` reads, as Determined documented; under
+Keras 3, which reads and writes weights only by a file's suffix,
+`model_checkpoint.weights.h5` (`model.load_weights(path / "model_checkpoint.weights.h5")`)
+plus the optimizer's variables in `model_checkpoint.optimizer.npz`. Beside them
+`callback_state` (epoch, batches, continue_id, the epochs' lengths, the random generators),
+`metadata.json` (`steps_completed`) and, under localdet, the model folder as `code/`
+(Determined also copied the working directory there off its cluster; that copy is not
+made here). Subclass and override `save_model`/`load_model` to save another way: they are
+called with the model, the path of `model_checkpoint` and `core_context.distributed`.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ from determined.keras._line import keras_line
 
 logger = logging.getLogger("determined.keras")
 
-_Callback: TypeAlias = tf.keras.callbacks.Callback  # a base class
+_Callback: TypeAlias = tf.keras.callbacks.Callback
+# A base class: Keras adds its own progress bars to a fit only when no callback is one.
+_ProgbarLogger: TypeAlias = tf.keras.callbacks.ProgbarLogger
 _KerasTensorBoard: TypeAlias = tf.keras.callbacks.TensorBoard  # a base class
 
 MODEL_CHECKPOINT = "model_checkpoint"
@@ -72,7 +84,40 @@ class _ResumeAt:
         return self.epoch
 
 
-class DeterminedCallback(_Callback):
+class _Progress:
+    """Progress lines for a log instead of Keras's bars: one at the start and then at most
+    one per 10% of the epoch or validation, once its length is known."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.total: Optional[int] = None
+        self._shown = -1  # the last tenth a line was printed for
+
+    def start(self, total: Optional[int]) -> None:
+        self.done, self.total, self._shown = 0, total, -1
+
+    def step(self) -> bool:
+        """Count a batch; whether a line is due."""
+        self.done += 1
+        return self.due()
+
+    def due(self) -> bool:
+        if not self.total:
+            return False
+        tenth = min(10, self.done * 10 // self.total)
+        if tenth <= self._shown:
+            return False
+        self._shown = tenth
+        return True
+
+    def line(self, what: str, trained: int, logs: Optional[Dict[str, Any]]) -> str:
+        percent = 100 * self.done // self.total if self.total else 0
+        metrics = _plain_logs(logs)
+        return (f"{what}: {percent}% ({self.done}/{self.total} batches), {trained} batches "
+                f"trained" + (f": {metrics}" if metrics else ""))
+
+
+class DeterminedCallback(_ProgbarLogger):
     """Tracking, checkpoints, pause and resume for `model.fit`; see the module docstring.
 
     Args:
@@ -94,7 +139,9 @@ class DeterminedCallback(_Callback):
                  continue_id: Union[int, str], *,
                  train_metrics_report_period: Union[int, str] = "epoch",
                  checkpoint_epochs: int = 1) -> None:
-        super().__init__()
+        # A progress-bar logger only so that Keras adds none of its own: none of its
+        # behaviour is wanted, so only the plain callback's set-up runs.
+        _Callback.__init__(self)
         if train_metrics_report_period != "epoch" and (
                 not isinstance(train_metrics_report_period, int)
                 or train_metrics_report_period < 1):
@@ -106,10 +153,16 @@ class DeterminedCallback(_Callback):
         self._report_period = train_metrics_report_period
         self._checkpoint_epochs = int(checkpoint_epochs)
         self._is_chief = core_context.distributed.rank == 0
+        self._is_verbose = False  # set_params says
         self._steps_completed = 0
         self._epoch = -1
         self._last_train_epoch = -1
         self._last_ckpt_epoch = -1
+        # Batches per epoch and per validation, as the last ones had (for progress lines).
+        self._training_length: Optional[int] = None
+        self._validation_length: Optional[int] = None
+        self._training = _Progress()
+        self._validating = _Progress()
         self._restored: Optional[contextlib.ExitStack] = None
         self._generators: Optional[Dict[str, Any]] = None  # restored before the first batch
 
@@ -155,6 +208,30 @@ class DeterminedCallback(_Callback):
             np.savez(path + ".optimizer.npz",
                      *[np.asarray(v.numpy()) for v in _state._variables(optimizer)])
 
+    # -- what the progress-bar logger would do, none of which is wanted ------------------
+    def set_params(self, params: Dict[str, Any]) -> None:
+        _Callback.set_params(self, params)
+        self._is_verbose = params.get("verbose", 0) not in (0, None)
+
+    def on_predict_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        pass
+
+    def on_predict_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        pass
+
+    def on_predict_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        pass
+
+    # Keras 2 calls batch hooks only on callbacks that ask for them.
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return self._is_verbose
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
     # -- Keras's hooks ----------------------------------------------------------------------
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         self._restored = self._load(self._checkpoint)
@@ -169,23 +246,33 @@ class DeterminedCallback(_Callback):
                 logger.warning("the random generators' states were not restored (%s): the "
                                "resumed run may draw other random numbers", error)
             self._generators = None
-        if self._is_chief:
-            self._core.train.set_status("training")
+        if not self._is_chief:
+            return
+        self._core.train.set_status("training")
+        if self._is_verbose:
+            self._training.start((self.params or {}).get("steps") or self._training_length)
+            if self._training.due():
+                print(self._training.line(f"epoch {epoch + 1}", self._steps_completed, None),
+                      flush=True)
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._steps_completed += 1
         if self._restored is not None:  # the checkpoint's files were read by now
             self._restored.close()
             self._restored = None
-        if not self._is_chief or not isinstance(self._report_period, int):
+        if not self._is_chief:
             return
-        if self._steps_completed % self._report_period == 0:
+        if isinstance(self._report_period, int) \
+                and self._steps_completed % self._report_period == 0:
             self._report("training", _plain_logs(logs))
+        if self._training.step() and self._is_verbose:
+            print(self._training.line(f"epoch {self._epoch + 1}", self._steps_completed,
+                                      logs), flush=True)
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self._is_chief and self._report_period == "epoch":
             self._report("training", {k: v for k, v in _plain_logs(logs).items()
-                                      if not k.startswith("val_")})
+                                      if not k.startswith("val_")}, epochs=epoch + 1)
         epochs = (self.params or {}).get("epochs")
         if self._is_chief and epochs:
             self._core.train.report_progress(min(1.0, (epoch + 1) / epochs))
@@ -195,20 +282,29 @@ class DeterminedCallback(_Callback):
         # After the checkpoint: a preempted fit whose epoch is saved needs no second one.
         if self._core.preempt.should_preempt():
             self.model.stop_training = True
+        if self._is_chief:
+            self._training_length = self._training.done or self._training_length
 
     def on_test_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        if self._is_chief:
-            self._core.train.set_status("validating")
+        if not self._is_chief:
+            return
+        self._core.train.set_status("validating")
+        if self._is_verbose:
+            self._validating.start(self._validation_length)
+            if self._validating.due():
+                print(self._validating.line("validation", self._steps_completed, None),
+                      flush=True)
+
+    def on_test_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._is_chief and self._is_verbose and self._validating.step():
+            print(self._validating.line("validation", self._steps_completed, logs),
+                  flush=True)
 
     def on_test_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if not self._is_chief:
             return
-        metrics = _plain_logs(logs)
-        # Keras names these without `val_` here and with it in the epoch's logs; configs
-        # name the searcher metric either way.
-        metrics.update({f"val_{k}": v for k, v in list(metrics.items())
-                        if not k.startswith("val_") and f"val_{k}" not in metrics})
-        self._report("validation", metrics)
+        self._report("validation", _plain_logs(logs))
+        self._validation_length = self._validating.done or self._validation_length
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self._last_train_epoch > self._last_ckpt_epoch:
@@ -225,8 +321,9 @@ class DeterminedCallback(_Callback):
             self._core.train.set_status("finishing")
 
     # -- reporting, checkpoints ---------------------------------------------------------
-    def _report(self, group: str, metrics: Dict[str, Any]) -> None:
-        metrics.setdefault("epochs", self._epoch + 1)
+    def _report(self, group: str, metrics: Dict[str, Any],
+                epochs: Optional[int] = None) -> None:
+        metrics.setdefault("epochs", self._epoch + 1 if epochs is None else epochs)
         metrics.setdefault("batches", self._steps_completed)
         self._core.train.report_metrics(group, self._steps_completed, metrics)
 
@@ -239,12 +336,14 @@ class DeterminedCallback(_Callback):
             if self._is_chief:
                 state = {"epoch": epoch, "steps_completed": self._steps_completed,
                          "continue_id": self._continue_id,
+                         "training_length": self._training_length,
+                         "validation_length": self._validation_length,
                          "generators": _state.capture(self.model, [])}
                 with open(path / CALLBACK_STATE, "wb") as handle:
                     pickle.dump(state, handle)
-                reporter = getattr(self._core, "_reporter", None)
-                if reporter is not None:  # the model folder, as every trial checkpoint has
-                    shutil.copytree(reporter.trial_info().model_dir, path / "code",
+                model_dir = _model_dir()
+                if model_dir is not None:  # the model folder, as every trial checkpoint has
+                    shutil.copytree(model_dir, path / "code",
                                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         self._last_ckpt_epoch = epoch
 
@@ -272,6 +371,8 @@ class DeterminedCallback(_Callback):
                         self._continue_id)
             return
         self._steps_completed = int(state["steps_completed"])
+        self._training_length = state.get("training_length")
+        self._validation_length = state.get("validation_length")
         start = int(state["epoch"]) + 1
         self._last_train_epoch = self._last_ckpt_epoch = start - 1
         self._generators = state.get("generators")
@@ -279,6 +380,16 @@ class DeterminedCallback(_Callback):
             self.model._training_state = _ResumeAt(start)
         else:
             self.model._initial_epoch = start
+
+
+def _model_dir() -> Optional[Path]:
+    """The trial's model folder under localdet (None off it, where the core context may be
+    anything, a test's mock included)."""
+    from determined import _info
+
+    if _info.get_cluster_info() is None:
+        return None
+    return Path(_info.process_reporter().trial_info().model_dir)
 
 
 class TensorBoard(_KerasTensorBoard):
