@@ -250,3 +250,193 @@ def test_core_api_scripts_under_the_daemon(home, tmp_path, daemons):
     assert list((tensorboard / "tensorboard").rglob("events.out.tfevents.*"))
     facts = home.wait_until_ended(home.experiment_named("plain")["id"])
     assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == 400
+
+
+# --- DeterminedCallback and the off-cluster contexts, in this process -------------------------
+
+
+class _Recorder:
+    """A core context's train/preempt stand-in that notes what the callback does, beside a
+    real DummyCheckpointContext in `storage` (a shared_fs manager that notes restores)."""
+
+    def __init__(self, folder: Path):
+        from determined.common import storage
+
+        events = self.events = []
+
+        class NotingStorage(storage.SharedFSStorageManager):
+            def restore_path(self, src, selector=None):
+                events.append(("restore", (src, selector)))
+                return super().restore_path(src, selector)
+
+        self.distributed = det.core.DummyDistributedContext()
+        self.checkpoint = det.core.DummyCheckpointContext(self.distributed,
+                                                          NotingStorage(str(folder)))
+        self.train = self
+        self.preempt = self
+        self.preempt_after_epochs = None
+
+    def set_status(self, status):
+        self.events.append(("status", status))
+
+    def report_metrics(self, group, steps, metrics):
+        self.events.append((group, (steps, dict(metrics))))
+
+    def report_progress(self, progress):
+        self.events.append(("progress", progress))
+
+    def should_preempt(self):
+        epochs = sum(1 for kind, _ in self.events if kind == "progress")
+        return epochs == self.preempt_after_epochs
+
+
+def _fit(folder: Path, checkpoint=None, continue_id=1, epochs=2, **settings):
+    """Two epochs of 4 batches of a one-weight model under a noting DeterminedCallback;
+    returns (events, the final weight)."""
+    import tensorflow as tf
+
+    core = _Recorder(folder)
+    if "preempt_after_epochs" in settings:
+        core.preempt_after_epochs = settings.pop("preempt_after_epochs")
+
+    class Noting(det.keras.DeterminedCallback):
+        def save_model(self, model, path, distributed):
+            super().save_model(model, path, distributed)
+            core.events.append(("save_model", Path(path)))
+
+        def load_model(self, model, path, distributed):
+            super().load_model(model, path, distributed)
+            core.events.append(("load_model", Path(path)))
+
+        def on_train_batch_end(self, batch, logs=None):
+            core.events.append(("batch", batch))
+            super().on_train_batch_end(batch, logs)
+
+    model = tf.keras.Sequential([tf.keras.Input((2,)),
+                                 tf.keras.layers.Dense(1, use_bias=False,
+                                                       kernel_initializer="zeros")])
+    model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.1), metrics=["mae"])
+    x, y = np.ones((16, 2), "float32"), np.ones((16, 1), "float32")
+    model.fit(x, y, batch_size=4, epochs=epochs, validation_data=(x, y), verbose=0,
+              shuffle=False, callbacks=[Noting(core, checkpoint=checkpoint,
+                                               continue_id=continue_id, **settings)])
+    return core.events, float(model.layers[-1].get_weights()[0][0, 0])
+
+
+def _kinds(events):
+    return [kind if kind in ("batch", "save_model", "load_model", "restore")
+            else f"{kind}:{value}" if kind in ("status", "progress") else f"{kind}:{value[0]}"
+            for kind, value in events]
+
+
+def test_determined_callback_keeps_determineds_order_statuses_and_metric_names(tmp_path):
+    events, _ = _fit(tmp_path)
+    order = [k for k in _kinds(events) if k != "batch"]
+    assert order == ["status:training", "status:validating", "validation:4", "training:4",
+                     "progress:0.5", "status:checkpointing", "save_model",
+                     "status:training", "status:validating", "validation:8", "training:8",
+                     "progress:1.0", "status:checkpointing", "save_model", "status:finishing"]
+    for group in ("training", "validation"):
+        for steps, metrics in (value for kind, value in events if kind == group):
+            assert set(metrics) == {"loss", "mae", "epochs", "batches"}, metrics
+            assert metrics["batches"] == steps
+    assert [v[1]["epochs"] for k, v in events if k == "validation"] == [1, 2]
+    # Every 3 batches instead of each epoch; a checkpoint only at the end (0 epochs).
+    events, _ = _fit(tmp_path, train_metrics_report_period=3, checkpoint_epochs=0)
+    assert [k for k in _kinds(events) if k.startswith(("training", "save"))] == \
+        ["training:3", "training:6", "save_model"]
+    assert _kinds(events)[-2:] == ["save_model", "status:finishing"]  # in on_train_end
+    # Preempted after the first epoch, with nothing saved then: saved at the end.
+    events, _ = _fit(tmp_path, checkpoint_epochs=2, preempt_after_epochs=1)
+    assert [k for k in _kinds(events) if k in ("batch", "save_model")] == \
+        ["batch"] * 4 + ["save_model"]
+
+
+def test_determined_callback_resumes_and_warm_starts_through_a_storage_manager(tmp_path):
+    events, weight = _fit(tmp_path, epochs=1)
+    saved = next(path for kind, path in events if kind == "save_model")
+    storage_id = saved.parent.name  # written in place: the folder is the storage id
+    assert saved == tmp_path / storage_id / "model_checkpoint"
+    assert json.loads((saved.parent / "metadata.json").read_text()) == {"steps_completed": 4}
+    # The same continue_id goes on at epoch 2 and batch 5; the checkpoint stays open (a
+    # restore_path block) until the first batch has read it.
+    events, resumed = _fit(tmp_path, checkpoint=storage_id, epochs=2)
+    kinds = _kinds(events)
+    assert kinds[:4] == ["status:restoring", "restore", "load_model", "status:training"]
+    assert events[1][1] == (storage_id, None)
+    assert [k for k in kinds if k.startswith("training")] == ["training:8"]
+    _, straight = _fit(tmp_path / "straight", epochs=2)
+    assert resumed == straight
+    # Another continue_id: the weights only, training from epoch 1 and batch 1.
+    events, _ = _fit(tmp_path, checkpoint=storage_id, continue_id=2, epochs=1)
+    assert [k for k in _kinds(events) if k.startswith("training")] == ["training:4"]
+    checkpoint = det.core.DummyCheckpointContext(det.core.DummyDistributedContext(),
+                                                 str(tmp_path))
+    assert checkpoint.get_metadata(storage_id) == {"steps_completed": 4}
+    checkpoint.delete(storage_id)
+    assert not (tmp_path / storage_id).exists()
+
+
+def test_a_callback_checkpoint_loads_with_load_weights_and_the_loader_says_so(tmp_path):
+    import tensorflow as tf
+
+    from determined.keras._load import CheckpointLoadError, load_model_from_checkpoint_path
+
+    events, weight = _fit(tmp_path, epochs=1)
+    folder = next(path for kind, path in events if kind == "save_model").parent
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1, use_bias=False)])
+    # As Determined documented under Keras 2; Keras 3 reads weights only by a file's suffix.
+    keras2 = tf.keras.__name__.startswith("tf_keras")
+    weights = folder / ("model_checkpoint" if keras2 else "model_checkpoint.weights.h5")
+    model.load_weights(weights)
+    assert float(model.layers[-1].get_weights()[0][0, 0]) == weight
+    with pytest.raises(CheckpointLoadError) as refused:
+        load_model_from_checkpoint_path(str(folder))
+    assert str(refused.value) == (
+        f"'{folder}' is a DeterminedCallback checkpoint, which holds the model's weights "
+        f"(Keras {2 if keras2 else 3}) but not the model: build the model in your code and "
+        f"read them with model.load_weights('{weights}')")
+
+
+def test_the_searcher_metric_is_found_under_either_keras_name():
+    from determined.core._train import _with_searcher_metric
+
+    assert _with_searcher_metric({"loss": 1.0}, "val_loss") == {"loss": 1.0, "val_loss": 1.0}
+    assert _with_searcher_metric({"val_acc": 0.5}, "acc") == {"val_acc": 0.5, "acc": 0.5}
+    assert _with_searcher_metric({"loss": 1.0, "val_loss": 2.0}, "val_loss")["val_loss"] == 2.0
+    assert _with_searcher_metric({"loss": 1.0}, "acc") == {"loss": 1.0}
+
+
+def test_tf_config_workers_started_by_hand_share_a_key_from_their_cluster(monkeypatch):
+    from determined.core._distributed import DistributedContext
+
+    monkeypatch.delenv("LOCALDET_DIST_AUTHKEY", raising=False)
+    monkeypatch.delenv("LOCALDET_CHIEF_ADDR", raising=False)
+    cluster = {"worker": ["localhost:12345", "localhost:12346"]}
+    ranks = [DistributedContext._ranks_from_tf_config(
+        {"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in (0, 1)]
+    assert [r.rank for r in ranks] == [0, 1] and ranks[0]._authkey == ranks[1]._authkey
+    other = DistributedContext._ranks_from_tf_config(
+        {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+         "task": {"type": "worker", "index": 0}})
+    assert other._authkey not in (None, ranks[0]._authkey)
+    monkeypatch.setenv("LOCALDET_DIST_AUTHKEY", "ab" * 32)  # the launcher's key wins
+    assert DistributedContext._ranks_from_tf_config(
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}})._authkey == b"\xab" * 32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TF_USE_LEGACY_KERAS") == "1",
+                    reason="already running under Keras 2")
+def test_a_callback_checkpoint_loads_with_load_weights_under_keras2_too():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    check = ("import tempfile, pathlib, tensorflow as tf, test_core_api as t; "
+             "assert tf.keras.__name__.startswith('tf_keras'); "
+             "t.test_a_callback_checkpoint_loads_with_load_weights_and_the_loader_says_so("
+             "pathlib.Path(tempfile.mkdtemp())); print('loaded')")
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parent)
+    assert done.returncode == 0 and done.stdout.endswith("loaded\n"), done.stderr[-4000:]

@@ -382,6 +382,20 @@ class DeterminedCallback(_ProgbarLogger):
             self.model._initial_epoch = start
 
 
+def weights_only_refusal(folder: Path) -> Optional[str]:
+    """One sentence for a loader given a DeterminedCallback checkpoint, which holds the
+    model's weights but not the model; None for any other folder."""
+    if (folder / f"{MODEL_CHECKPOINT}.index").is_file():
+        weights, line = folder / MODEL_CHECKPOINT, "Keras 2"
+    elif (folder / f"{MODEL_CHECKPOINT}{KERAS3_SUFFIX}").is_file():
+        weights, line = folder / f"{MODEL_CHECKPOINT}{KERAS3_SUFFIX}", "Keras 3"
+    else:
+        return None
+    return (f"'{folder}' is a DeterminedCallback checkpoint, which holds the model's weights "
+            f"({line}) but not the model: build the model in your code and read them with "
+            f"model.load_weights('{weights}')")
+
+
 def _model_dir() -> Optional[Path]:
     """The trial's model folder under localdet (None off it, where the core context may be
     anything, a test's mock included)."""

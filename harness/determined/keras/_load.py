@@ -82,7 +82,9 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     try:
         saved = read_checkpoint(Path(path))
     except CheckpointFormatError as error:
-        raise CheckpointLoadError(str(error)) from None
+        from determined.keras._callback import weights_only_refusal  # (core helper's edit)
+
+        raise CheckpointLoadError(weights_only_refusal(Path(path)) or str(error)) from None
     from determined.keras._line import keras_line
 
     line = keras_line()
