@@ -584,7 +584,9 @@ def _array_like_adapter() -> bool:
                                     drop_leftovers=True)
     weighted = keras._ArrayLikeAdapter({"a": np.arange(4)}, [np.arange(4), np.arange(4)],
                                        batch_size=2, sample_weights=np.ones(4))
-    with pytest.raises(ValueError, match="batch_size 32"):
+    from determined.common.check import CheckFailedError
+
+    with pytest.raises(CheckFailedError, match="batch_size 32"):  # Determined's error
         keras._ArrayLikeAdapter(np.arange(16), np.arange(16), batch_size=32)
     x, y, sw = weighted[1]
     return (isinstance(seq, tf.keras.utils.Sequence) and len(seq) == 7 and len(short) == 6
@@ -625,6 +627,10 @@ def _expected_order(shuffle: bool, rank: int, size: int, skip: int, length: int 
 
 
 def _sampler_order() -> bool:
+    from determined.common.check import CheckFailedError
+
+    with pytest.raises(CheckFailedError, match="at least one batch per process"):
+        keras._Sampler(3, 0, 4, False, 0, 0)
     for shuffle, rank, size, skip in [(False, 0, 1, 0), (True, 1, 3, 5), (True, 2, 3, 7)]:
         sampler = keras._Sampler(10, rank, size, shuffle, 777, skip)
         got = [i for _ in range(3) for i in sampler.yield_epoch()]

@@ -1,7 +1,8 @@
 """Arrays as a Keras Sequence: `keras._ArrayLikeAdapter` and the two functions that turn what a
 data loader or `fit(x, y, ...)` was given into something to iterate over. Determined
 exported them from `determined.keras` (0.17 to 0.38) and its own test trials build their
-data with them, so they keep Determined's names and arguments."""
+data with them, so they keep Determined's names and arguments, and raise its
+`determined.common.check.CheckFailedError` (a `ValueError`) for arguments that cannot work."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined import errors
+from determined.common.check import CheckFailedError
 from determined.keras._sequence import SequenceAdapter
 from determined.keras._types import ArrayLike
 
@@ -73,13 +75,13 @@ class _ArrayLikeAdapter(tf.keras.utils.Sequence):  # type: ignore[misc,name-defi
                 raise _not_arrays(name, value)
         rows = _rows(x)
         if _rows(y) != rows:
-            raise ValueError(f"x has {rows} rows but y has {_rows(y)}: give both the same "
+            raise CheckFailedError(f"x has {rows} rows but y has {_rows(y)}: give both the same "
                              "number of rows")
         if batch_size > rows:
-            raise ValueError(f"batch_size {batch_size} is larger than the {rows} rows of "
+            raise CheckFailedError(f"batch_size {batch_size} is larger than the {rows} rows of "
                              "data: use a smaller batch size or more data")
         if sample_weights is not None and len(sample_weights) != rows:
-            raise ValueError(f"sample_weights has {len(sample_weights)} entries for {rows} "
+            raise CheckFailedError(f"sample_weights has {len(sample_weights)} entries for {rows} "
                              "rows: give one weight per row")
         self.x, self.y, self.sample_weight = x, y, sample_weights
         self.batch_size = batch_size

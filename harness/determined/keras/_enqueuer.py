@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from determined.common.check import CheckFailedError
 from determined.keras._sequence_batches import _overrides_hooks
 from determined.keras._sequence_loaders import make_loader
 
@@ -38,7 +39,7 @@ class _Sampler:
     def __init__(self, length: int, shard_rank: int, num_shards: int, shuffle: bool,
                  shuffle_seed: int, prior_batches_trained: int) -> None:
         if length < num_shards:
-            raise ValueError(f"the Sequence has {length} batches for {num_shards} processes: "
+            raise CheckFailedError(f"the Sequence has {length} batches for {num_shards} processes: "
                              "give it at least one batch per process")
         self.indices = list(range(length))
         self.num_shards = num_shards
@@ -95,7 +96,7 @@ class _Enqueuer:
     def __init__(self, sequence: Any, sampler: _Sampler, repeat: bool, workers: int = 0,
                  use_multiprocessing: bool = False, max_queue_size: int = 10) -> None:
         if max_queue_size < 1:
-            raise ValueError(f"max_queue_size is {max_queue_size}: give at least 1")
+            raise CheckFailedError(f"max_queue_size is {max_queue_size}: give at least 1")
         self.sequence = sequence
         self.sampler = sampler
         self.repeat = repeat
