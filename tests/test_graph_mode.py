@@ -21,7 +21,7 @@ import pytest
 
 FOLDER = Path(__file__).resolve().parent / "compat" / "graph_mode"
 TARGET = 12
-PAUSES = (3, 8)  # mid-pass (5 batches a pass) and at a validation's batch count
+PAUSES = (3, 8)  # mid-pass (5 batches a pass), and where a validation is due
 
 
 class PausingReporter:

@@ -231,7 +231,8 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
                                               part),
                               position_in_iterator=False, batches_per_pass=count // batch_size)
     if isinstance(loader, tf.data.Dataset):
-        cardinality = int(loader.cardinality())
+        cardinality = int(loader.cardinality() if tf.executing_eagerly()
+                          else tf.keras.backend.get_value(loader.cardinality()))  # graph mode
         per_pass = cardinality if cardinality > 0 else None
         if tf_data_resume == "iterator":
             return TrainingStream(_repeated(loader), position_in_iterator=True,

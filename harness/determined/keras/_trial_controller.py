@@ -48,6 +48,8 @@ MODEL_FORM = "keras-model-h5"  # architecture, weights, compile settings: Keras'
 STATE_FILENAME = "trial_state.pkl"
 ITERATOR_FOLDER = "data_iterator"
 log = logging.getLogger("determined.keras")
+GRAPH_MODE_NEEDS_KERAS_2 = ("the trial disables eager execution, which Keras 3 cannot run; "
+                            "set TF_USE_LEGACY_KERAS=1 in environment.environment_variables")
 
 
 class TrialError(Exception):
@@ -94,6 +96,8 @@ def prepare_process(info: TrialInfo) -> None:
     place, and seeded random generators."""
     info.trial_dir.mkdir(parents=True, exist_ok=True)
     os.environ[TENSORBOARD_DIR_VAR] = str(info.trial_dir / "tensorboard")
+    if _graph_mode.active() and keras_line() != "keras2":
+        raise TrialError(GRAPH_MODE_NEEDS_KERAS_2)
     try:  # before anything starts TensorFlow's runtime: it may add logical devices
         engine = _engine.start(keras_line())
     except _engine.EngineError as error:
@@ -196,8 +200,7 @@ class TrialController:
 
     def _check_graph_mode(self) -> None:
         if keras_line() != "keras2":
-            raise TrialError("the trial disables eager execution, which Keras 3 cannot run; "
-                             "set TF_USE_LEGACY_KERAS=1 in environment.environment_variables")
+            raise TrialError(GRAPH_MODE_NEEDS_KERAS_2)
         if self.distributed.size > 1:
             raise TrialError("a trial that disables eager execution trains on one slot here; "
                              "set resources.slots_per_trial to 1, or remove "
