@@ -19,6 +19,7 @@ from pathlib import Path
 
 from determined.core._reporting import (
     ENGINE_VAR,
+    FAILURE_MARK,
     HOME_VAR,
     KERAS_LINE_REASON_VAR,
     MODEL_DIR_VAR,
@@ -271,10 +272,6 @@ def log_tail(path: Path, lines: int = 5) -> str:
         log.seek(max(0, log.tell() - 8192))
         text = log.read().decode("utf-8", "replace")
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-# The trial process's last line when it fails (determined/exec/run_trial.py writes it).
-FAILURE_MARK = "[localdet] failure: "
 
 
 @dataclass(frozen=True)

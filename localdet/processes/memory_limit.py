@@ -26,9 +26,9 @@ RLIMIT_AS is not used: it caps one process, not the tree, and TensorFlow reserve
 address space than it uses (it cannot even import under a 1 GB RLIMIT_AS).
 
 A trial stopped this way gets two lines in its log: what happened, and the trial runner's
-failure mark (launcher.FAILURE_MARK) with SIGNATURE, so `failures.record` reads it like any
-failure and the daemon ends the trial ERROR without a restart (it would only reach the
-limit again).
+failure mark (`determined.core._reporting.FAILURE_MARK`) with SIGNATURE, so
+`failures.record` reads it like any failure and the daemon ends the trial ERROR without a
+restart (it would only reach the limit again).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class Guard:
         mark = {"signature": f"{SIGNATURE}: the trial exceeded its memory limit of "
                              f"{gigabytes(watched.limit)}",
                 "stage": None, "trained": None, "message": told}
-        from localdet.processes.launcher import FAILURE_MARK  # launcher imports heavier modules
+        from determined.core._reporting import FAILURE_MARK
 
         _append(watched.log_path, f"[localdet] {told} ({what})\n"
                                   f"{FAILURE_MARK}{json.dumps(mark)}")

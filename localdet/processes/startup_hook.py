@@ -7,9 +7,9 @@ sourced by bash (`set -e`) in the trial's folder, with the trial's environment (
     # python -P -m localdet.processes.startup_hook -- ARGV...
 
 The hook's output goes to the trial's log first. If it fails, the trial does not start:
-the log's last line is the failure mark (launcher.FAILURE_MARK) with one sentence naming the
-hook's exit code and its last output line, a failure before training
-(localdet/processes/failures.py), which therefore fails fast when it repeats.
+the log's last line is the failure mark (`determined.core._reporting.FAILURE_MARK`) with
+one sentence naming the hook's exit code and its last output line, a failure before
+training (localdet/processes/failures.py), which therefore fails fast when it repeats.
 """
 
 from __future__ import annotations
@@ -106,8 +106,7 @@ def main(argv: list[str]) -> int:
         return 2
     code, last, folder, env = run_hook()
     if code != 0:
-        # Imported only here: the trial's start stays light.
-        from localdet.processes.launcher import FAILURE_MARK
+        from determined.core._reporting import FAILURE_MARK
 
         message = failure_message(code, last)
         print(f"error: {message}", flush=True)

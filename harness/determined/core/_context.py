@@ -111,7 +111,7 @@ class Context:
                 and self._reporter is not None:
             # Told as a trial class's InvalidHP is: the daemon ends the trial without
             # restarts and the search goes on.
-            from determined.exec.run_trial import FAILURE_MARK
+            from determined.core._reporting import FAILURE_MARK
 
             message = "InvalidHP: the trial reported report_early_exit(INVALID_HP)"
             print(FAILURE_MARK + json.dumps({"signature": message, "message": message,

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Protocol
 
+# A failed process's last log line starts with this, then JSON: what failed and whether it got
+# as far as training, for the daemon to tell a failure that will repeat.
+FAILURE_MARK = "[localdet] failure: "
+
 # The environment a launcher gives a training process: every LOCALDET_* name the two sides
 # share is here, so neither spells one by hand.
 TRIAL_ID_VAR = "LOCALDET_TRIAL_ID"      # the trial (or job) this process runs; set by the launcher

@@ -18,7 +18,7 @@ import traceback
 import types
 from typing import Any, Dict, Optional
 
-from determined.core._reporting import KERAS_LINE_REASON_VAR
+from determined.core._reporting import FAILURE_MARK, KERAS_LINE_REASON_VAR
 
 
 def load_trial_class(entrypoint: str) -> type:
@@ -37,9 +37,6 @@ def load_trial_class(entrypoint: str) -> type:
     return trial_class
 
 
-# The last line of a failed trial's log: what failed and whether it got as far as training,
-# for the daemon to tell a failure that will repeat (localdet/processes/launcher.py reads it).
-FAILURE_MARK = "[localdet] failure: "
 
 
 def exception_line(error: BaseException) -> str:
