@@ -357,8 +357,14 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
             "_save_whole_model(sys.argv[1], sys.argv[2])")
     result = subprocess.run([sys.executable, "-c", code, str(saved.folder), str(out)],
                             env=environment, capture_output=True, text=True)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    if result.returncode == _NOT_HANDED_OVER:
+        raise CheckpointLoadError(
+            f"'{saved.folder}' holds a subclassed model ({lines[-1]}) whose code runs only "
+            f"under {_spoken(other)}, and only Functional and Sequential models can be handed "
+            f"from one Keras line to the other; load it under {_spoken(other)}: "
+            f"{_switch(other)}")
     if result.returncode != 0:
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         raise CheckpointLoadError(
             f"building the model of '{saved.folder}' failed here ({reason}) and under "
             f"{_spoken(other)} too ({lines[-1] if lines else 'no output'}); load it with the "
@@ -369,8 +375,17 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
 def _save_whole_model(folder: str, out: str) -> None:
     """In the subprocess: load the checkpoint in this line, save the whole model."""
     from determined.keras._saved_compile import record_missing_arguments
+    from determined.keras._trial_controller import saves_whole
 
     model = load_model_from_checkpoint_path(folder)
+    if not saves_whole(model):
+        print(type(model).__name__, file=sys.stderr)
+        sys.exit(_NOT_HANDED_OVER)
     with quiet_keras_warnings():
         model.save(out)
     record_missing_arguments(model, Path(out))
+
+
+# The hand-over subprocess's exit status for a model only its own line can hold.
+_NOT_HANDED_OVER = 3
+
