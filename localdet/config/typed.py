@@ -62,6 +62,8 @@ class Searcher:
     bracket_rungs: tuple[int, ...] | None
     # accepted for Determined's configs, not used by the searchers localdet runs
     num_rungs: int | None
+    # the warm start (localdet/checkpoints/warm_start.py): trials start from this checkpoint
+    # (a trial's latest), resolved into source_checkpoint_uuid when the experiment is recorded
     source_trial_id: int | None
     source_checkpoint_uuid: str | None
 
