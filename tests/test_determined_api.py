@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import types
 import typing
 from pathlib import Path
 
@@ -276,26 +277,10 @@ def one_sentence(message: str) -> None:
     assert "localdet" in message, message
 
 
-# Names Determined had that localdet's modules owned by other work still lack (missing:
-# every check of the name fails; assign: only assigning it does). Strict: a gap closed
-# makes its test pass and fail here, so the entry is removed with the fix.
-_INFO = "harness/determined/_info.py"
-_CORE = "harness/determined/core"
-KNOWN_GAPS = {
-    ("missing", "context.distributed", "tempdir"): f"{_CORE}/_distributed.py lacks it",
-    ("missing", "determined.ClusterInfo", "container_id"): f"{_INFO} lacks it",
-    ("assign", "determined.TrialInfo", "_trial_run_id"): f"{_INFO}: a read-only property",
-    ("assign", "determined.ClusterInfo", "master_url"): f"{_INFO}: a read-only property",
-    ("assign", "determined.ClusterInfo", "session_token"): f"{_INFO}: a read-only property",
-    ("assign", "determined.TrialInfo", "_config"): f"{_INFO}: a read-only property",
-    ("assign", "determined.TrialInfo", "_steps_completed"): f"{_INFO}: a read-only property",
-    ("assign", "determined.TrialInfo", "_debug"): f"{_INFO}: a read-only property",
-    **{("missing", "determined.core", name): f"{_CORE}/__init__.py lacks it" for name in (
-        "_MetricsContext", "_DummyMetricsContext", "_Heartbeat", "_ManagedTrialHeartbeat",
-        "_UnmanagedTrialHeartbeat", "_LogShipper", "_ManagedTrialLogShipper",
-        "_UnmanagedTrialLogShipper", "_PreemptionWatcher", "_get_storage_manager",
-        "_install_stacktrace_on_sigusr1", "_run_on_rank_0_and_broadcast", "_run_prepare")},
-}
+# Names Determined had that localdet still lacks, as ("missing" | "assign", section, name):
+# a missing name fails every check, an "assign" one only the assignment. Strict xfails: a
+# gap closed makes its test pass and fail here, so the entry goes with the fix. None now.
+KNOWN_GAPS: dict = {}
 
 
 def cases(pairs, kind="missing"):
@@ -999,7 +984,59 @@ def _core(w):
             w.tmp / "core-dummy")).checkpoint, core.DummyCheckpointContext),
         "_parse_searcher_max_length": lambda: core._parse_searcher_max_length(config) == 4,
         "_parse_searcher_units": lambda: core._parse_searcher_units(config) is core.Unit.BATCHES,
+        "_run_on_rank_0_and_broadcast": _runs_on_rank_0_and_broadcasts,
+        "_install_stacktrace_on_sigusr1": _prints_the_stack_on_sigusr1,
+        "_get_storage_manager": lambda: _storage_managers(w.tmp),
     }
+
+
+def _runs_on_rank_0_and_broadcasts() -> bool:
+    run, calls = det.core._run_on_rank_0_and_broadcast, []
+
+    def func():
+        calls.append(1)
+        return "chief's"
+
+    rank_1 = types.SimpleNamespace(rank=1, broadcast=lambda value: ("broadcast", value))
+    return (run(func) == "chief's" and run(func, det.core.DummyDistributedContext())
+            == "chief's" and len(calls) == 2
+            and run(func, rank_1) == ("broadcast", None) and len(calls) == 2)
+
+
+def _prints_the_stack_on_sigusr1() -> bool:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # it may not install
+        before = signal.getsignal(signal.SIGUSR1)
+        det.core._install_stacktrace_on_sigusr1()
+        return signal.getsignal(signal.SIGUSR1) is before
+    earlier = []
+    original = signal.signal(signal.SIGUSR1, lambda signum, frame: earlier.append(signum))
+    try:
+        det.core._install_stacktrace_on_sigusr1()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(100):  # the handler runs between bytecodes of the main thread
+                if earlier:
+                    break
+    finally:
+        signal.signal(signal.SIGUSR1, original)
+    return "_prints_the_stack_on_sigusr1" in err.getvalue() and earlier == [signal.SIGUSR1]
+
+
+def _storage_managers(tmp: Path) -> bool:
+    from determined.common import storage
+
+    get = det.core._get_storage_manager
+    with pytest.raises(ValueError, match="shared_fs"):
+        get({"type": "shared_fs", "host_path": str(tmp)})
+    with pytest.raises(TypeError):
+        get(3)
+    folder = get({"type": "directory", "container_path": str(tmp / "dir-storage")})
+    return (get(None) is None and isinstance(get(str(tmp)), storage.SharedFSStorageManager)
+            and isinstance(folder, storage.DirectoryStorageManager))
 
 
 CHECKS = {

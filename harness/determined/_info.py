@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from determined import errors
+from determined._assignable import computed, refused_attribute
 
+_NO_RUNS = "runs are not counted; ClusterInfo.latest_checkpoint is set when a run resumes"
 _cache: Dict[str, Any] = {}  # this process's reporter and info, keyed by its trial id
 
 
@@ -45,25 +47,22 @@ class TrialInfo:
     debug: bool = False
     inter_node_network_interface: Optional[str] = None
 
-    # Determined's private spellings, which its own and its users' code read.
-    @property
+    # Determined's private spellings, which its own and its users' code read; plain
+    # attributes there, so assignable here.
+    @computed
     def _config(self) -> Dict[str, Any]:
         return self.config
 
-    @property
+    @computed
     def _steps_completed(self) -> int:
         return self.steps_completed
 
-    @property
+    @computed
     def _debug(self) -> bool:
         return self.debug
 
-    @property
-    def trial_run_id(self) -> int:
-        raise errors.refuse("ClusterInfo.trial.trial_run_id", "runs are not counted; "
-                            "ClusterInfo.latest_checkpoint is set when a run resumes")
-
-    _trial_run_id = trial_run_id
+    trial_run_id = refused_attribute("ClusterInfo.trial.trial_run_id", _NO_RUNS)
+    _trial_run_id = refused_attribute("ClusterInfo.trial._trial_run_id", _NO_RUNS)
 
 
 @dataclass
@@ -96,14 +95,16 @@ class ClusterInfo:
             return {}
         return dict(self.trial.config.get("data") or {})
 
-    @property
-    def master_url(self) -> str:
-        raise errors.refuse("ClusterInfo.master_url", "there is no master: `localdet status` "
-                            "shows experiments and trials")
+    @computed
+    def container_id(self) -> str:
+        """Determined 0.17.1-0.17.8's container id: one container per trial, its task."""
+        return self.task_id
 
-    @property
-    def session_token(self) -> str:
-        raise errors.refuse("ClusterInfo.session_token", "there is no master to log in to")
+    # Plain attributes in Determined, so assignable; with no master they mean nothing.
+    master_url = refused_attribute("ClusterInfo.master_url", "there is no master: "
+                                   "`localdet status` shows experiments and trials")
+    session_token = refused_attribute("ClusterInfo.session_token",
+                                      "there is no master to log in to")
 
 
 class RendezvousInfo:

@@ -40,20 +40,23 @@ def _local_execution_manager(context_dir: Path) -> Iterator[None]:
         sys.path[0] = first
 
 
-def _refusing_function(name: str, instead: str) -> Any:
+def _refusing_function(name: str, instead: str, owner: str = "det") -> Any:
+    """A function named `name` that refuses to run: `{owner}.{name}` is not served."""
     def refused(*args: Any, **kwargs: Any) -> Any:
-        raise errors.refuse(f"det.{name}", instead)
+        raise errors.refuse(f"{owner}.{name}", instead)
 
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Determined's internal `{name}`; refused here: {instead}."
     return refused
 
 
-def _refusing_class(name: str, instead: str) -> type:
+def _refusing_class(name: str, instead: str, owner: str = "det",
+                    module: str = __name__) -> type:
+    """A class named `name` that refuses to be made: `{owner}.{name}` is not served."""
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise errors.refuse(f"det.{name}", instead)
+        raise errors.refuse(f"{owner}.{name}", instead)
 
-    return type(name, (), {"__init__": __init__, "__module__": __name__,
+    return type(name, (), {"__init__": __init__, "__module__": module,
                            "__doc__": f"Determined's `{name}`; refused here: {instead}."})
 
 

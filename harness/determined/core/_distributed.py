@@ -77,6 +77,8 @@ class DistributedContext:
         self.rank, self.size = rank, size
         self.local_rank, self.local_size = local_rank, local_size
         self.cross_rank, self.cross_size = cross_rank, cross_size
+        # Determined's folder of IPC sockets; the ranks here meet over TCP, so there is none.
+        self.tempdir: Optional[str] = None
 
         # Where rank 0 listens and the key that admits the trial's processes: the launcher's
         # LOCALDET_CHIEF_ADDR first, else chief_ip/DET_CHIEF_IP (this machine when there is
