@@ -221,7 +221,7 @@ def experiment(**overrides) -> dict:
      "checkpoint_storage.host_path: expected an absolute path"),
     ({"type": "shared_fs", "host_path": "/mnt/shared", "storage_path": "../elsewhere"},
      "checkpoint_storage.storage_path: expected a folder inside host_path '/mnt/shared'"),
-    ({"type": "gcs", "bucket": "b"}, "checkpoint_storage.type: expected 'shared_fs' or 's3'"),
+    ({"type": "ftp"}, "checkpoint_storage.type: expected 'shared_fs', 's3' or 'directory'"),
     ({"type": "shared_fs", "host_path": "/mnt/shared", "bucket": "b"},
      "checkpoint_storage.bucket: only used with checkpoint_storage.type 's3'"),
     ({"host_path": "/mnt/shared"},
