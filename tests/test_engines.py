@@ -67,7 +67,9 @@ def test_several_slots_under_keras_2_run_one_process_per_slot(tmp_path, keras2, 
     with pytest.raises(engines.EngineRefusal) as error:
         engines.choose(config_with(2, "mirrored", **keras2["environment"]), folder)
     assert str(error.value).startswith("resources.engine mirrored cannot train this trial")
-    assert line_why in str(error.value)
+    rule, source = keras_choice.rule_of(line_why)  # the rule and what decided, in one line
+    assert f"by rule {rule}, decided by {source})" in str(error.value)
+    assert "\n" not in str(error.value) and len(str(error.value)) <= 300
 
 
 def test_the_config_can_force_an_engine_and_one_that_cannot_run_is_refused(

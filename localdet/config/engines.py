@@ -83,8 +83,11 @@ def choose(config: dict, model_dir: Path) -> tuple[str, str]:
             wanted = HOROVOD if horovod_installed() else GRADIENT_ALLREDUCE
     refusal = _refusal(wanted, line)
     if refusal:
+        # The rule and what decided, not the whole reason: the refusal stays one short line.
+        rule, source = keras_choice.rule_of(why)
+        because = f"rule {rule}" + (f", decided by {source}" if source else "") if rule else why
         raise EngineRefusal(f"resources.engine {wanted} cannot train this trial: {refusal} "
-                          f"(it runs under {keras} because {why})")
+                          f"(it runs under {keras} by {because})")
     how = {MIRRORED: "one process, MirroredStrategy over its devices",
            MULTI_WORKER_MIRRORED: "one process per slot, MultiWorkerMirroredStrategy",
            HOROVOD: "one process per slot, Horovod over Gloo",
