@@ -304,22 +304,27 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
 # machine beside other work (noisy), and the CPU seconds of its processes where known: the
 # CPU-bound files stretch most under two workers.
 LONGEST_FILES = [
-    "test_request_races.py",    # ~230 (CPU ~220)
-    "test_multi_slot_e2e.py",   # ~165 (CPU ~175)
-    "test_ray_cluster.py",      # ~215 (CPU ~45: mostly waiting on Ray)
-    "test_compat.py",           # ~130 (CPU ~165)
-    "test_search_e2e.py",       # ~110
-    "test_keras_api.py",        # ~100
-    "test_exact_resume.py",     # ~95 (CPU ~100)
-    "test_callback_order.py",   # ~90
-    "test_memory_limit.py",     # ~85
-    "test_horovod_e2e.py",      # ~85
-    "test_data.py",             # ~80
-    "test_warm.py",             # ~80
-    "test_end_to_end.py",       # ~70
-    "test_script_e2e.py",       # ~60
-    "test_pause_resume_e2e.py", # ~50
-    "test_fuzz_intake.py",      # ~45
+    "test_multi_slot_e2e.py",   # ~370 (seven daemon runs of two or three processes each)
+    "test_compat.py",           # ~165 (CPU ~165)
+    "test_request_races.py",    # ~165 (CPU ~160)
+    "test_exact_resume.py",     # ~135
+    "test_search_e2e.py",       # ~125
+    "test_ray_cluster.py",      # ~110 (mostly waiting on Ray)
+    "test_horovod_e2e.py",      # ~105
+    "test_memory_limit.py",     # ~100
+    "test_callback_order.py",   # ~80
+    "test_warm.py",             # ~70
+    "test_keras_api.py",        # ~60
+    "test_script_e2e.py",       # ~55
+    "test_pause_resume_e2e.py", # ~45
+    "test_fuzz_intake.py",      # ~30
+    "test_core_api.py",         # ~30
+    "test_foreground.py",       # ~30
+    "test_data.py",             # ~25
+    "test_disk_space.py",       # ~25
+    "test_remote_reporting.py", # ~25
+    "test_subclassed_models.py",  # ~25
+    "test_cross_line.py",       # ~20
 ]
 
 
