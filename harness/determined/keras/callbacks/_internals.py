@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from determined import errors
+from determined import _runner_internals
 from determined.keras.callbacks.callback import Callback
 
 
@@ -33,20 +33,15 @@ class _DeterminedHistory(Callback):
         self.history = state
 
 
-def _refusing_class(name: str, instead: str) -> type:
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise errors.refuse(f"determined.keras.callbacks.{name}", instead)
+_OWNER = "determined.keras.callbacks"
 
-    return type(name, (), {"__init__": __init__, "__module__": __name__,
-                           "__doc__": f"Determined's internal `{name}`; refused: {instead}."})
+
+def _refusing_class(name: str, instead: str) -> type:
+    return _runner_internals._refusing_class(name, instead, owner=_OWNER, module=__name__)
 
 
 def _refusing_function(name: str, instead: str) -> Any:
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        raise errors.refuse(f"determined.keras.callbacks.{name}", instead)
-
-    refused.__name__ = refused.__qualname__ = name
-    return refused
+    return _runner_internals._refusing_function(name, instead, owner=_OWNER)
 
 
 _RUNNER = "localdet's runner calls the trial's callbacks itself"
