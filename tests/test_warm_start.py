@@ -15,6 +15,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 from conftest import start_trial
 
+import determined as det
 from determined import keras
 from determined.core import TrialInfo
 from determined.keras._trial_controller import TrialController
@@ -125,6 +126,9 @@ def test_trial_info_names_the_source_only_until_the_trial_has_its_own_checkpoint
                      latest_checkpoint=None, config={"searcher": {"source_checkpoint_uuid": "x"}},
                      model_dir=Path("."), trial_dir=Path("."))
     assert info.warm_start_checkpoint == "x"
+    # context.env shows the source, as Determined did, and the trial still starts at 0.
+    env = det.EnvContext(info, det.core.DummyDistributedContext())
+    assert env.latest_checkpoint == "x" and env.steps_completed == 0
     info.latest_checkpoint = "own"
     assert info.warm_start_checkpoint is None
 

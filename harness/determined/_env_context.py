@@ -40,7 +40,9 @@ class EnvContext:
         self.experiment_config = ExperimentConfig(info.config)
         self.hparams: Dict[str, Any] = info.hparams
         self.trial_seed: int = info.seed
-        self.latest_checkpoint: Optional[str] = info.latest_checkpoint
+        # A warm start's source shows here as under Determined; the trial still starts at 0.
+        self.latest_checkpoint: Optional[str] = \
+            info.latest_checkpoint or info.warm_start_checkpoint
         # Determined passed ids as strings in the environment and kept them so.
         self.det_trial_id = str(info.trial_id)
         self.det_experiment_id = str(info.experiment_id)
@@ -60,12 +62,14 @@ class EnvContext:
     # -- the batch position of the run ---------------------------------------------------
     @computed
     def steps_completed(self) -> int:
-        """Batches the trial had trained when this run started (0 for a fresh trial)."""
-        if self.latest_checkpoint is None:
+        """Batches the trial had trained when this run started (0 for a fresh or a
+        warm-started trial)."""
+        own = self._info.latest_checkpoint
+        if own is None:
             return 0
         if self._steps_completed is None:
             # Read once, while the process's LOCALDET_HOME still names the trial's state.
-            batches = reporter_factory().checkpoint_batches(self.latest_checkpoint)
+            batches = reporter_factory().checkpoint_batches(own)
             self._steps_completed = lambda: batches
         return self._steps_completed()
 
