@@ -163,11 +163,14 @@ def test_a_warm_started_trial_starts_from_the_weights_at_batch_0(tmp_path, capsy
     trained = source.model.get_weights()[0]
     assert not np.allclose(trained, 0)
 
-    # Learning rate 0: what the warm-started trial ends with is what it started from.
+    # Learning rate 0: what the warm-started trial ends with is what it started from. Its
+    # checkpoints go to another store than the source's, which is read where it lives.
+    (tmp_path / "shared").mkdir()
     db, trial_id, reporter, info = start_trial(
         tmp_path, target=2, hparams={"global_batch_size": 4, "learning_rate": 0.0},
         searcher={"name": "single", "metric": "val_loss", "max_length": {"batches": 2},
-                  "source_checkpoint_uuid": uuid})
+                  "source_checkpoint_uuid": uuid},
+        checkpoint_storage={"type": "shared_fs", "host_path": str(tmp_path / "shared")})
     assert info.warm_start_checkpoint == uuid and info.latest_checkpoint is None
     warm = TrialController.for_trial_class(LineTrial, info, reporter)
     warm.run()

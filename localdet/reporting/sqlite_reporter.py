@@ -149,23 +149,35 @@ class SQLiteReporter:
         checked in the background while the caller loads them, and
         `verify_restored_checkpoint` raises if one was corrupt."""
         self.wait_for_checkpoints()
+        store = self._store_of(uuid)
         # Held until the background check has read every blob: the collector skips it.
-        lease = self.store.reading(uuid)
+        lease = store.reading(uuid)
         try:
             files = files_of(self.db.checkpoint(uuid).manifest)  # looked up under the lease
-            path = self.store.materialize(files, destination, link=True, verify=False)
+            path = store.materialize(files, destination, link=True, verify=False)
         except BaseException:
             lease.release()
             raise
 
         def verify() -> list[str]:
             try:
-                return self.store.verify(files)
+                return store.verify(files)
             finally:
                 lease.release()
 
         self._verifying = self._saver.submit(verify)
         return path
+
+    def _store_of(self, uuid: str) -> Any:
+        """This experiment's store, or for a checkpoint of another experiment (a warm
+        start's source, an imported checkpoint) the store that experiment keeps it in."""
+        try:
+            experiment_id = self.db.checkpoint(uuid).experiment_id
+        except NotFound:
+            return self.store  # the restore below says it is gone
+        if experiment_id == self._trial.experiment_id:
+            return self.store
+        return experiment_store(self.layout, self.db, experiment_id)
 
     def verify_restored_checkpoint(self) -> None:
         verifying, self._verifying = self._verifying, None
