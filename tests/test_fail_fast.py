@@ -297,8 +297,7 @@ def test_a_failure_after_training_repeats_at_the_same_phase_and_batches(layout, 
     db.record_metrics(trial.id, "training", 8, {"loss": 1.0})
     error = "AttributeError: 'MultiHead' object has no attribute '_trainable_weights'"
     failure = launch_and_fail(layout, db, trial, mark(error, "checkpoint", 8))
-    assert failures.marked_point(layout.trial_log(trial.experiment_id, trial.id)) == (
-        "checkpoint", 8)
+    assert (failure.phase, failure.batches) == ("checkpoint", 8)
     assert not failures.repeats(db, trial, failure)  # one launch is no pattern
     assert failures.repeats(db, trial, launch_and_fail(layout, db, trial,
                                                        mark(error, "checkpoint", 8)))

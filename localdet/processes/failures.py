@@ -18,12 +18,9 @@ decides from these events, so a daemon restarted in between decides the same.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from pathlib import Path
 
 from localdet.paths import Layout
-from localdet.processes import capped_log, launcher
+from localdet.processes import launcher
 from localdet.records.db import StateDB, Trial
 
 SAME_WAY = "every trial failed the same way before training"
@@ -50,34 +47,10 @@ def record(db: StateDB, layout: Layout, trial: Trial) -> launcher.Failure | None
         # A script, or a resumed trial: its records say only whether it ever trained.
         failure = dataclasses.replace(failure, trained=trial.batches_trained > 0
                                       or trial.latest_checkpoint is not None)
-    phase, batches = marked_point(log, offset)
     db.log_event("trial_failed", experiment_id=trial.experiment_id, trial_id=trial.id,
                  signature=failure.signature, stage=failure.stage, trained=failure.trained,
-                 phase=phase, batches=batches)
+                 phase=failure.phase, batches=failure.batches)
     return failure
-
-
-def marked_point(log: Path, offset: int = 0) -> tuple[str | None, int | None]:
-    """(phase, batches) where the launch's failure mark says training failed; (None, None)
-    when it failed before training, or has no mark (a script)."""
-    try:
-        with open(log, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(capped_log.file_position(log, offset), handle.tell() - 65536))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None, None
-    for line in reversed(lines):
-        if launcher.FAILURE_MARK in line:
-            try:
-                data = json.loads(line.split(launcher.FAILURE_MARK, 1)[1])
-                phase, batches = data.get("phase"), data.get("batches")
-                if isinstance(phase, str) and isinstance(batches, int):
-                    return phase, batches
-            except (ValueError, AttributeError):
-                pass
-            break
-    return None, None
 
 
 def repeats(db: StateDB, trial: Trial, failure: launcher.Failure) -> bool:

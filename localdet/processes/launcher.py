@@ -281,6 +281,8 @@ class Failure:
     stage: str | None     # import, setup or training (trial classes); None: a script
     trained: bool | None  # whether it trained a batch; None: it cannot tell
     message: str = ""     # what the user is told: the signature, and a hint where one helps
+    phase: str | None = None   # after training began: checkpoint, validation or training
+    batches: int | None = None  # ... and the batches trained when it failed
 
     @property
     def told(self) -> str:
@@ -307,8 +309,11 @@ def failure(path: Path, offset: int = 0) -> Failure | None:
         if FAILURE_MARK in line:
             try:
                 data = json.loads(line.split(FAILURE_MARK, 1)[1])
+                phase, batches = data.get("phase"), data.get("batches")
+                at = (phase, batches) if isinstance(phase, str) and isinstance(batches, int) \
+                    else (None, None)
                 return Failure(str(data["signature"]), data.get("stage"), data.get("trained"),
-                               str(data.get("message") or ""))
+                               str(data.get("message") or ""), *at)
             except (ValueError, KeyError, TypeError):
                 break
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
