@@ -440,3 +440,44 @@ def test_a_callback_checkpoint_loads_with_load_weights_under_keras2_too():
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
                           text=True, timeout=300, cwd=Path(__file__).parent)
     assert done.returncode == 0 and done.stdout.endswith("loaded\n"), done.stderr[-4000:]
+
+
+def test_a_shared_restore_is_made_once_by_the_chief_and_held_until_every_rank_is_done(
+        tmp_path):
+    from contextlib import contextmanager
+
+    from determined.core._checkpoint import DownloadMode, _shared_restore
+
+    class Ranks:
+        """Two ranks' view of the collectives: what the chief broadcast, and the barriers."""
+
+        def __init__(self, rank):
+            self.rank, self.size, self.calls = rank, 2, []
+
+        def broadcast(self, value):
+            self.calls.append(("broadcast", value))
+            return value if self.rank == 0 else str(tmp_path / "chiefs")
+
+        def allgather(self, value):
+            self.calls.append(("allgather", value))
+            return [value, value]
+
+    restored = []
+
+    @contextmanager
+    def restore():
+        restored.append(True)
+        yield tmp_path / "chiefs"
+
+    chief, other = Ranks(0), Ranks(1)
+    with _shared_restore(chief, DownloadMode.LocalWorkersShareDownload, restore) as path:
+        assert path == tmp_path / "chiefs" and chief.calls == [("broadcast", str(path))]
+    with _shared_restore(other, DownloadMode.LocalWorkersShareDownload, restore) as path:
+        assert path == tmp_path / "chiefs"
+    assert restored == [True]  # only the chief restored
+    assert chief.calls[-1] == other.calls[-1] == ("allgather", None)
+    # Without sharing each rank restores its own copy and no collective is called.
+    alone = Ranks(1)
+    with _shared_restore(alone, DownloadMode.NoSharedDownload, restore):
+        pass
+    assert restored == [True, True] and alone.calls == []

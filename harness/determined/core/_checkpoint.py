@@ -32,7 +32,7 @@ import pathlib
 import shutil
 import tempfile
 import uuid as uuidlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple, Union
 
 from determined.common import storage
 from determined.core._distributed import DistributedContext
@@ -170,15 +170,13 @@ class CheckpointContext:
         """The checkpoint as a folder for the block's duration (deleted after). With the
         default download mode every rank calls it in step and they share the chief's copy.
         Every file is checked against its hash: a corrupt one raises when the block ends."""
-        shared = DownloadMode(download_mode) == DownloadMode.LocalWorkersShareDownload \
-            and self._dist.size > 1
-        if shared and self._dist.rank != 0:
-            folder = self._dist.broadcast(None)
-            try:
-                yield pathlib.Path(folder)
-            finally:
-                self._dist.allgather(None)
-            return
+        with _shared_restore(self._dist, download_mode,
+                             lambda: self._restored(storage_id, selector)) as path:
+            yield path
+
+    @contextlib.contextmanager
+    def _restored(self, storage_id: str,
+                  selector: Optional[Callable[[str], bool]]) -> Iterator[pathlib.Path]:
         scratch = self._folder(".restore-")
         try:
             path = self._reporter.restore_checkpoint(storage_id, scratch / "checkpoint")
@@ -186,13 +184,7 @@ class CheckpointContext:
                 for file in [p for p in path.rglob("*") if p.is_file()]:
                     if not selector(file.relative_to(path).as_posix()):
                         file.unlink()
-            if shared:
-                self._dist.broadcast(str(path))
-            try:
-                yield path
-            finally:
-                if shared:
-                    self._dist.allgather(None)  # every rank is done with the folder
+            yield path
             self._reporter.verify_restored_checkpoint()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -284,23 +276,9 @@ class DummyCheckpointContext(CheckpointContext):
     def restore_path(self, storage_id: str,
                      download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload, *,
                      selector: Optional[Callable[[str], bool]] = None) -> Iterator[pathlib.Path]:
-        shared = DownloadMode(download_mode) == DownloadMode.LocalWorkersShareDownload \
-            and self._dist.size > 1
-        if shared and self._dist.rank != 0:
-            folder = self._dist.broadcast(None)
-            try:
-                yield pathlib.Path(folder)
-            finally:
-                self._dist.allgather(None)
-            return
-        with self._storage_manager.restore_path(storage_id, selector) as path:
-            if shared:
-                self._dist.broadcast(str(path))
-            try:
-                yield pathlib.Path(path)
-            finally:
-                if shared:
-                    self._dist.allgather(None)  # every rank is done with the folder
+        with _shared_restore(self._dist, download_mode, lambda: self._storage_manager
+                             .restore_path(storage_id, selector)) as path:
+            yield path
 
     def get_metadata(self, storage_id: str) -> Dict[str, Any]:
         with self.restore_path(storage_id, DownloadMode.NoSharedDownload,
@@ -311,3 +289,28 @@ class DummyCheckpointContext(CheckpointContext):
     def delete(self, storage_id: str) -> None:
         self._storage_manager.delete(storage_id, ["**/*"])
         logger.info("deleted checkpoint %s", storage_id)
+
+
+@contextlib.contextmanager
+def _shared_restore(dist: Any, download_mode: DownloadMode,
+                    restore: Callable[[], ContextManager[Any]]) -> Iterator[pathlib.Path]:
+    """The folder `restore` gives, for the block. In the shared download mode on several
+    ranks only the chief restores and hands its folder to the others, and every rank keeps
+    it until all of them are done with it."""
+    shared = DownloadMode(download_mode) == DownloadMode.LocalWorkersShareDownload \
+        and dist.size > 1
+    if shared and dist.rank != 0:
+        folder = dist.broadcast(None)
+        try:
+            yield pathlib.Path(folder)
+        finally:
+            dist.allgather(None)
+        return
+    with restore() as path:
+        if shared:
+            dist.broadcast(str(path))
+        try:
+            yield pathlib.Path(path)
+        finally:
+            if shared:
+                dist.allgather(None)  # every rank is done with the folder
