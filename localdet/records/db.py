@@ -122,6 +122,9 @@ class Experiment:
     error: str | None
     kind: str = ExperimentKind.EXPERIMENT   # or JOB
     runner: str = Runner.DAEMON     # or FOREGROUND (`localdet run`), SCRIPT (laptop mode)
+    archived: bool = False          # left out of the default listings
+    notes: str = ""
+    parent_id: int | None = None    # forked from this experiment
 
     @property
     def managed(self) -> bool:
@@ -132,6 +135,7 @@ class Experiment:
     def from_row(cls, row: dict) -> "Experiment":
         experiment = _from_row(cls, row, ["config"])
         experiment.smaller_is_better = bool(experiment.smaller_is_better)
+        experiment.archived = bool(experiment.archived)
         return experiment
 
 
