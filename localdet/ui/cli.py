@@ -374,18 +374,16 @@ def checkpoint() -> None:
 @click.argument("destination", type=click.Path(path_type=Path))
 def export(uuid: str, destination: Path) -> None:
     """Write checkpoint UUID (or a unique prefix) to DESTINATION as a plain folder."""
-    from localdet.checkpoints.manifest import files_of
-    from localdet.checkpoints.storage import checkpoint_store
-    from localdet.reporting.sqlite_reporter import CheckpointReader
+    from localdet.operations.checkpoints import download_checkpoint
+    from localdet.operations.errors import OperationError
 
     layout = Layout.from_environment()
-    _open_db(layout).close()
-    try:
-        # Held while its files are copied: `localdet gc` skips it meanwhile.
-        with CheckpointReader(layout).holding(uuid) as found:
-            checkpoint_store(layout, found).materialize(files_of(found.manifest), destination)
-    except (NotFound, StoreError) as error:  # NotFound includes a checkpoint gc deleted
-        _fail(str(error))
+    with _open_db(layout) as db:
+        try:
+            found = db.checkpoint(uuid)
+            download_checkpoint(layout, db, found.uuid, destination)
+        except (NotFound, OperationError) as error:  # NotFound: also one gc deleted
+            _fail(str(error))
     click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "
                f"batches) written to {destination}")
 
