@@ -254,3 +254,19 @@ def _try_sweeping(store: CheckpointStore, wait_seconds: float) -> Lease | S3Leas
         if lease is not None or time.monotonic() >= deadline:
             return lease
         time.sleep(0.05)
+
+
+def delete_unused_blobs(db: StateDB, store: CheckpointStore, hashes: set[str], *,
+                        writer_wait_seconds: float = 0.0) -> dict[str, int] | None:
+    """Delete those of `hashes` that no live checkpoint (of any store) names, under the same
+    sweeping lease as a collection; returns sha256 -> bytes freed, or None when a checkpoint
+    was being written all along (nothing deleted: try again later). For blobs whose rows are
+    gone altogether, such as a deleted experiment's (`localdet.operations.deletion`)."""
+    sweep = _try_sweeping(store, writer_wait_seconds)
+    if sweep is None:
+        return None
+    with sweep:
+        # Read under the writers lock, as _free_blobs does: a blob no committed manifest
+        # names is then used by nothing.
+        live = {sha for _, sha, _ in db.checkpoint_files(deleted=False)}
+        return store.delete_blobs(set(hashes) - live)
