@@ -136,7 +136,7 @@ class Daemon:
     _to_collect: set = field(default_factory=set)      # experiments with exits to retain after
     _collect_due: dict = field(default_factory=dict)   # experiment id -> next retention from
     _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
-    _resources: dict = field(default_factory=dict)     # experiment id -> its typed resources
+    _resources: dict = field(default_factory=dict)  # experiment id -> (section, typed)
     _short: disk_space.Shortage | None = None  # launches held until space returns
     _space_extra: int = 0  # after a trial ran out of space: room for its checkpoint too
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -491,12 +491,15 @@ class Daemon:
             self._launch(self.db.trial(trial_id), slots)
 
     def _resources_of(self, experiment: Experiment) -> Resources:
-        """The experiment's typed `resources`, built once: a config never changes after
-        submission, and every scheduling pass asks for each active experiment's."""
-        if experiment.id not in self._resources:
-            self._resources[experiment.id] = ExperimentConfig.from_dict(
-                experiment.config).resources
-        return self._resources[experiment.id]
+        """The experiment's typed `resources`, built once per version of the section: every
+        scheduling pass asks for each active experiment's, and `det e set priority` or
+        `max-slots` changes the recorded config (localdet/operations/experiments.py)."""
+        section = experiment.config["resources"]
+        cached = self._resources.get(experiment.id)
+        if cached is None or cached[0] != section:
+            cached = self._resources[experiment.id] = (
+                section, ExperimentConfig.from_dict(experiment.config).resources)
+        return cached[1]
 
     def _spans_nodes(self, experiment: Experiment) -> bool:
         """Whether the experiment's trials may have their ranks on several nodes of the
