@@ -25,17 +25,16 @@ schema and fills its defaults, here and into stored configs (`typed.ExperimentCo
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
-from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
 from localdet.config import releases
 
@@ -54,6 +53,9 @@ from localdet.config.schema import strict_int as _strict_int
 from localdet.config.sizes import parse_memory_limit
 from localdet.config.typed import ExperimentConfig
 
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
 MAX_CONFIG_BYTES = 1_000_000  # a config is a page of settings; data belongs in files
 MAX_CONFIG_VALUES = 50_000    # values once YAML aliases are expanded ("billion laughs")
 MAX_INT = 2**53 - 1           # what JSON readers (the web page's JavaScript) hold exactly
@@ -66,13 +68,21 @@ class ParsedConfig:
     warnings: list[str] = field(default_factory=list)  # one sentence each
 
 
-# Plain JSON Schema counts 2.0 as an integer; Determined does not, and neither do we.
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_int),
-)
-# An unknown key explains a "missing" key (a typo) better than the other way round.
-_relevance = by_relevance(strong=frozenset({"additionalProperties"}))
+@functools.lru_cache(maxsize=None)
+def _schema_checks() -> tuple[Any, Any]:
+    """The validator class and the relevance key for best_match. jsonschema is imported
+    here, when a config is parsed: commands that only read records do without it (~40 ms)."""
+    import jsonschema
+    from jsonschema.exceptions import by_relevance
+
+    # Plain JSON Schema counts 2.0 as an integer; Determined does not, and neither do we.
+    validator = jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer",
+                                                                           _strict_int),
+    )
+    # An unknown key explains a "missing" key (a typo) better than the other way round.
+    return validator, by_relevance(strong=frozenset({"additionalProperties"}))
 _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string",
                "boolean": "true or false", "object": "a mapping", "array": "a list",
                "null": "null"}
@@ -259,8 +269,11 @@ def _validated(raw: Any, schema: dict[str, Any], needs: str) -> tuple[dict[str, 
     if not isinstance(raw, dict):
         raise ConfigError(f"top level: expected a mapping of config keys, got "
                           f"{type(raw).__name__} {_shown(raw)}")
+    from jsonschema.exceptions import best_match
+
     config = releases.without_nulls(raw, schema)
-    error = best_match(_Validator(schema).iter_errors(config), key=_relevance)
+    validator, relevance = _schema_checks()
+    error = best_match(validator(schema).iter_errors(config), key=relevance)
     if error is not None:
         raise _translate(error)
     warnings: list[str] = []

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import re
 import shlex
-from importlib import metadata
 from pathlib import Path
 
 from localdet.config import keras_packages, keras_uses
@@ -160,6 +159,8 @@ def _imported_packages(model_dir: Path, read: list[tuple[Path, keras_uses.FileUs
 @functools.cache
 def tensorflow_version() -> tuple[int, int] | None:
     """The installed TensorFlow's (major, minor), read without importing it."""
+    from importlib import metadata  # here: `localdet status` reads reasons, never versions
+
     for distribution in ("tensorflow", "tensorflow-cpu"):
         try:
             major, minor = metadata.version(distribution).split(".")[:2]

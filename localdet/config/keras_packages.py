@@ -23,7 +23,6 @@ import importlib.machinery
 import os
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from localdet.config import keras_uses
@@ -132,6 +131,8 @@ def _package(top: str, names: tuple[str, ...], path: tuple[str, ...]
 
 
 def _version(top: str) -> str | None:
+    from importlib import metadata  # here: importing this module stays cheap
+
     try:
         return metadata.version(top)
     except (metadata.PackageNotFoundError, ValueError):

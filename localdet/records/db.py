@@ -18,15 +18,16 @@ import datetime
 import functools
 import importlib.util
 import json
+import sqlite3
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, cast
 
-import sqlite_utils
-from sqlite_utils.migrations import Migrations
-
-from localdet.config.typed import CheckpointStorage
 from localdet.paths import state_formats_dir
+from localdet.records.sqlite_utils_without_arrays import (  # without pandas, numpy: fast
+    Migrations,
+    sqlite_utils,
+)
 from localdet.records.states import (  # noqa: F401  (the groupings: imported from here too)
     EXPERIMENT_INITIAL_STATE,
     EXPERIMENT_STATES,
@@ -51,6 +52,23 @@ def now() -> str:
 def migrations() -> Migrations:
     """The `localdet` migration set: one module per file in `state/migrations/`, in name order."""
     return _migrations(state_formats_dir() / "migrations")
+
+
+def _migration_names() -> list[str]:
+    """The migrations' names (their files' stems), without loading them."""
+    return [path.stem for path in sorted((state_formats_dir() / "migrations").glob("[0-9]*.py"))]
+
+
+def _migrated(db: sqlite_utils.Database) -> bool:
+    """Whether every migration file has been applied to `db` (one indexed read): then
+    opening skips loading and applying the set, most of a command's open."""
+    names = _migration_names()
+    try:
+        applied = {name for (name,) in db.execute(
+            "SELECT name FROM _sqlite_migrations WHERE migration_set = 'localdet'").fetchall()}
+    except sqlite3.OperationalError:  # a new file: no such table yet
+        return False
+    return bool(names) and applied.issuperset(names)
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,13 +251,15 @@ class StateDB:
     @classmethod
     def open(cls, path: str | Path) -> "StateDB":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        db = _Database(path)
+        # No sqlite_utils plugins: loading them scans every installed package's entry points.
+        db = _Database(path, execute_plugins=False)
         db.execute("PRAGMA busy_timeout = 30000")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA foreign_keys = ON")
         # Durable enough in WAL mode: a power cut may lose the last commits, never consistency.
         db.execute("PRAGMA synchronous = NORMAL")
-        migrations().apply(db)
+        if not _migrated(db):
+            migrations().apply(db)
         db.fix_schema()
         return cls(db)
 
@@ -485,6 +505,8 @@ class StateDB:
         return Checkpoint.from_row(rows[0])
 
     def _deleted_message(self, checkpoint: Checkpoint) -> str:
+        from localdet.config.typed import CheckpointStorage  # its schema: read when needed
+
         config = self.experiment(checkpoint.experiment_id).config
         retention = CheckpointStorage.of(config).describe()
         return (f"checkpoint {checkpoint.uuid} was deleted by retention ({retention}), "
