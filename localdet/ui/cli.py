@@ -22,8 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from localdet.checkpoints.store import StoreError
-from localdet.config.experiment import ConfigError
+from localdet.config.schema import ConfigError  # (config.experiment's: parsing, jsonschema)
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
@@ -394,6 +393,7 @@ def import_(folder: Path) -> None:
     """Store the checkpoint FOLDER (exported from localdet, or written by Determined) as a
     checkpoint of its own experiment, and print its uuid, for searcher.source_checkpoint_uuid."""
     from localdet.checkpoints.importing import import_checkpoint
+    from localdet.checkpoints.store import StoreError
 
     try:
         imported = import_checkpoint(Layout.from_environment().ensure(), folder)
@@ -411,6 +411,7 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
     """Delete the checkpoints that checkpoint_storage does not keep (of EXPERIMENT_ID, or of
     all experiments), and the stored files no kept checkpoint needs."""
     from localdet.checkpoints.gc import collect
+    from localdet.checkpoints.store import StoreError
 
     layout = Layout.from_environment()
     with _open_db(layout) as db:
