@@ -14,6 +14,9 @@ Safe to call often and from several processes at once (the daemon after each tri
   (taken without waiting); one a reader holds (`Store.reading`) is skipped this round and
   reported. Readers look a checkpoint up *after* taking its lease, so they either hold it
   before the collector (and it is skipped) or find it DELETED.
+- A checkpoint a model version names (`localdet.records.registry`) is kept whatever the
+  retention settings, until the version (or its model) is deleted; registering one looks
+  it up in a write transaction, so it is either kept or found DELETED, never half of each.
 - Blobs are deleted only while no checkpoint is being written (`Store.try_sweeping`, never
   waited for by default): a writer's blobs are referenced by nothing until its manifest
   commits, and it may be reusing a blob of a deleted checkpoint. While one is, blob deletion
@@ -44,6 +47,7 @@ from localdet.checkpoints.warm_start import warm_start_sources
 from localdet.config.typed import CheckpointStorage
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+from localdet.records.registry import registered_checkpoints
 from localdet.records.states import CheckpointState
 
 if TYPE_CHECKING:
@@ -152,6 +156,7 @@ def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
         experiment.config, experiment.metric, experiment.smaller_is_better, live, validations,
         trial_states={t[0]: t[1] for t in trials}, resume_from={t[0]: t[2] for t in trials})
     keep |= warm_start_sources(db)  # a running experiment's trials may still start from one
+    keep |= registered_checkpoints(db, experiment_id)  # until its model version is deleted
     doomed = sorted((c for c in live if c.uuid not in keep),
                     key=lambda c: (c.trial_id, c.batches_trained, c.uuid))
     return doomed, CheckpointStorage.of(experiment.config).describe()

@@ -10,6 +10,10 @@ A checkpoint is kept if any rule keeps it (the defaults are the schema's, filled
 - the latest checkpoint of a trial that is not in a terminal state (QUEUED, RUNNING, PAUSED,
   WAITING, ...), whatever the settings: the trial resumes from it.
 
+Beyond these rules, `localdet.checkpoints.gc` keeps what other records still need: a
+running experiment's warm-start source, and a checkpoint a model version names (until the
+version is deleted).
+
 "Best" ranks checkpoints by the searcher metric in the validation recorded at the same
 (trial, batches_trained) as the checkpoint; a checkpoint without such a validation, or whose
 value is missing, not a number or NaN, is never "best" (only "latest" can keep it). Ties are
