@@ -98,7 +98,14 @@ def delete_experiment(layout: Layout, db: StateDB, experiment_id: int) -> dict[s
                                                           experiment_id=experiment_id)}
         blobs |= {sha for _, sha, _ in db.checkpoint_files(deleted=True,
                                                            experiment_id=experiment_id)}
-        rows = remove_rows(db, experiment_id, {"storage": storage, "blobs": sorted(blobs)})
+        with db.atomic():
+            # Again under the write lock: nothing (a `det e continue`, a registration) has
+            # revived or claimed it since the first look.
+            refusal = _refusal(db, experiment_id)
+            if refusal:
+                raise OperationError(refusal)
+            rows = remove_rows(db, experiment_id, {"storage": storage,
+                                                   "blobs": sorted(blobs)})
         committed = True
     finally:
         for lease in leases:

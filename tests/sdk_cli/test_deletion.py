@@ -196,8 +196,10 @@ KILLER = textwrap.dedent("""
 
     if at == "before_rows":
         before("remove_rows")
-    elif at == "after_rows":
+    elif at == "in_rows":       # its rows deleted, the transaction not committed
         after("remove_rows")
+    elif at == "after_rows":
+        before("clean_up")
     elif at == "mid_folders":   # the model folder gone, the logs not yet
         rmtree = deletion.shutil.rmtree
         def half(path, *a, **k):
@@ -218,7 +220,7 @@ KILLER = textwrap.dedent("""
     with StateDB.open(layout.db) as db:
         deletion.delete_experiment(layout, db, experiment_id)
 """)
-STEPS = ("before_rows", "after_rows", "mid_folders", "after_folders", "mid_blobs",
+STEPS = ("before_rows", "in_rows", "after_rows", "mid_folders", "after_folders", "mid_blobs",
          "after_blobs")
 
 
@@ -249,7 +251,7 @@ def test_a_deletion_killed_at_each_step_leaves_it_whole_or_gone(prepared, tmp_pa
     own = before["blobs"] - before["kept"]
     with StateDB.open(layout.db) as db:
         assert dangling(db, layout) == []  # whatever happened, no record names a lost blob
-        if step == "before_rows":  # whole: rows, blobs and files
+        if step in ("before_rows", "in_rows"):  # whole: rows, blobs and files
             assert rows_of(db, doomed) == before["rows"]
             assert all(store.has(sha) for sha in before["blobs"])
             assert (layout.model_dir(doomed) / "model_def.py").exists()
