@@ -1,0 +1,70 @@
+"""`det job` (`det j`): run a script once as a job (the seed's batch inference: `det job run
+batch_inference.yaml .`), and list the queue of what is waiting or running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from localdet.ui.det import output
+from localdet.ui.det.state import records, run
+
+
+class _Aliased(click.Group):
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, {"ls": "list"}.get(cmd_name, cmd_name))
+
+
+@click.group("job", cls=_Aliased, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.pass_context
+def command(ctx: click.Context) -> None:
+    """run and list jobs (`det job` alone lists the queue)"""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_jobs)
+
+
+@command.command("run")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--detach", is_flag=True, help="queue the job and return at once")
+@click.pass_context
+def run_job(ctx: click.Context, config: Path, model_dir: Path | None, detach: bool) -> None:
+    """run CONFIG's script once as a job (with the MODEL_DIR holding its code) and follow
+    its log; the daemon is started if none runs"""
+    from localdet.operations.creation import ensure_daemon
+    from localdet.ui import cli
+    from localdet.ui.det.state import layout
+
+    run(ensure_daemon, layout())
+    ctx.invoke(cli.job_run, config=config, model_dir=model_dir, detach=detach)
+
+
+@command.command("list")
+@click.option("--csv", "as_csv", is_flag=True, help="print as CSV")
+@click.option("--json", "as_json", is_flag=True, help="print as JSON")
+def list_jobs(as_csv: bool = False, as_json: bool = False) -> None:
+    """list the queue: experiments and jobs that are not ended, oldest first"""
+    import getpass
+
+    from localdet.ui.det import state
+
+    queued: list[dict] = []
+    if state.exists():
+        from localdet.operations.experiments import list_experiments
+
+        with records() as (_, db):
+            queued = run(list_experiments, db, archived=None, states=("ACTIVE", "PAUSED"),
+                         kind=None)
+    if as_json:
+        output.print_json({"jobs": queued})
+        return
+    owner = getpass.getuser()
+    output.table(["#", "ID", "Type", "Job Name", "Priority", "Submitted",
+                  "Slots (acquired/needed)", "State", "User"],
+                 [[place, e["id"], "EXPERIMENT" if e.get("kind") != "job" else "JOB",
+                   f"{e['name']} ({e['id']})", e.get("priority", 42),
+                   output.format_time(e.get("submitted_at")),
+                   f"{e.get('slots_acquired', 0)}/{e.get('slots_needed', 0)}", e["state"], owner]
+                  for place, e in enumerate(queued)], as_csv)

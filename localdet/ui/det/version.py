@@ -1,0 +1,14 @@
+"""`det version`: the versions of det (localdet) and of the Determined API it implements."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("version")
+def command() -> None:
+    """show the version of det and localdet"""
+    from importlib.metadata import version
+
+    click.echo(f"client:\n  version: {version('localdet')} (localdet)\n"
+               "master:\n  none: localdet has no master; the state is $LOCALDET_HOME")
