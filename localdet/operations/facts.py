@@ -10,11 +10,9 @@ from typing import Any
 
 from localdet.config import keras_choice
 from localdet.paths import Layout
-from localdet.processes.launcher import log_tail
 from localdet.records.db import Checkpoint, Experiment, StateDB, Trial
 from localdet.records.lifecycle import TrialPhase
 from localdet.records.states import TERMINAL_STATES, ExperimentKind, ExperimentState
-from localdet.search.driver import replay
 
 
 def _nodes(launch: dict) -> str:
@@ -85,6 +83,8 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
         progress = (sum(min(t["batches_trained"], t["target_batches"]) for t in trials)
                     / targets) if targets else 0.0
         return {"progress": progress, "rungs": []}
+    from localdet.search.driver import replay  # (numpy, for the search methods)
+
     method = replay(experiment, events)
     done = experiment.state == ExperimentState.COMPLETED
     progress = method.progress({t["request_id"]: t["batches_trained"] for t in trials})
@@ -170,6 +170,8 @@ def job_facts(db: StateDB, layout: Layout, experiment: Experiment,
         "log": str(log) if log else None,
     })
     if tail_lines:
+        from localdet.processes.launcher import log_tail
+
         facts["log_tail"] = log_tail(log, tail_lines) if log else ""
     return facts
 
