@@ -20,9 +20,6 @@ REFUSED = {
     "pytorch": ("PyTorchTrial and the PyTorch API", KERAS_INSTEAD),
     "estimator": ("EstimatorTrial", KERAS_INSTEAD),
     "transformers": ("the Hugging Face integration", KERAS_INSTEAD),
-    "experimental": ("the client of a Determined master",
-                     "use the localdet commands (status, checkpoints, checkpoint export, "
-                     "metrics) or determined.keras.load_model_from_checkpoint_path"),
     "horovod": ("Determined's Horovod wrapper",
                 "set resources.engine: horovod in the experiment config and call "
                 "context.wrap_optimizer"),
@@ -49,8 +46,11 @@ REFUSED = {
     "gpu": ("Determined's agent GPU discovery",
             "read context.env.container_gpus or tf.config.list_physical_devices('GPU')"),
     "constants": ("Determined's cluster constants", "nothing here needs them"),
+    "common.api": ("the master's HTTP API client",
+                   "the SDK (determined.experimental.client) reaches localdet's records "
+                   "directly, and determined.common.api serves only its errors"),
     "common": ("the master's API client and Determined's internals",
-               "use the localdet commands"),
+               "use determined.experimental.client or the det and localdet commands"),
     "_generic": ("Determined 0.17's internal generic trial context",
                  "localdet's runner drives the trial"),
 }
@@ -58,7 +58,10 @@ REFUSED = {
 
 # Modules that import (their own files say what they serve); names they do not serve
 # refuse when used, with their entry in REFUSED.
-PARTLY_SERVED = {"common", "common.storage", "common.util", "common.check", "gpu", "workload"}
+PARTLY_SERVED = {"common", "common.storage", "common.util", "common.check", "common.api",
+                 "gpu", "workload"}
+# Packages served whole, inside a refused one: the SDK's classes and its errors.
+SERVED = ("common.experimental", "common.api.errors")
 
 
 class NotServedImportError(ImportError):
@@ -96,6 +99,8 @@ class _RefusingFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Optional[Any]:
         head, _, rest = fullname.partition(".")
         if head != "determined" or rest in PARTLY_SERVED:
+            return None
+        if any(rest == served or rest.startswith(served + ".") for served in SERVED):
             return None
         for name in (".".join(rest.split(".")[:2]), rest.split(".")[0]):
             if name in REFUSED:  # a refused module, or one refused within a served package

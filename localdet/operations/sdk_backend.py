@@ -1,0 +1,165 @@
+"""localdet's side of the SDK seam (`determined.common.experimental._backend`),
+registered in pyproject.toml under the entry point group `determined.client_backends`: the
+`determined` package imports nothing of localdet and finds this class through the entry
+point. Each named operation is a call into the operations below, on the records of
+`$LOCALDET_HOME` (read at each call); nothing is done here that they do not do.
+
+    SDKBackend().call("experiment.get", experiment_id=7)     # experiments.describe(...)
+
+`NotFound` becomes Determined's `NotFoundException` and `OperationError` its
+`APIException`, each with the operation's one sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from determined.common.api import errors
+from localdet.operations import (
+    checkpoints,
+    creation,
+    deletion,
+    experiments,
+    model_def,
+    registry,
+    trials,
+)
+from localdet.operations.errors import NotFound, OperationError
+from localdet.paths import Layout
+from localdet.records.db import StateDB
+from localdet.records.states import ExperimentKind
+
+logger = logging.getLogger("determined.client")
+
+Operation = Callable[..., Any]
+
+
+def _create(layout: Layout, db: StateDB, config_text: str, model_dir: str | None,
+            includes: list[str]) -> dict[str, Any]:
+    experiment_id = creation.create_experiment(
+        layout, config_text, Path(model_dir) if model_dir else None,
+        includes=[Path(i) for i in includes], warn=logger.warning)
+    return experiments.describe(layout, db, experiment_id)
+
+
+def _list(layout: Layout, db: StateDB, labels: list[str],
+          states: list[str] | None) -> list[dict[str, Any]]:
+    # Determined's SDK listed archived experiments too, and matched any of the labels.
+    found = experiments.list_experiments(db, archived=None, states=states,
+                                         kind=ExperimentKind.EXPERIMENT)
+    if labels:
+        found = [f for f in found if set(f["labels"]) & set(labels)]
+    return found
+
+
+def _act(action: str) -> Operation:
+    def act(layout: Layout, db: StateDB, experiment_id: int) -> str:
+        return experiments.act(layout, db, action, experiment_id=experiment_id)
+    return act
+
+
+def _version(layout: Layout, db: StateDB, model: str | int, version: int) -> dict[str, Any]:
+    found = registry.get_version(db, model, version)
+    if found is None:
+        raise NotFound(f"model {model!r} has no versions yet")
+    return found
+
+
+OPERATIONS: dict[str, Operation] = {
+    "experiment.create": _create,
+    "experiment.get": lambda layout, db, experiment_id: experiments.describe(
+        layout, db, experiment_id),
+    "experiment.list": _list,
+    "experiment.trials": lambda layout, db, experiment_id: trials.experiment_trials(
+        db, experiment_id),
+    "experiment.set_name": lambda layout, db, experiment_id, name: experiments.set_name(
+        db, experiment_id, name),
+    "experiment.set_description": lambda layout, db, experiment_id, description:
+        experiments.set_description(db, experiment_id, description),
+    "experiment.set_notes": lambda layout, db, experiment_id, notes: experiments.set_notes(
+        db, experiment_id, notes),
+    "experiment.add_label": lambda layout, db, experiment_id, label: experiments.add_label(
+        db, experiment_id, label),
+    "experiment.remove_label": lambda layout, db, experiment_id, label:
+        experiments.remove_label(db, experiment_id, label),
+    "experiment.set_labels": lambda layout, db, experiment_id, labels:
+        experiments.set_labels(db, experiment_id, labels),
+    "experiment.archive": lambda layout, db, experiment_id: experiments.archive(
+        db, experiment_id),
+    "experiment.unarchive": lambda layout, db, experiment_id: experiments.unarchive(
+        db, experiment_id),
+    "experiment.pause": _act("pause"),
+    "experiment.activate": _act("activate"),
+    "experiment.cancel": _act("cancel"),
+    "experiment.kill": _act("kill"),
+    "experiment.delete": lambda layout, db, experiment_id: deletion.delete_experiment(
+        layout, db, experiment_id),
+    "experiment.download_code": lambda layout, db, experiment_id, output_dir: str(
+        model_def.download_model_def(layout, db, experiment_id, Path(output_dir))),
+    "trial.get": lambda layout, db, trial_id: trials.describe_trial(db, trial_id),
+    "trial.kill": lambda layout, db, trial_id: experiments.act(layout, db, "kill",
+                                                               trial_id=trial_id),
+    "trial.metrics": lambda layout, db, trial_ids, group: trials.trial_metrics(
+        db, trial_ids, group),
+    "trial.logs": lambda layout, db, trial_id, head, tail: trials.trial_logs(
+        layout, db, trial_id, head, tail),
+    "checkpoint.get": checkpoints.describe_checkpoint,
+    "checkpoint.list": lambda layout, db, **arguments: checkpoints.list_checkpoints(
+        db, **arguments),
+    "checkpoint.download": lambda layout, db, uuid, path: str(
+        checkpoints.download_checkpoint(layout, db, uuid, Path(path))),
+    "checkpoint.delete": checkpoints.delete_checkpoint,
+    "checkpoint.add_metadata": lambda layout, db, uuid, metadata: checkpoints.add_metadata(
+        db, uuid, metadata),
+    "checkpoint.remove_metadata": lambda layout, db, uuid, keys:
+        checkpoints.remove_metadata(db, uuid, keys),
+    "model.create": lambda layout, db, **arguments: registry.create_model(db, **arguments),
+    "model.get": lambda layout, db, model: registry.get_model(db, model),
+    # Determined's SDK listed archived models too.
+    "model.list": lambda layout, db, name, sort_by, order: registry.list_models(
+        db, archived=None, name=name, sort_by=sort_by, order=order or "asc"),
+    "model.update": lambda layout, db, model, **fields: registry.update_model(
+        db, model, **fields),
+    "model.archive": lambda layout, db, model: registry.archive_model(db, model),
+    "model.unarchive": lambda layout, db, model: registry.unarchive_model(db, model),
+    "model.delete": lambda layout, db, model: registry.delete_model(db, model),
+    "model.register_version": lambda layout, db, model, checkpoint_uuid:
+        registry.register_version(db, model, checkpoint_uuid),
+    "model.get_version": _version,
+    "model.list_versions": lambda layout, db, model, order: registry.list_versions(
+        db, model, order or "desc"),
+    "model.update_version": lambda layout, db, model, version, **fields:
+        registry.update_version(db, model, version, **fields),
+    "model.delete_version": lambda layout, db, model, version: registry.delete_version(
+        db, model, version),
+}
+
+# Listings answer [] before anything is recorded; other reads say there is nothing.
+_LISTINGS = {"experiment.list", "model.list"}
+
+
+class SDKBackend:
+    """Implements `determined.common.experimental._backend.ClientBackend`."""
+
+    def call(self, operation: str, **arguments: Any) -> Any:
+        run = OPERATIONS.get(operation)
+        if run is None:
+            raise errors.APIException(f"localdet's SDK backend has no operation "
+                                      f"{operation!r}; update localdet and determined "
+                                      "together")
+        layout = Layout.from_environment()
+        if operation != "experiment.create" and not layout.db.exists():
+            if operation in _LISTINGS:
+                return []
+            raise errors.NotFoundException(f"nothing is recorded at {layout.home} yet; "
+                                           "create an experiment first")
+        layout.ensure()
+        try:
+            with StateDB.open(layout.db) as db:
+                return run(layout, db, **arguments)
+        except NotFound as error:
+            raise errors.NotFoundException(str(error)) from None
+        except OperationError as error:
+            raise errors.APIException(str(error)) from None
