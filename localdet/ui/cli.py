@@ -26,7 +26,7 @@ from localdet.config.schema import ConfigError  # (config.experiment's: parsing,
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
-from localdet.ui import views
+from localdet.ui import catalog_commands, views
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -238,21 +238,28 @@ def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict
 @cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
-def status(experiment_id: int | None, as_json: bool) -> None:
+@click.option("--all", "show_all", is_flag=True, help="Archived experiments too.")
+@click.option("--label", "labels", multiple=True, help="Only those with this label (repeat: all).")
+def status(experiment_id: int | None, as_json: bool, show_all: bool,
+           labels: tuple[str, ...]) -> None:
     """Experiments and jobs, or one experiment's trials (one job's log)."""
     layout = Layout.from_environment()
     with _open_db(layout) as db:
-        _status(layout, db, experiment_id, as_json)
+        _status(layout, db, experiment_id, as_json, show_all, labels)
 
 
-def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool) -> None:
+def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool,
+            show_all: bool = False, labels: tuple[str, ...] = ()) -> None:
     """`localdet status` over the open database."""
     from localdet.pids import DaemonLock
+    from localdet.records.catalog import with_labels
 
     facts: Any  # every experiment's facts, or the one's
     try:
         if experiment_id is None:
-            facts = [_facts(layout, db, e) for e in db.experiments()]
+            chosen = with_labels(db, labels) if labels else None
+            facts = [_facts(layout, db, e) for e in db.experiments()
+                     if (show_all or not e.archived) and (chosen is None or e.id in chosen)]
         else:
             facts = _facts(layout, db, db.experiment(experiment_id), tail_lines=20)
     except NotFound as error:
@@ -412,10 +419,14 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
     all experiments), and the stored files no kept checkpoint needs."""
     from localdet.checkpoints.gc import collect
     from localdet.checkpoints.store import StoreError
+    from localdet.operations.deletion import finish_pending
 
     layout = Layout.from_environment()
     with _open_db(layout) as db:
         try:
+            if not dry_run:  # what interrupted `localdet delete`s left: folders, blobs
+                for deleted in finish_pending(layout, db):
+                    click.echo(f"finished deleting experiment {deleted}")
             report = collect(layout, db, experiment_id, dry_run=dry_run,
                              writer_wait_seconds=10)
         except (NotFound, StoreError) as error:  # StoreError: an S3 store it cannot reach
@@ -510,6 +521,10 @@ def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> 
     command = tensorboard_export.server_command(folder, port, host)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorBoard imports TensorFlow
     os.execv(command[0], command)  # TensorBoard takes this process over: Ctrl-C and all
+
+
+for _command in catalog_commands.COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ and the config settings the scheduler and retention read."""
 
 from __future__ import annotations
 
+import json
 import uuid as uuidlib
 
 import pytest
@@ -221,3 +222,51 @@ def test_describe_lists_forks_and_continuations(layout, db):
     assert ops.describe(layout, db, child)["parent_id"] == parent
     [continued] = described["continued"]
     assert continued["checkpoint"] == "abc" and continued["batches"] == 400
+
+
+def test_the_localdet_catalog_commands(layout, db, monkeypatch):
+    from click.testing import CliRunner
+
+    from localdet.ui.cli import cli
+
+    monkeypatch.setenv("LOCALDET_HOME", str(layout.home))
+    kept, doomed, running = (make_experiment(db, name) for name in ("kept", "doomed", "run"))
+    make_trial(db, kept, {100: 0.5})
+    end(db, kept)
+    end(db, doomed)
+    runner = CliRunner()
+
+    def run(*args, code=0, stdin=None):
+        result = runner.invoke(cli, [str(a) for a in args], input=stdin)
+        assert result.exit_code == code, result.output
+        return result.output
+
+    assert run("label", "add", kept, "baseline") == f"experiment {kept} labels: baseline\n"
+    run("note", kept, "-", stdin="first line\nsecond line\n")
+    run("note", kept, "--description", "the baseline")
+    assert run("note", kept) == "first line\nsecond line\n\n"
+    described = json.loads(run("describe", kept, "--json"))
+    assert (described["labels"], described["description"]) == (["baseline"], "the baseline")
+    assert "notes:\n  first line\n  second line" in run("describe", kept)
+    assert [e["id"] for e in json.loads(run("status", "--json", "--label", "baseline"))] == [kept]
+
+    assert run("archive", running, code=1) == (
+        f"error: experiment {running} is ACTIVE; only an ended one can be archived (pause "
+        "does not end it: kill it first)\n")
+    run("archive", kept)
+    assert [e["id"] for e in json.loads(run("status", "--json"))] == [doomed, running]
+    assert [e["id"] for e in json.loads(run("status", "--json", "--all"))] == [
+        kept, doomed, running]
+
+    assert "nothing was deleted" in run("delete", doomed, stdin="n\n", code=1)
+    assert run("delete", doomed, "--yes").startswith(f"experiment {doomed} deleted; freed 0 "
+                                                      "blobs")
+    assert run("describe", doomed, code=1) == (f"error: there is no experiment {doomed}; "
+                                               "`localdet status` lists them\n")
+    assert "is ACTIVE" in run("delete", running, "--yes", code=1)
+    run("label", "remove", kept, "baseline")
+    # What an interrupted deletion left is finished by `localdet gc`.
+    (layout.experiment_dir(doomed) / "model").mkdir(parents=True)
+    db.db.execute("INSERT INTO experiment_deletions VALUES (?, '', '{}', '[]')", [doomed])
+    assert run("gc").startswith(f"finished deleting experiment {doomed}\ndeleted 0 checkpoints")
+    assert not layout.experiment_dir(doomed).exists()
