@@ -121,7 +121,7 @@ def _api_json(facts: dict) -> dict:
     }
 
 
-def _workloads(db: Any, trial_id: int) -> list[dict]:
+def workloads(db: Any, trial_id: int) -> list[dict]:
     """A trial's recorded steps, one per batch count: training and validation metrics and
     the checkpoint taken there, as Determined's describe condensed its workloads."""
     steps: dict[int, dict] = {}
@@ -164,12 +164,16 @@ def describe(experiment_ids: str, show_metrics: bool, as_csv: bool, as_json: boo
         output.fail(f"{experiment_ids!r} is not a comma-separated list of experiment IDs")
     if sum([as_csv, as_json, outdir is not None]) > 1:
         output.fail("--csv, --json and --outdir do not go together; choose one")
+    from localdet.operations.trials import experiment_trials
+
     with records() as (layout, db):
         facts = [run(described, layout, db, i) for i in ids]
         if as_json:
             output.print_json([_api_json(f) for f in facts])
             return
-        workloads = {t["id"]: _workloads(db, t["id"]) for f in facts for t in f["trials"]}
+        trials = {f["id"]: run(experiment_trials, db, f["id"]) for f in facts}
+        steps_by_trial = {t["id"]: workloads(db, t["id"])
+                          for f in facts for t in trials[f["id"]]}
     if outdir is not None:
         outdir.mkdir(parents=True, exist_ok=True)
 
@@ -199,12 +203,12 @@ def describe(experiment_ids: str, show_metrics: bool, as_csv: bool, as_json: boo
             ["Trial ID", "Experiment ID", "State", "Started", "Ended", "H-Params"],
             [[t["id"], f["id"], t["state"], output.format_time(t.get("started_at")),
               output.format_time(t.get("ended_at")), json.dumps(t["hparams"], indent=4)]
-             for f in facts for t in f["trials"]])
-    steps = [s for trial_steps in workloads.values() for s in trial_steps]
+             for f in facts for t in trials[f["id"]]])
+    steps = [s for trial_steps in steps_by_trial.values() for s in trial_steps]
     training = _scalars(steps, "training") if show_metrics else []
     validation = _scalars(steps, "validation") if show_metrics else []
     rows = []
-    for trial_id, trial_steps in workloads.items():
+    for trial_id, trial_steps in steps_by_trial.items():
         for s in trial_steps:
             checkpoint = s.get("checkpoint")
             checkpoint_state = checkpoint.state if checkpoint else ""
@@ -272,10 +276,10 @@ def list_trials(experiment_id: int, limit: int | None, offset: int, as_csv: bool
     """list trials of experiment"""
     import json
 
-    from localdet.operations.experiments import describe as described
+    from localdet.operations.trials import experiment_trials
 
-    with records() as (layout, db):
-        trials = run(described, layout, db, experiment_id)["trials"]
+    with records() as (_, db):
+        trials = run(experiment_trials, db, experiment_id)
     trials = trials[offset:offset + limit if limit else None]
     if as_json:
         output.print_json(trials)
@@ -305,10 +309,12 @@ def list_checkpoints(experiment_id: int, best: int | None, as_csv: bool, as_json
               show_default=True, help="output directory")
 def download_model_def(experiment_id: int, output_dir: Path) -> None:
     """download model definition (as experiment_ID_model_def.tgz)"""
-    from localdet.operations.model_definition import download_model_def as download
+    from localdet.operations.model_def import download_model_def as download
 
     with records() as (layout, db):
-        path = run(download, layout, db, experiment_id, output_dir)
+        written = run(download, layout, db, experiment_id, output_dir)
+    # The name Determined's CLI gave it (the SDK's download_code names it otherwise).
+    path = written.replace(output_dir / f"experiment_{experiment_id}_model_def.tgz")
     click.echo(f"Model definition of experiment {experiment_id} written to {path}", err=True)
 
 

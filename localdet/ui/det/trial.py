@@ -27,21 +27,23 @@ def command() -> None:
 def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: bool,
              as_json: bool) -> None:
     """describe trial"""
-    from localdet.ui.det.experiment import _workloads
+    from localdet.operations.trials import describe_trial
+    from localdet.ui.det.experiment import workloads
 
     if as_csv and as_json:
         output.fail("--csv and --json do not go together; choose one")
     with records() as (_, db):
-        trial = run(db.trial, trial_id)
-        steps = _workloads(db, trial_id)
-    summary = _summary(steps)
+        trial = run(describe_trial, db, trial_id)
+        steps = workloads(db, trial_id)
+    summary = trial["summary_metrics"]
     if as_json:
         output.print_json({
-            "trial": {"id": trial.id, "experimentId": trial.experiment_id,
-                      "state": f"STATE_{trial.state}", "hparams": trial.hparams,
-                      "startTime": trial.started_at, "endTime": trial.ended_at,
-                      "totalBatchesProcessed": trial.batches_trained,
-                      "restarts": trial.restarts, "latestCheckpoint": trial.latest_checkpoint,
+            "trial": {"id": trial["id"], "experimentId": trial["experiment_id"],
+                      "state": f"STATE_{trial['state']}", "hparams": trial["hparams"],
+                      "startTime": trial["started_at"], "endTime": trial["ended_at"],
+                      "totalBatchesProcessed": trial["batches_trained"],
+                      "restarts": trial["restarts"],
+                      "latestCheckpoint": trial["latest_checkpoint"],
                       "summaryMetrics": summary},
             "workloads": [{"totalBatches": s["batches"], "training": s.get("training"),
                            "validation": s.get("validation"),
@@ -49,9 +51,9 @@ def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: b
                           for s in steps]})
         return
     output.table(["Experiment ID", "State", "H-Params", "Summary Metrics", "Started", "Ended"],
-                 [[trial.experiment_id, trial.state, json.dumps(trial.hparams, indent=4),
-                   json.dumps(summary, indent=4), output.format_time(trial.started_at),
-                   output.format_time(trial.ended_at)]], as_csv)
+                 [[trial["experiment_id"], trial["state"], json.dumps(trial["hparams"], indent=4),
+                   json.dumps(summary, indent=4), output.format_time(trial["started_at"]),
+                   output.format_time(trial["ended_at"])]], as_csv)
     headers = ["# of Batches", "Report Time", "Checkpoint", "Checkpoint UUID",
                "Checkpoint Metadata", "Validation Metrics"]
     headers += ["Workload Metrics"] if show_metrics else []
@@ -72,23 +74,6 @@ def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: b
     output.table(headers, rows, as_csv)
     if metrics_summary:
         output.print_json(summary)
-
-
-def _summary(steps: list[dict]) -> dict:
-    """Per metric of each kind: its count, last, min and max, as Determined's summary
-    metrics named them (avg_metrics for training, validation_metrics)."""
-    summary: dict[str, dict] = {}
-    for kind, key in (("training", "avg_metrics"), ("validation", "validation_metrics")):
-        for s in steps:
-            for name, value in (s.get(kind) or {}).items():
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    continue
-                entry = summary.setdefault(key, {}).setdefault(
-                    name, {"count": 0, "last": None, "min": value, "max": value})
-                entry["count"] += 1
-                entry["last"] = value
-                entry["min"], entry["max"] = min(entry["min"], value), max(entry["max"], value)
-    return summary
 
 
 def show_log(trial_id: int, follow: bool, head: int | None = None,
