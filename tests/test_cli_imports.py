@@ -1,0 +1,81 @@
+"""The read-only commands start fast (issue 23, item 6; `scripts/bench/cli.py` times them):
+what they import leaves out TensorFlow, pandas, numpy and jsonschema, and the open that
+skips the migrations when every one is applied still applies one that is missing."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from localdet.records import db as db_module
+from localdet.records.db import StateDB
+from localdet.records.sqlite_utils_without_arrays import sqlite_utils
+
+HEAVY = ("tensorflow", "keras", "pandas", "numpy", "jsonschema")
+
+
+def _imported(statement: str) -> set[str]:
+    """The top-level packages a fresh interpreter holds after `statement`."""
+    code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return {name.split(".")[0] for name in json.loads(done.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("module", ["localdet.ui.cli", "localdet.ui.det"])
+def test_the_commands_import_nothing_heavy(module):
+    try:
+        __import__(module)
+    except ImportError:
+        pytest.skip(f"{module} is not in this checkout")
+    assert not _imported(f"import {module}") & set(HEAVY)
+
+
+def test_a_process_that_imported_numpy_first_keeps_it_for_sqlite_utils():
+    """sqlite_utils is kept from importing numpy only when nothing imported it before: a
+    trial's process (TensorFlow first) keeps its column types for numpy's scalars."""
+    code = ("import numpy\n"
+            "import localdet.records.db\n"
+            "import sqlite_utils.db as d\n"
+            "print(d.COLUMN_TYPE_MAPPING.get(numpy.float32))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "REAL"
+
+
+def _schema(path) -> list[tuple]:
+    with sqlite3.connect(path) as conn:
+        return sorted(conn.execute("SELECT type, name, sql FROM sqlite_master "
+                                   "WHERE name != '_sqlite_migrations'").fetchall())
+
+
+def test_an_open_applies_the_newest_migration_a_database_lacks(tmp_path):
+    names = db_module._migration_names()
+    older = tmp_path / "older.db"
+    db = sqlite_utils.Database(older)
+    db_module.migrations().apply(db, stop_before=names[-1])  # an older localdet's database
+    db.close()
+    StateDB.open(older).close()
+    fresh = tmp_path / "fresh.db"
+    StateDB.open(fresh).close()
+    assert _schema(older) == _schema(fresh)
+    with sqlite3.connect(older) as conn:
+        applied = [row[0] for row in conn.execute(
+            "SELECT name FROM _sqlite_migrations WHERE migration_set = 'localdet'")]
+    assert applied == names
+
+
+def test_an_open_of_an_up_to_date_database_leaves_the_migrations_unloaded(tmp_path,
+                                                                           monkeypatch):
+    StateDB.open(tmp_path / "state.db").close()
+
+    def not_again():
+        raise AssertionError("the migrations were loaded for a database that has them all")
+
+    monkeypatch.setattr(db_module, "migrations", not_again)
+    with StateDB.open(tmp_path / "state.db") as db:
+        assert db.experiments() == []
