@@ -103,6 +103,19 @@ EXPERIMENT_TRANSITIONS: Mapping[ExperimentState, frozenset[ExperimentState]] = {
 }
 
 
+# `det e continue` (localdet.operations.lineage) of a single-trial experiment: the one way
+# out of a final state. The experiment is ACTIVE again and its trial queued to train on from
+# its latest checkpoint; what happened before stays in the event log. Not in the tables
+# above: no other write may reopen what has ended.
+EXPERIMENT_CONTINUATIONS: Mapping[ExperimentState, frozenset[ExperimentState]] = {
+    before: frozenset({_E.ACTIVE}) for before in (_E.PAUSED, _E.COMPLETED, _E.CANCELED, _E.ERROR)
+}
+# A RUNNING trial is not among them: it is still pausing, and continues once PAUSED.
+TRIAL_CONTINUATIONS: Mapping[TrialState, frozenset[TrialState]] = {
+    before: frozenset({_T.QUEUED}) for before in TrialState if before != _T.RUNNING
+}
+
+
 class UnknownValue(ValueError):
     """A state, kind or runner that is none of its enum's values."""
 
@@ -148,3 +161,20 @@ def check_experiment_change(experiment_id: int, before: str, after: str) -> Expe
     _check(EXPERIMENT_TRANSITIONS, f"experiment {experiment_id}",
            member(ExperimentState, before, "an experiment state"), state)
     return state
+
+
+def check_experiment_continuation(experiment_id: int, before: str) -> ExperimentState:
+    """ACTIVE, the state a continued experiment takes; IllegalTransition from a state
+    EXPERIMENT_CONTINUATIONS does not list (ACTIVE: it is not ended)."""
+    if member(ExperimentState, before, "an experiment state") not in EXPERIMENT_CONTINUATIONS:
+        raise IllegalTransition(f"experiment {experiment_id} is {before}, and only an ended or "
+                                "paused experiment can be continued")
+    return _E.ACTIVE
+
+
+def check_trial_continuation(trial_id: int, before: str) -> TrialState:
+    """QUEUED, the state a continued trial takes; IllegalTransition from RUNNING."""
+    if member(TrialState, before, "a trial state") not in TRIAL_CONTINUATIONS:
+        raise IllegalTransition(f"trial {trial_id} is {before}, and can be continued once it "
+                                "has stopped")
+    return _T.QUEUED

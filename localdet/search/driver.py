@@ -51,6 +51,11 @@ def _feed(method: SearchMethod, event: dict) -> list:
         return method.on_trial_closed(event["request_id"])
     if kind == "trial_exited_early":
         return method.on_trial_exited_early(event["request_id"])
+    if kind == "trial_continued":  # `det e continue` (records/continuation.py): single only
+        continued = getattr(method, "on_trial_continued", None)
+        if continued is None:
+            raise ValueError(f"a {type(method).__name__} cannot continue a trial")
+        return continued(event["request_id"])
     raise ValueError(f"unknown searcher event {kind!r}")
 
 

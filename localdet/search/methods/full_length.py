@@ -92,6 +92,17 @@ class FullLengthSearch:
         self.exited.add(request_id)
         return self._create_next() + self._shutdown_if_done()
 
+    def on_trial_continued(self, request_id: int) -> list[Operation]:
+        """`det e continue`: the trial trains on, to the target of the config the search is
+        replayed with (which the continuation may have raised), so it runs again, and the
+        search is over once it has validated there."""
+        if 1 <= request_id <= self.pacing.created:
+            self.finished.discard(request_id)
+            self.closed.discard(request_id)
+            self.exited.discard(request_id)
+            self.shut_down = False
+        return []
+
     def progress(self, batches_trained: dict[int, int]) -> float:
         """Batches trained, each trial's capped at max_length, over max_length per trial;
         a trial that exited early counts as done, since it will train no further."""
