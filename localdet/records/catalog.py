@@ -111,8 +111,8 @@ def set_labels(db: StateDB, experiment_id: int, labels: Iterable[str]) -> None:
     """Make `labels` the experiment's labels, in one transaction."""
     wanted = set(labels)
     with db.atomic():
-        have = set(labels_of(db, [experiment_id])[experiment_id])
         _exists(db, experiment_id)
+        have = set(labels_of(db, [experiment_id])[experiment_id])
         for label in sorted(have - wanted):
             remove_label(db, experiment_id, label)
         for label in sorted(wanted - have):

@@ -126,15 +126,17 @@ def test_the_light_listing_counts_trials_progress_and_the_best_metric(db):
     nan_trial = make_trial(db, experiment_id, {100: float("nan")}, request_id=2)
     # A row SQLite cannot read as JSON (a NaN) beside a finite value of the metric.
     db.record_metrics(nan_trial, "validation", 200, {"val_loss": 0.25, "acc": float("nan")})
+    db.record_metrics(nan_trial, "validation", 300, {"val_loss": "0.1"})  # text: no metric
     idle = make_experiment(db, "idle")
     job = make_experiment(db, "job")
     db.db.execute("UPDATE experiments SET kind = 'job' WHERE id = ?", [job])
+    assert "best_metric" not in ops.list_experiments(db)[0]  # read only when asked
 
-    listed = {e["id"]: e for e in ops.list_experiments(db)}
+    listed = {e["id"]: e for e in ops.list_experiments(db, with_best_metric=True)}
     assert set(listed) == {experiment_id, idle}  # jobs are listed with kind="job"
     summary = listed[experiment_id]
     assert (summary["num_trials"], summary["best_metric"]) == (2, 0.25)
-    assert summary["progress"] == pytest.approx(400 / 800)
+    assert summary["progress"] == pytest.approx((200 + 300) / 800)
     assert (listed[idle]["num_trials"], listed[idle]["best_metric"],
             listed[idle]["progress"]) == (0, None, 0.0)
     assert [e["id"] for e in ops.list_experiments(db, kind="job")] == [job]
