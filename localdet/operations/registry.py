@@ -65,8 +65,19 @@ def version_facts(db: StateDB, model: registry.Model,
         "creation_time": version.created_at,
         "last_updated_time": version.updated_at,
         "checkpoint_uuid": version.checkpoint_uuid,
-        "checkpoint": checkpoint_facts(checkpoint) if checkpoint else None,
+        "checkpoint": {**checkpoint_facts(checkpoint),
+                       "validation_metrics": _validation_at(db, checkpoint)}
+        if checkpoint else None,
     }
+
+
+def _validation_at(db: StateDB, checkpoint: Checkpoint) -> dict[str, Any] | None:
+    """The validation metrics recorded at the checkpoint's batch (what Determined's
+    `det model list-versions` shows beside it); None when it was not validated there."""
+    row = db.db.execute("SELECT metrics FROM metrics WHERE trial_id = ? AND kind = "
+                        "'validation' AND batches_trained = ? ORDER BY id DESC LIMIT 1",
+                        [checkpoint.trial_id, checkpoint.batches_trained]).fetchone()
+    return json.loads(row[0]) if row else None
 
 
 # -- checks ------------------------------------------------------------------------------

@@ -29,12 +29,15 @@ def reopen(db: StateDB, *, experiment_id: int, trial_id: int, config: dict[str, 
            target_batches: int, resume_from: str | None, runner: str,
            **payload: Any) -> None:
     """Raises IllegalTransition (nothing written) when the experiment or the trial is in a
-    state a continuation cannot leave (read in the write transaction: current)."""
+    state a continuation cannot leave, and NotFound when `resume_from` is no longer a live
+    checkpoint (both read in the write transaction: current)."""
     with db.atomic():
         experiment = db.experiment(experiment_id)
         trial = db.trial(trial_id)
         experiment_state = check_experiment_continuation(experiment_id, experiment.state)
         trial_state = check_trial_continuation(trial_id, trial.state)
+        if resume_from is not None:
+            db.checkpoint(resume_from)  # NotFound (CheckpointDeleted) if gc took it meanwhile
         db.db.table("experiments").update(experiment_id, {
             "state": experiment_state, "ended_at": None, "error": None,
             "config": json.dumps(config), "runner": runner})

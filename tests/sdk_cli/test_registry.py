@@ -4,6 +4,7 @@ checkpoint until its version is deleted."""
 
 from __future__ import annotations
 
+import time
 import uuid as uuidlib
 
 import pytest
@@ -48,6 +49,7 @@ def checkpoints(layout, db):
     store = Store(layout.store)
     experiment_id, trial_id = make_experiment(db)
     uuids = [save(db, store, experiment_id, trial_id, b) for b in (100, 200, 300)]
+    db.record_metrics(trial_id, "validation", 300, {"val_loss": 0.25})
     db.update_trial(trial_id, state="COMPLETED")
     db.set_experiment_state(experiment_id, "COMPLETED")
     return experiment_id, uuids
@@ -72,6 +74,7 @@ def test_models_are_created_listed_sorted_filtered_and_updated(db):
     assert [m["name"] for m in registry.list_models(db, name="NIS")] == ["mnist"]
     assert [m["name"] for m in registry.list_models(db, labels=["cv", "nope"])] == ["mnist"]
 
+    time.sleep(0.002)  # the times are in milliseconds: the update comes strictly later
     updated = registry.update_model(db, "mnist", description="handwritten digits",
                                     labels=["prod"], metadata={"owner": "bo"})
     assert (updated["description"], updated["labels"], updated["metadata"]) == \
@@ -128,6 +131,7 @@ def test_versions_are_numbered_from_one_and_never_reuse_a_deleted_number(db, che
     assert first["version"] == 1 and first["checkpoint_uuid"] == uuids[2]  # a prefix works
     assert first["checkpoint"]["uuid"] == uuids[2]
     assert first["checkpoint"]["batches_trained"] == 300
+    assert first["checkpoint"]["validation_metrics"] == {"val_loss": 0.25}
     assert (first["name"], first["comment"], first["labels"], first["metadata"],
             first["notes"]) == ("v-one", "first", ["a"], {"k": 1}, "n")
     assert registry.register_version(db, "mnist", uuids[2])["version"] == 2
