@@ -87,11 +87,11 @@ def delete_experiment(layout: Layout, db: StateDB, experiment_id: int) -> dict[s
         raise OperationError(refusal)
     experiment = db.experiment(experiment_id)
     storage = dict(storage_section(experiment.config))
-    try:
+    try:  # a shared_fs mount or an S3 bucket out of reach: refused, nothing touched
         store = open_store(layout, experiment.config)
+        leases = _take_leases(store, [c.uuid for c in db.checkpoints(experiment_id)])
     except StoreError as error:
         raise OperationError(str(error)) from None
-    leases = _take_leases(store, [c.uuid for c in db.checkpoints(experiment_id)])
     committed = False
     try:
         blobs = {sha for _, sha, _ in db.checkpoint_files(deleted=False,
@@ -141,10 +141,19 @@ def remove_rows(db: StateDB, experiment_id: int, pending: dict[str, Any]) -> dic
 def remove_folders(layout: Layout, experiment_id: int) -> list[str]:
     removed = []
     for folder in folders(layout, experiment_id):
-        if folder.exists() or folder.is_symlink():
-            shutil.rmtree(folder) if folder.is_dir() and not folder.is_symlink() \
-                else folder.unlink()
-            removed.append(str(folder))
+        if not (folder.exists() or folder.is_symlink()):
+            continue
+        if folder.is_symlink() or not folder.is_dir():
+            folder.unlink(missing_ok=True)
+        else:
+            for _ in range(3):  # another process finishing the same cleanup removes files too
+                try:
+                    shutil.rmtree(folder)
+                    break
+                except FileNotFoundError:
+                    if not folder.exists():
+                        break
+        removed.append(str(folder))
     return removed
 
 
