@@ -121,14 +121,17 @@ def _take_leases(store: Any, uuids: list[str]) -> list[Any]:
     """Every checkpoint's lease, exclusively and without waiting (as retention takes them),
     so that no reader is cut off mid-download; OperationError if one is held."""
     leases: list[Lease | Any] = []
-    for uuid in uuids:
-        lease = store.try_exclusive(uuid)
-        if lease is None:
-            for taken in leases:
-                taken.release()
-            raise OperationError(f"checkpoint {uuid} is being read (a download or export); "
-                                 "delete the experiment once that has finished")
-        leases.append(lease)
+    try:
+        for uuid in uuids:
+            lease = store.try_exclusive(uuid)
+            if lease is None:
+                raise OperationError(f"checkpoint {uuid} is being read (a download or "
+                                     "export); delete the experiment once that has finished")
+            leases.append(lease)
+    except BaseException:
+        for taken in leases:
+            taken.release()
+        raise
     return leases
 
 
