@@ -69,10 +69,15 @@ class LocaldetReporterFactory:
                                "delete them with `localdet gc` or retention settings")
         from localdet.paths import Layout
         from localdet.records.db import StateDB
+        from localdet.records.registry import registered_checkpoints
 
         db = StateDB.open(Layout.from_environment().db)
         try:
-            db.delete_checkpoint(db.checkpoint(uuid).uuid, "deleted by the trial's code")
+            found = db.checkpoint(uuid).uuid
+            if found in registered_checkpoints(db):  # kept until its model version is deleted
+                raise RuntimeError(f"checkpoint {found} is registered as a model version, "
+                                   "so it is kept; delete that model version first")
+            db.delete_checkpoint(found, "deleted by the trial's code")
         finally:
             db.close()
 

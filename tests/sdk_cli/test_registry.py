@@ -183,3 +183,19 @@ def test_retention_and_gc_keep_a_registered_checkpoint_until_its_version_is_dele
     with pytest.raises(CheckpointDeleted, match="deleted by retention"):
         registry.register_version(db, "late", oldest)
     assert registry.list_versions(db, "late") == []
+
+
+def test_trial_code_cannot_delete_a_registered_checkpoint(layout, db, checkpoints,
+                                                          monkeypatch):
+    from localdet.reporting.factory import LocaldetReporterFactory
+
+    _, (oldest, middle, _) = checkpoints
+    registry.create_model(db, "mnist")
+    registry.register_version(db, "mnist", oldest)
+    monkeypatch.setenv("LOCALDET_HOME", str(layout.home))
+    with pytest.raises(RuntimeError, match="registered as a model version"):
+        LocaldetReporterFactory().delete_checkpoint(oldest)
+    assert db.checkpoint(oldest).state == "COMPLETED"
+    LocaldetReporterFactory().delete_checkpoint(middle)  # one no version names: deleted
+    assert [c.uuid for c in db.checkpoints(include_deleted=True)
+            if c.state == "DELETED"] == [middle]
