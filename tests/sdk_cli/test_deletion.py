@@ -165,11 +165,15 @@ def test_refusals(layout, db, two):
                                   "model 'prod'; delete those model versions first")
     db.db.execute("DELETE FROM model_versions")
 
-    with Store(layout.store).reading(db.checkpoints(kept)[0].uuid):
+    with Store(layout.store).reading(db.checkpoints(kept)[1].uuid):
         with pytest.raises(OperationError, match=r"^checkpoint \S+ is being read \(a download "
                                                  r"or export\); delete the experiment once"):
             deletion.delete_experiment(layout, db, kept)
     assert rows_of(db, doomed)["checkpoints"] == 2 and dangling(db, layout) == []
+    # The lease it had taken on the first checkpoint was let go: once the reader is done,
+    # the deletion goes through.
+    deletion.delete_experiment(layout, db, kept)
+    assert rows_of(db, kept)["experiments"] == 0
 
 
 # -- a deleting process killed at each step ---------------------------------------------------
