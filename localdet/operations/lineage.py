@@ -165,6 +165,36 @@ def continue_experiment(layout: Layout, db: StateDB, experiment_id: int,
     }
 
 
+def config_file_overrides(text: str) -> dict[str, Any]:
+    """A config file given to `det e continue --config-file` as dotted-key overrides: its
+    settings merged into the experiment's, as Determined merged the file into the active
+    config. A length (`{batches: N}`, `{epochs: N}`, ...) replaces the one there."""
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise OperationError(f"the config file is not valid YAML "
+                             f"({str(error).splitlines()[0]}); fix it") from None
+    if not isinstance(loaded, dict):
+        raise OperationError("the config file is not a mapping of settings; check it")
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        leaf = not isinstance(value, dict) or not value or set(value) <= _LENGTH_UNITS
+        if leaf and prefix:
+            flat[prefix] = value
+            return
+        for key, inner in value.items():
+            walk(f"{prefix}.{key}" if prefix else str(key), inner)
+
+    walk("", loaded)
+    return flat
+
+
+_LENGTH_UNITS = {"batches", "records", "epochs"}
+
+
 def _continued_config(db: StateDB, experiment: Experiment,
                       overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict]:
     """The config the continued experiment runs with: its submitted config, with every

@@ -215,3 +215,11 @@ def test_continue_trains_further_from_its_checkpoint_under_a_daemon(tmp_path, da
         assert db.experiment(straight).parent_id == experiment_id
     finally:
         db.close()
+
+
+def test_a_continue_config_file_merges_into_the_experiments_config():
+    text = "searcher:\n  max_length:\n    epochs: 2\n  metric: loss\nmax_restarts: 3\n"
+    assert lineage.config_file_overrides(text) == {
+        "searcher.max_length": {"epochs": 2}, "searcher.metric": "loss", "max_restarts": 3}
+    with pytest.raises(OperationError, match="not a mapping"):
+        lineage.config_file_overrides("- 1\n")
