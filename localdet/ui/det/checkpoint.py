@@ -35,16 +35,18 @@ def print_checkpoints(experiment_id: int, best: int | None, as_csv: bool,
                       as_json: bool) -> None:
     """`det e lc` / `det c list`: an experiment's checkpoints, by end time; with `best`,
     the best N of those validated where they were taken."""
-    from localdet.operations.checkpoints import describe_checkpoint, list_checkpoints
+    from localdet.operations.checkpoints import list_checkpoints
 
-    with records() as (layout, db):
+    with records() as (_, db):
         if best:
             found = [c for c in run(list_checkpoints, db, experiment_id)
                      if c.get("searcher_metric_value") is not None][:best]
         else:
             found = run(list_checkpoints, db, experiment_id, sort_by="end_time", order="asc")
-        files = {c["uuid"]: run(describe_checkpoint, layout, db, c["uuid"]).get("resources", {})
-                 for c in found}
+        # The Resources and Size columns: each file's size, from the manifests in one read.
+        files = {c.uuid: {name: entry["size"] for name, entry
+                          in c.manifest.get("files", {}).items()}
+                 for c in db.checkpoints(experiment_id)}
     if as_json:
         output.print_json(found)
         return
@@ -52,8 +54,8 @@ def print_checkpoints(experiment_id: int, best: int | None, as_csv: bool,
                   "Size"],
                  [[c["trial_id"], c["batches_trained"], c["state"],
                    "" if c.get("searcher_metric_value") is None else c["searcher_metric_value"],
-                   c["uuid"], "\n".join(sorted(files[c["uuid"]])),
-                   output.size(sum(files[c["uuid"]].values()))] for c in found], as_csv)
+                   c["uuid"], "\n".join(sorted(files.get(c["uuid"], {}))),
+                   output.size(sum(files.get(c["uuid"], {}).values()))] for c in found], as_csv)
 
 
 @command.command("list")
