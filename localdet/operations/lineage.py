@@ -77,6 +77,9 @@ def fork(layout: Layout, db: StateDB, experiment_id: int, config_text: str | Non
     staged.parent.mkdir(parents=True, exist_ok=True)
     try:
         copy_submission(text, model_dir, staged)
+        # Checked once before the write lock is taken (the first check imports the config
+        # machinery); `record` checks again, quickly, in the transaction that sets the parent.
+        intake.check(staged, f"fork of experiment {experiment_id}", EXPERIMENT)
         with db.atomic():
             child = intake.record(staged, f"fork of experiment {experiment_id}",
                                   kind=EXPERIMENT, runner=Runner.DAEMON)
