@@ -57,6 +57,8 @@ def list_jobs(as_csv: bool = False, as_json: bool = False) -> None:
         with records() as (_, db):
             queued = run(list_experiments, db, archived=None, states=("ACTIVE", "PAUSED"),
                          kind=None)
+            for e in queued:
+                e.update(_slots(db, e["id"]))
     if as_json:
         output.print_json({"jobs": queued})
         return
@@ -64,7 +66,23 @@ def list_jobs(as_csv: bool = False, as_json: bool = False) -> None:
     output.table(["#", "ID", "Type", "Job Name", "Priority", "Submitted",
                   "Slots (acquired/needed)", "State", "User"],
                  [[place, e["id"], "EXPERIMENT" if e.get("kind") != "job" else "JOB",
-                   f"{e['name']} ({e['id']})", e.get("priority", 42),
+                   f"{e['name']} ({e['id']})", e["priority"],
                    output.format_time(e.get("submitted_at")),
-                   f"{e.get('slots_acquired', 0)}/{e.get('slots_needed', 0)}", e["state"], owner]
+                   f"{e['slots_acquired']}/{e['slots_needed']}", e["state"], owner]
                   for place, e in enumerate(queued)], as_csv)
+
+
+def _slots(db, experiment_id: int) -> dict:
+    """Its priority, and the slots its running trials hold / its unfinished trials need."""
+    from localdet.records.states import TERMINAL_STATES, TrialState
+    from localdet.scheduling.placement import DEFAULT_PRIORITY
+
+    experiment = db.experiment(experiment_id)
+    resources = experiment.config.get("resources") or {}
+    per_trial = resources.get("slots_per_trial") or resources.get("slots") or 1
+    trials = [t for t in db.trials(experiment_id) if t.state not in TERMINAL_STATES]
+    priority = resources.get("priority")
+    return {"priority": DEFAULT_PRIORITY if priority is None else priority,
+            "slots_acquired": sum(len(t.slots or []) for t in trials
+                                  if t.state == TrialState.RUNNING),
+            "slots_needed": per_trial * len(trials)}
