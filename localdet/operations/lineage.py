@@ -7,7 +7,8 @@
 
 A fork is a new experiment, recorded through the intake (so its config is checked as any
 submission's, and a bad one is refused with the intake's sentence, nothing recorded), from
-the parent's config as submitted (or the given config text) with `overrides` (dotted keys,
+the parent's config as it stands (as submitted, with its later changes; or the given config
+text) with `overrides` (dotted keys,
 Determined's `--config key=value`) applied, and from the parent's model folder snapshot; its
 `parent_id` names the parent, as Determined's "forked from".
 
@@ -64,7 +65,7 @@ def fork(layout: Layout, db: StateDB, experiment_id: int, config_text: str | Non
     if not model_dir.is_dir():
         raise OperationError(f"experiment {experiment_id}'s model folder {model_dir} is gone, "
                              "so there is no code to fork; create a new experiment instead")
-    text = parent_config_text(db, parent) if config_text is None else config_text
+    text = current_config_text(db, parent) if config_text is None else config_text
     text = apply_overrides(text, overrides)
     layout.ensure()
     # The daemon's slots when one runs, so that a fork it could never run is refused now.
@@ -96,14 +97,26 @@ def fork(layout: Layout, db: StateDB, experiment_id: int, config_text: str | Non
     return child
 
 
-def parent_config_text(db: StateDB, experiment: Experiment) -> str:
-    """The config an experiment was submitted with (its text, comments and all)."""
+def current_config_text(db: StateDB, experiment: Experiment) -> str:
+    """The experiment's config as it stands: the text it was submitted with (comments and
+    all), with what was changed since applied in order (`det e set priority/max-slots/
+    gc-policy`, and each continuation's overrides)."""
     row = db.db.execute("SELECT original_config FROM experiments WHERE id = ?",
                         [experiment.id]).fetchone()
     if not row or not row[0]:
         raise OperationError(f"experiment {experiment.id} has no recorded config text (it was "
                              "recorded by a script); pass a config file")
-    return row[0]
+    text = row[0]
+    for event in db.events(experiment.id, kinds=(_CONFIG_CHANGED,
+                                                 continuation.CONTINUED_EVENT)):
+        changes = event["payload"].get("changes" if event["kind"] == _CONFIG_CHANGED
+                                       else "overrides")
+        text = apply_overrides(text, changes or None)
+    return text
+
+
+# records/catalog.set_config's event: dotted key -> new value.
+_CONFIG_CHANGED = "experiment_config_changed"
 
 
 # -- continue -------------------------------------------------------------------------------
@@ -200,13 +213,12 @@ _LENGTH_UNITS = {"batches", "records", "epochs"}
 
 def _continued_config(db: StateDB, experiment: Experiment,
                       overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict]:
-    """The config the continued experiment runs with: its submitted config, with every
-    earlier continuation's overrides and then these applied, checked as a submission's;
-    its seed and resolved warm-start source kept. Returns it and the overrides."""
+    """The config the continued experiment runs with: its config as it stands
+    (`current_config_text`) with these overrides applied, checked as a submission's;
+    its seed, resolved warm-start source and recorded hyperparameters, resources and
+    checkpoint_storage kept. Returns it and the overrides."""
     overrides = dict(overrides or {})
-    text = parent_config_text(db, experiment)
-    for event in db.events(experiment.id, kinds=(continuation.CONTINUED_EVENT,)):
-        text = apply_overrides(text, event["payload"].get("overrides") or None)
+    text = current_config_text(db, experiment)
     try:
         before = load_config_text(text).config
         config = load_config_text(apply_overrides(text, overrides)).config
@@ -220,6 +232,10 @@ def _continued_config(db: StateDB, experiment: Experiment,
     if config["searcher"]["name"] != "single":
         raise OperationError("a continued experiment keeps its single searcher, as "
                              "Determined's did; fork it to search")
+    # As recorded: `det e set priority/max-slots/gc-policy` change these in the stored
+    # config (operations/experiments.py), and the continuation keeps what they set.
+    for key in _FIXED_ON_CONTINUE:
+        config[key] = experiment.config.get(key, config[key])
     config["reproducibility"]["experiment_seed"] = experiment.experiment_seed
     source = (experiment.config.get("searcher") or {}).get("source_checkpoint_uuid")
     if source is not None:

@@ -69,6 +69,7 @@ def finish(db: StateDB, experiment_id: int, batches: int, state: str = "COMPLETE
 
 def test_fork_records_a_new_experiment_naming_its_parent_with_the_changes_asked(layout, db):
     parent = record(layout, db, counter_config())
+    experiments.set_priority(db, parent, 7)  # a change made since: the fork has it too
     child = lineage.fork(layout, db, parent, overrides={"hyperparameters.variant": 2,
                                                         "searcher.max_length.batches": 30})
     forked = db.experiment(child)
@@ -76,6 +77,7 @@ def test_fork_records_a_new_experiment_naming_its_parent_with_the_changes_asked(
     assert forked.config["hyperparameters"]["variant"] == {"type": "const", "val": 2}
     assert forked.config["searcher"]["max_length"] == {"batches": 30}
     assert forked.config["scheduling_unit"] == 5  # the rest as the parent's
+    assert forked.config["resources"]["priority"] == 7
     assert forked.state == "ACTIVE" and forked.runner == "daemon"
     assert (Path(forked.model_dir) / "train.py").read_text() == \
         (COUNTER / "train.py").read_text()  # the parent's model folder snapshot
@@ -108,6 +110,7 @@ def test_continue_reopens_a_finished_trial_to_a_longer_target(layout, db):
     experiment_id = record(layout, db, counter_config(20))
     trial_id = finish(db, experiment_id, 20)
     assert db.trial(trial_id).state == "COMPLETED"
+    experiments.set_gc_policy(db, experiment_id, save_trial_latest=3)
 
     done = lineage.continue_experiment(layout, db, experiment_id,
                                        {"searcher.max_length.batches": 40})
@@ -117,6 +120,7 @@ def test_continue_reopens_a_finished_trial_to_a_longer_target(layout, db):
     assert (experiment.state, experiment.ended_at) == ("ACTIVE", None)
     assert experiment.config["searcher"]["max_length"] == {"batches": 40}
     assert experiment.config["reproducibility"]["experiment_seed"] == 3
+    assert experiment.config["checkpoint_storage"]["save_trial_latest"] == 3  # kept
     assert (trial.state, trial.target_batches, trial.restarts, trial.ended_at) == \
         ("QUEUED", 40, 0, None)
     assert trial.latest_checkpoint == f"ckpt-{experiment_id}-20"
