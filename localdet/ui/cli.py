@@ -235,6 +235,17 @@ def _facts(layout: Layout, db: StateDB, experiment, tail_lines: int = 0) -> dict
     return views.experiment_facts(db, experiment)
 
 
+def _rows(layout: Layout, db: StateDB, listed: list) -> list[dict]:
+    """The status table's rows: an experiment's light summary (a few queries for them all,
+    as `det e list`), a job's facts."""
+    from localdet.operations.experiments import list_experiments
+
+    summaries = {s["id"]: s for s in list_experiments(db, archived=None, kind=None,
+                                                       with_best_metric=True)}
+    return [_facts(layout, db, e) if e.kind == ExperimentKind.JOB
+            else {**summaries[e.id], "runner": e.runner} for e in listed]
+
+
 @cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
@@ -258,8 +269,10 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
     try:
         if experiment_id is None:
             chosen = with_labels(db, labels) if labels else None
-            facts = [_facts(layout, db, e) for e in db.experiments()
-                     if (show_all or not e.archived) and (chosen is None or e.id in chosen)]
+            listed = [e for e in db.experiments()
+                      if (show_all or not e.archived) and (chosen is None or e.id in chosen)]
+            facts = [_facts(layout, db, e) for e in listed] if as_json else _rows(
+                layout, db, listed)
         else:
             facts = _facts(layout, db, db.experiment(experiment_id), tail_lines=20)
     except NotFound as error:

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from localdet.records.db import Experiment, StateDB
+from localdet.ui.fast_table import FastTable  # hundreds of rows: rich's Table took 0.2 s
 
 KINDS = ("training", "validation")
 
@@ -93,7 +94,7 @@ def _cell(value: Any) -> str:
 
 
 def table(report: Report) -> Table:
-    table = Table(title=f"Metrics of experiment {report.experiment_id}"
+    table = FastTable(title=f"Metrics of experiment {report.experiment_id}"
                         + (f", trial {report.trial_id}" if report.trial_id is not None else ""))
     for column in ("Trial", "Kind", "Batches"):
         table.add_column(column, justify="left" if column == "Kind" else "right")

@@ -22,6 +22,7 @@ from localdet.operations.facts import (  # noqa: F401  (views' names, used by th
 from localdet.records.db import StateDB
 from localdet.records.lifecycle import PAUSING, REQUEUING
 from localdet.records.states import CheckpointState, ExperimentState, Runner, TrialState
+from localdet.ui.fast_table import FastTable  # rich's Table, drawn fast where it can be
 
 
 def daemon_notice(db: StateDB) -> str | None:
@@ -89,18 +90,20 @@ def duration(seconds: float | None) -> str:
 
 
 def experiments_table(facts: list[dict]) -> Table:
-    table = Table(title="Experiments")
+    table = FastTable(title="Experiments")
     for column in ("ID", "Name", "State", "Searcher", "Trials", "Progress", "Best metric"):
         table.add_column(column, justify="right" if column in ("ID", "Trials") else "left")
     for e in facts:
         best = f"{e['metric']}={_number(e['best_metric'])}" if e["best_metric"] is not None else ""
         table.add_row(str(e["id"]), _name(e), _state(e["state"]), e["searcher"],
-                      str(len(e["trials"])), f"{e['progress']:.0%}", escape(best))
+                      # a light summary's count (list_experiments), or the facts' trials
+                      str(e["num_trials"] if "num_trials" in e else len(e["trials"])),
+                      f"{e['progress']:.0%}", escape(best))
     return table
 
 
 def jobs_table(facts: list[dict]) -> Table:
-    table = Table(title="Jobs")
+    table = FastTable(title="Jobs")
     for column in ("ID", "Name", "State", "Started", "Duration"):
         table.add_column(column, justify="right" if column == "ID" else "left")
     for j in facts:
@@ -143,7 +146,7 @@ def search_summary(experiment: dict) -> Table:
 
 def rungs_table(experiment: dict) -> Table:
     """An ASHA search's rungs: how long trials train there, how many got there and on."""
-    table = Table(title="Rungs")
+    table = FastTable(title="Rungs")
     for column in ("Bracket", "Rung", "Batches", "Reached", "Promoted"):
         table.add_column(column, justify="right")
     for r in experiment["rungs"]:
@@ -154,7 +157,7 @@ def rungs_table(experiment: dict) -> Table:
 
 def trials_table(experiment: dict) -> Table:
     metric = experiment["metric"]
-    table = Table(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
+    table = FastTable(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
                         f"{experiment['state']}, searcher {experiment['searcher']}")
     # The engine matters only where a trial has several slots.
     engines = any(t.get("engine") not in (None, "single") for t in experiment["trials"])
@@ -201,7 +204,7 @@ def keras_lines(trials: list[dict]) -> list[str]:
 
 def checkpoints_table(facts: list[dict], experiment_id: int, show_state: bool = False) -> Table:
     """With `show_state`, a State column (COMPLETED, or DELETED by retention)."""
-    table = Table(title=f"Checkpoints of experiment {experiment_id}")
+    table = FastTable(title=f"Checkpoints of experiment {experiment_id}")
     columns = ("UUID", "Trial", "Batches") + (("State",) if show_state else ()) + ("Size",
                                                                                   "Metadata")
     for column in columns:
