@@ -156,6 +156,17 @@ def test_continue_is_refused_in_one_sentence(layout, db):
         lineage.continue_experiment(layout, db, done, {"searcher.max_length": "long"})
     assert db.experiment(done).state == "COMPLETED"  # nothing changed by a refusal
 
+    pausing = record(layout, db, counter_config(20))
+    Search(db, log=lambda _: None).start(db.experiment(pausing))
+    db.update_trial(db.trials(pausing)[0].id, state="RUNNING", stop_requested="PAUSING")
+    db.set_experiment_state(pausing, "PAUSED")
+    with pytest.raises(OperationError, match="still stopping"):
+        lineage.continue_experiment(layout, db, pausing)
+    db.update_trial(db.trials(pausing)[0].id, state="PAUSED", stop_requested=None)
+    assert lineage.continue_experiment(layout, db, pausing)["target_batches"] == 20
+    assert db.experiment(pausing).state == "ACTIVE"  # a paused one continues as resumed
+    assert db.trials(pausing)[0].state == "QUEUED"
+
     search = record(layout, db, counter_config(20, searcher={
         "name": "random", "metric": "val_loss", "max_trials": 2,
         "max_length": {"batches": 20}}))
