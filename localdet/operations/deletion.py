@@ -94,16 +94,14 @@ def delete_experiment(layout: Layout, db: StateDB, experiment_id: int) -> dict[s
         raise OperationError(str(error)) from None
     committed = False
     try:
-        blobs = {sha for _, sha, _ in db.checkpoint_files(deleted=False,
-                                                          experiment_id=experiment_id)}
-        blobs |= {sha for _, sha, _ in db.checkpoint_files(deleted=True,
-                                                           experiment_id=experiment_id)}
         with db.atomic():
             # Again under the write lock: nothing (a `det e continue`, a registration) has
             # revived or claimed it since the first look.
             refusal = _refusal(db, experiment_id)
             if refusal:
                 raise OperationError(refusal)
+            blobs = {sha for deleted in (False, True) for _, sha, _ in
+                     db.checkpoint_files(deleted=deleted, experiment_id=experiment_id)}
             rows = remove_rows(db, experiment_id, {"storage": storage,
                                                    "blobs": sorted(blobs)})
         committed = True
