@@ -8,13 +8,15 @@
 For every final release tag from 0.17.0 to 0.38.x (no rc, ee or dryrun tags) it reads, with
 `git show TAG:PATH`, the files that define the public modules (`determined`,
 `determined.core`, `determined.keras`, `determined.keras.callbacks`,
-`determined.experimental`) and parses them with `ast`; no code of Determined's is run or
+`determined.experimental`, `determined.experimental.client`, `determined.common.experimental`)
+and parses them with `ast`; no code of Determined's is run or
 copied. A module's names are:
 
 - in a package's `__init__.py`: the names its imports bind, its assignments, functions and
   classes, and its `__all__`, underscore names included;
 - in a plain module file (`keras/callbacks.py`): its functions, classes, assignments and
-  `__all__` (its imports are its own dependencies, not what it offers);
+  `__all__` (its imports are its own dependencies, not what it offers), except in the SDK's
+  `experimental/client.py`, which offers the classes it imports;
 - never names bound by importing something from outside `determined` (`import warnings`,
   `from importlib import metadata`): those are not Determined's API.
 
@@ -49,7 +51,12 @@ MODULE_FILES = {
                                    "harness/determined/keras/callbacks.py"],
     "determined.experimental": ["harness/determined/experimental/__init__.py",
                                 "harness/determined/experimental.py"],
+    "determined.experimental.client": ["harness/determined/experimental/client.py"],
+    "determined.common.experimental": ["harness/determined/common/experimental/__init__.py"],
 }
+# Plain module files whose imports from `determined` are part of what they offer (the SDK's
+# `client` hands out the classes it imports: `client.Checkpoint`, `client.OrderBy`).
+REEXPORTING_FILES = {"harness/determined/experimental/client.py"}
 # the objects user code touches: section -> (class, the files that may define it)
 CLASSES = {
     "determined.keras.TFKerasTrial": "TFKerasTrial",
@@ -336,7 +343,8 @@ def collect(checkout: Path) -> Dict[str, Dict[str, str]]:
                 tree = reader(checkout).tree(tag, path)
                 if tree is not None:
                     if id(tree) not in exports:
-                        exports[id(tree)] = exported_names(tree, path.endswith("__init__.py"))
+                        exports[id(tree)] = exported_names(
+                            tree, path.endswith("__init__.py") or path in REEXPORTING_FILES)
                     for name in exports[id(tree)]:
                         seen[module].setdefault(name, []).append(index)
                     break

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sdk_api_checks
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "determined-api.md"
@@ -76,6 +77,7 @@ def script():
 def test_the_page_covers_every_module_and_class_the_issue_names():
     assert set(SECTIONS) == {
         "determined", "determined.errors", "determined.core", "determined.experimental",
+        "determined.experimental.client", "determined.common.experimental",
         "determined.keras", "determined.keras.callbacks",
         "determined.keras.TFKerasTrial", "determined.keras.TFKerasTrialContext",
         "context.env", "determined.keras.TFKerasExperimentalContext", "context.distributed",
@@ -329,8 +331,7 @@ def test_every_supported_or_accepted_name_exists(world, section, name):
     getattr(owner(section, world), name)
 
 
-@pytest.mark.parametrize("section,name", cases((s, n) for s, n, st in ROWS if st == "refused"
-                                                and s != "determined.experimental"))
+@pytest.mark.parametrize("section,name", cases((s, n) for s, n, st in ROWS if st == "refused"))
 def test_every_refused_name_raises_one_sentence_at_use(world, section, name):
     from determined._refused import REFUSED, NotServedImportError
 
@@ -345,15 +346,12 @@ def test_every_refused_name_raises_one_sentence_at_use(world, section, name):
             exec(f"import determined.{name}")
 
 
-def test_determined_experimental_refuses_every_name_at_import():
-    from determined._refused import NotServedImportError
-
-    names = SECTIONS["determined.experimental"]
-    assert {status for status, _, _ in names.values()} == {"refused"}
-    for name in names:
-        with pytest.raises(NotServedImportError) as raised:
-            exec(f"from determined.experimental import {name}")
-        one_sentence(str(raised.value))
+def test_the_sdk_imports_as_determined_users_import_it():
+    code = ("from determined.experimental import client, Determined; "
+            "from determined.common.experimental import Checkpoint; "
+            "from determined.common.api import errors; "
+            "assert client.Checkpoint is Checkpoint and errors.NotFoundException")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 @pytest.mark.parametrize("section,name", cases(ASSIGNABLE, "assign"))
@@ -381,6 +379,8 @@ def _det(w):
         "_local_execution_manager": lambda: _runs_in_folder(w.tmp),
         "core": lambda: det.core.DistributedContext is type(w.ctx.distributed),
         "keras": lambda: det.keras is keras,
+        "experimental": lambda: importlib.import_module("determined.experimental").client
+        is importlib.import_module("determined.experimental.client"),
         "launch": lambda: det.launch.__name__ == "determined.launch"
         and importlib.util.find_spec("determined.launch.tensorflow") is not None,
         "errors": lambda: issubclass(errors.NotServedError, NotImplementedError),
@@ -449,7 +449,8 @@ def _common_serves_storage_and_refuses_the_rest() -> bool:
         with manager.restore_path("ckpt") as path:
             stored = (path / "w.txt").read_text() == "1"
     return stored and issubclass(check.CheckFailedError, Exception) \
-        and _refuses_in_one_sentence(lambda: exec("from determined.common import api")) \
+        and _refuses_in_one_sentence(lambda: exec("from determined.common import context")) \
+        and _refuses_in_one_sentence(lambda: exec("from determined.common.api import bindings")) \
         and _refuses_in_one_sentence(lambda: storage.S3StorageManager)
 
 
@@ -1047,6 +1048,11 @@ CHECKS = {
     "context.distributed": _distributed,
     "determined.ClusterInfo": _cluster_info, "determined.TrialInfo": _trial_info,
     "determined.core": _core,
+    "determined.experimental.client": sdk_api_checks.client_checks,
+    "determined.experimental": lambda w: sdk_api_checks.experimental_checks(
+        w, "determined.experimental"),
+    "determined.common.experimental": lambda w: sdk_api_checks.experimental_checks(
+        w, "determined.common.experimental"),
 }
 
 

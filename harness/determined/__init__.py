@@ -33,6 +33,7 @@ _NAMES = {
     "errors": "determined.errors",
     "util": "determined.util",
     "launch": "determined.launch",
+    "experimental": "determined.experimental",
     # served in part: they import, and refuse their other names when used (_refused)
     "common": "determined.common",
     "gpu": "determined.gpu",

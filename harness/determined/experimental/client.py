@@ -11,11 +11,12 @@ work on a default `Determined()` made at first use.
 
 There is no master: `login()` is accepted and changes nothing, and the records are those
 of `$LOCALDET_HOME` (the daemon is started when an experiment is created and none runs).
-Users, workspaces, projects, resource pools and OAuth clients are refused in one sentence.
+Users, workspaces, projects, resource pools and OAuth clients refuse, in one sentence, when
+used.
 """
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar, Union
 
 from determined.common.experimental._util import OrderBy
 from determined.common.experimental.checkpoint import (  # noqa: F401
@@ -29,6 +30,7 @@ from determined.common.experimental.determined import Determined
 from determined.common.experimental.experiment import (  # noqa: F401
     Experiment,
     ExperimentOrderBy,
+    ExperimentReference,
     ExperimentSortBy,
     ExperimentState,
 )
@@ -42,6 +44,7 @@ from determined.common.experimental.model import (  # noqa: F401
 from determined.common.experimental.trial import (  # noqa: F401
     Trial,
     TrialOrderBy,
+    TrialReference,
     TrialSortBy,
     TrialState,
 )
@@ -50,26 +53,43 @@ logger = logging.getLogger("determined.client")
 
 _determined: Optional[Determined] = None
 
-# Classes of a master's features localdet has not: refused when used (see __getattr__).
-_REFUSED_CLASSES = {
-    "Project": "projects", "Workspace": "workspaces", "User": "users",
-    "ResourcePool": "resource pools", "Oauth2ScimClient": "OAuth clients",
+# Determined 0.23's name of TrialMetrics.
+_TrialMetrics = TrialMetrics
+# The type variable of Determined's decorators here.
+C = TypeVar("C", bound=Callable[..., Any])
+
+_ONE_PLACE = ("localdet keeps every experiment and model in one place, for the one user "
+              "running it; use labels to group them")
+_INTERNAL = "the SDK reaches localdet's records directly, with no master session"
+# A master's features localdet has not, and the client's internals: they refuse when used
+# (see __getattr__), naming what to do instead.
+_REFUSED = {
+    **{name: (what, _ONE_PLACE) for name, what in {
+        "Project": "projects", "Workspace": "workspaces", "User": "users",
+        "ResourcePool": "resource pools", "Oauth2ScimClient": "OAuth clients",
+        "create_user": "users", "get_user_by_id": "users", "get_user_by_name": "users",
+        "get_session_username": "users", "whoami": "users", "list_users": "users",
+        "get_workspace": "workspaces", "list_workspaces": "workspaces",
+        "create_workspace": "workspaces", "delete_workspace": "workspaces",
+        "list_oauth_clients": "OAuth clients", "add_oauth_client": "OAuth clients",
+        "remove_oauth_client": "OAuth clients"}.items()},
+    **{name: ("the master's session", _INTERNAL) for name in (
+        "Session", "_api", "_get_singleton_session", "_require_singleton",
+        "_stream_trials_metrics")},
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _REFUSED_CLASSES:
+    if name in _REFUSED:
         from determined import errors
 
-        raise errors.refuse(f"determined.experimental.client.{name} "
-                            f"({_REFUSED_CLASSES[name]})",
-                            "localdet keeps every experiment and model in one place, for "
-                            "the one user running it; use labels to group them")
+        what, instead = _REFUSED[name]
+        raise errors.refuse(f"determined.experimental.client.{name} ({what})", instead)
     raise AttributeError(f"module 'determined.experimental.client' has no attribute {name!r}")
 
 
 def __dir__() -> List[str]:
-    return sorted([*globals(), *_REFUSED_CLASSES])
+    return sorted([*globals(), *_REFUSED])
 
 
 def _client() -> Determined:
@@ -177,56 +197,3 @@ def stream_trials_training_metrics(trial_ids: List[int]) -> Iterable[TrainingMet
 
 def stream_trials_validation_metrics(trial_ids: List[int]) -> Iterable[ValidationMetrics]:
     return _client().stream_trials_validation_metrics(trial_ids)
-
-
-def create_user(username: str, admin: bool, password: Optional[str] = None,
-                remote: bool = False) -> Any:
-    return _client().create_user(username, admin, password, remote)
-
-
-def get_user_by_id(user_id: int) -> Any:
-    return _client().get_user_by_id(user_id)
-
-
-def get_user_by_name(user_name: str) -> Any:
-    return _client().get_user_by_name(user_name)
-
-
-def get_session_username() -> str:
-    return _client().get_session_username()
-
-
-def whoami() -> Any:
-    return _client().whoami()
-
-
-def list_users(active: Optional[bool] = None) -> List[Any]:
-    return _client().list_users(active)
-
-
-def get_workspace(name: str) -> Any:
-    return _client().get_workspace(name)
-
-
-def list_workspaces() -> List[Any]:
-    return _client().list_workspaces()
-
-
-def create_workspace(name: str) -> Any:
-    return _client().create_workspace(name)
-
-
-def delete_workspace(name: str) -> None:
-    return _client().delete_workspace(name)
-
-
-def list_oauth_clients() -> Sequence[Any]:
-    return _client().list_oauth_clients()
-
-
-def add_oauth_client(domain: str, name: str) -> Any:
-    return _client().add_oauth_client(domain, name)
-
-
-def remove_oauth_client(client_id: str) -> None:
-    return _client().remove_oauth_client(client_id)

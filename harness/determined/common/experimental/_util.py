@@ -13,11 +13,12 @@ class OrderBy(enum.Enum):
     DESC = "ORDER_BY_DESC"
 
 
-def order_name(order_by: "OrderBy | None") -> "str | None":
-    """"asc", "desc" or None: how the backend spells an order."""
+def order_name(order_by: "enum.Enum | None") -> "str | None":
+    """"asc", "desc" or None: how the backend spells an order, from `OrderBy` or one of
+    Determined's older order enums (`ModelOrderBy`, `TrialOrderBy`, ...), same values."""
     if order_by is None:
         return None
-    return "asc" if order_by is OrderBy.ASC else "desc"
+    return "asc" if order_by.value == OrderBy.ASC.value else "desc"
 
 
 def deprecated(what: str, instead: str) -> None:

@@ -105,7 +105,7 @@ class Determined:
             found = [f for f in found if name in (f.get("name") or "")]
         key = sort_by or experiment.ExperimentSortBy.ID
         found.sort(key=lambda f: experiment._sort_key(f, key),
-                   reverse=order_by is OrderBy.DESC)
+                   reverse=_util.order_name(order_by) == "desc")
         return [experiment.Experiment._from_facts(f) for f in found]
 
     # -- trials and checkpoints -----------------------------------------------------------

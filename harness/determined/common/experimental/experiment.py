@@ -217,7 +217,7 @@ class Experiment:
                 "RESTARTS": "restarts"}
         key = keys.get(sort_by.name, "id")
         found.sort(key=lambda t: (t.get(key) is None, t.get(key) or 0, t["id"]),
-                   reverse=order_by is OrderBy.DESC)
+                   reverse=_util.order_name(order_by) == "desc")
         for facts in found:
             yield trial.Trial._from_facts(facts)
 
