@@ -271,3 +271,49 @@ def test_url_parts_are_looked_up_never_joined_to_a_path(layout, db, experiment, 
             status, _, body = ask(port, "GET", path)
             assert status in (400, 404), (path, status)
             assert secret not in body and b"import" not in body, path
+
+
+def test_the_managing_posts_are_guarded_as_the_actions_are(layout, db, experiment):
+    """Archive, labels, description, notes and delete (localdet/ui/web/manage.py): each is
+    refused without the own page's proof or the token, and a delete without the typed id."""
+    from localdet.operations import experiments as catalog
+
+    db.set_experiment_state(experiment, "COMPLETED")
+    db.update_trial(db.trials(experiment)[0].id, state="COMPLETED")
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    with dashboard(layout, token=TOKEN) as port:
+        for what, body in (("archive", ""), ("unarchive", ""), ("labels", '{"add": "x"}'),
+                           ("labels", '{"remove": "x"}'), ("description", '{"text": "x"}'),
+                           ("notes", '{"text": "x"}'),
+                           ("delete", f'{{"confirm": "{experiment}"}}')):
+            path = f"/api/experiments/{experiment}/{what}"
+            status, _, answer = ask(port, "POST", path, body, **FOREIGN, **token)
+            assert status == 403 and "Origin header" in error_of(answer), what
+            status, _, answer = ask(port, "POST", path, body, Origin=f"http://127.0.0.1:{port}",
+                                    **token)
+            assert status == 403 and "X-Localdet-Request" in error_of(answer), what
+            assert ask(port, "POST", path, body, **own_page(port))[0] == 401, what
+            assert ask(port, "GET", path, **token)[0] == 405, what  # POSTs only
+        facts = catalog.describe(layout, db, experiment)  # nothing was changed
+        assert (facts["archived"], facts["labels"], facts["description"], facts["notes"]) \
+            == (False, [], "", "")
+        labels = f"/api/experiments/{experiment}/labels"
+        status, _, answer = ask(port, "POST", labels, '{"add": "kept"}',
+                                **own_page(port, **token))
+        assert status == 200, answer
+        status, _, answer = ask(port, "POST", labels, "not json", **own_page(port, **token))
+        assert status == 400 and error_of(answer) == "the request's body must be a JSON object"
+        # A delete names the id again (the page asks its user to type it), else refused.
+        delete = f"/api/experiments/{experiment}/delete"
+        for body in ("", '{"confirm": "999"}'):
+            status, _, answer = ask(port, "POST", delete, body, **own_page(port, **token))
+            assert status == 409, body
+            assert error_of(answer) == (f"type the experiment's id, {experiment}, to confirm "
+                                        "that it is to be deleted")
+        assert catalog.describe(layout, db, experiment)["labels"] == ["kept"]
+        assert ask(port, "GET", "/api/models")[0] == 401
+        assert ask(port, "GET", "/api/models", **token)[:3:2] == (200, b"[]")
+        status, _, answer = ask(port, "POST", delete, f'{{"confirm": "{experiment}"}}',
+                                **own_page(port, **token))
+        assert status == 200, answer
+        assert ask(port, "GET", f"/api/experiments/{experiment}", **token)[0] == 404

@@ -3,15 +3,19 @@ JSON API over the same facts `localdet status` shows.
 
     app = create_app(Layout.from_environment(), token=T, host="127.0.0.1")
 
-    GET  /, /experiments/{id}, /trials/{id}, /jobs      the page
-    GET  /api/experiments                               experiments (jobs excluded)
-    GET  /api/experiments/{id}                          facts, config, charts, rungs
+    GET  /, /experiments/{id}, /trials/{id}, /jobs,
+         /models, /models/{id}                          the page
+    GET  /api/experiments[?archived=1][&label=L...]     experiments (jobs excluded; archived
+                                                        ones only when asked; with every label)
+    GET  /api/experiments/{id}                          facts, labels, notes, origin, config,
+                                                        charts, rungs
     GET  /api/trials/{id}                               facts, charts, checkpoints, log tail
     GET  /api/jobs                                      jobs
     GET  /api/daemon                                    running?, what it holds back (disk)
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
     POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
+    (archive, delete, labels, notes and the model registry: localdet/ui/web/manage.py)
 
 Only the dashboard's own user gets in; each refusal is one sentence:
 - the Host header must name the address served (`host`; on loopback, localhost or a loopback
@@ -24,6 +28,7 @@ Only the dashboard's own user gets in; each refusal is one sentence:
   a plain HTML form cannot send and a foreign page's script cannot send without this server's
   consent (CORS, never given), else 403.
 URL ids and checkpoint uuids are looked up in the database, never joined to a path as given.
+Every action is the operation `localdet` and `det` call (localdet/operations/).
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
+import json
 import re
 import shutil
 import socket
 import tarfile
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -51,14 +58,16 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from localdet.operations import experiments as catalog
+from localdet.operations.errors import OperationError
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
-from localdet.records import actions
+from localdet.records.continuation import CONTINUED_EVENT
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
-from localdet.ui.web import figures
+from localdet.ui.web import figures, manage
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -159,13 +168,24 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             db.close()
 
     def api(handler):
-        """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409."""
+        """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409.
+        A POST's handler gets its JSON body (an object; {} when empty) too."""
         async def endpoint(request: Request) -> Response:
+            args: tuple = (request,)
+            if request.method == "POST":
+                raw = await request.body()
+                try:
+                    body = json.loads(raw) if raw.strip() else {}
+                except ValueError:
+                    body = None
+                if not isinstance(body, dict):
+                    return _refuse(400, "the request's body must be a JSON object")
+                args = (request, body)
             try:  # in a thread: SQLite and the store block
-                result = await run_in_threadpool(handler, request)
+                result = await run_in_threadpool(handler, *args)
             except NotFound as error:
                 return JSONResponse({"error": str(error)}, status_code=404)
-            except actions.ActionError as error:
+            except OperationError as error:
                 return JSONResponse({"error": str(error)}, status_code=409)
             return result if isinstance(result, Response) else JSONResponse(result)
         return endpoint
@@ -173,9 +193,15 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
     def experiments(request: Request) -> list[dict]:
         if not layout.db.exists():
             return []  # nothing submitted yet
+        archived = request.query_params.get("archived") in ("1", "true")
+        labels = [label for label in request.query_params.getlist("label") if label]
         with database() as db:
-            return [_summary(views.experiment_facts(db, e))
-                    for e in db.experiments(kind=ExperimentKind.EXPERIMENT)]
+            rows = catalog.list_experiments(db, archived=None if archived else False,
+                                            labels=labels, kind=ExperimentKind.EXPERIMENT,
+                                            with_best_metric=True)
+            # How often each was continued (`det e continue`), beside where it was forked from.
+            continued = Counter(e["experiment_id"] for e in db.events(kinds=(CONTINUED_EVENT,)))
+        return [{**row, "continued": continued[row["id"]]} for row in rows]
 
     def daemon(request: Request) -> dict:
         """Whether a daemon runs, and what it holds back and why."""
@@ -188,7 +214,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
     def experiment(request: Request) -> dict:
         with database() as db:
             record = db.experiment(int(request.path_params["id"]))
-            facts = views.experiment_facts(db, record)
+            facts = catalog.describe(layout, db, record.id)
             facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
             facts["charts"] = {
                 "curves": figures.curves(db, [t["id"] for t in facts["trials"]],
@@ -219,12 +245,12 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             return [_summary(views.job_facts(db, layout, e))
                     for e in db.experiments(kind=ExperimentKind.JOB)]
 
-    def act(request: Request) -> dict:
+    def act(request: Request, body: dict) -> dict:
         target = {"experiments": "experiment_id",
                   "trials": "trial_id"}[request.url.path.split("/")[2]]
         with database() as db:
-            return {"message": actions.request(layout, db, request.path_params["action"],
-                                               **{target: int(request.path_params["id"])})}
+            return {"message": catalog.act(layout, db, request.path_params["action"],
+                                           **{target: int(request.path_params["id"])})}
 
     def download(request: Request) -> Response:
         from localdet.reporting.sqlite_reporter import CheckpointReader
@@ -258,6 +284,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         Route("/api/daemon", api(daemon)),
         Route("/api/experiments", api(experiments)),
         Route("/api/experiments/{id:int}", api(experiment)),
+        *manage.routes(layout, database, api, page),
         Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),
         Route("/api/trials/{id:int}", api(trial)),
         Route("/api/trials/{id:int}/{action:str}", api(act), methods=["POST"]),

@@ -79,11 +79,12 @@ window.addEventListener("popstate", render);
 
 // A page's fixed frame, made once per path: refreshes fill its parts, so that the charts
 // (zoom included), the open <details> and the last action's message survive them.
-function frame(html) {
-  if (main.dataset.path !== location.pathname) {
-    main.innerHTML = html;
-    main.dataset.path = location.pathname;
-  }
+// Returns whether it was made now (a form's fields are filled then, not on each refresh).
+function frame(html, key = location.pathname) {
+  if (main.dataset.path === key) return false;
+  main.innerHTML = html;
+  main.dataset.path = key;
+  return true;
 }
 const fill = (id, html) => { document.getElementById(id).innerHTML = html; };
 
@@ -94,25 +95,43 @@ function chart(id, figure) {
 
 // -- pages ----------------------------------------------------------------------------------
 async function experimentsPage() {
-  const experiments = await getJSON("/api/experiments");
+  const params = new URLSearchParams(location.search);
+  const archived = params.get("archived") === "1";
+  const labels = params.getAll("label");
+  const experiments = await getJSON(`/api/experiments${location.search}`);
   const columns = [
     {key: "id", label: "ID"},
-    {key: "name", label: "Name"},
+    {key: "name", label: "Name", html: (e) => `${esc(e.name)}${origin(e)}${e.archived ? ' <span class="badge">archived</span>' : ""}`},
+    {key: "labels", label: "Labels", value: (e) => (e.labels || []).join(", "), html: (e) => labelLinks(e.labels)},
     {key: "state", label: "State", html: (e) => state(e.state)},
     {key: "searcher", label: "Searcher"},
     {key: "progress", label: "Progress", html: (e) =>
       `<span class="bar"><span style="width:${Math.round(100 * (e.progress || 0))}%"></span></span>${Math.round(100 * (e.progress || 0))}%`},
     {key: "best_metric", label: "Best metric", html: (e) =>
       e.best_metric === null ? "" : `${esc(e.metric)} ${esc(num(e.best_metric))}`},
-    {key: "trial_count", label: "Trials"},
+    {key: "num_trials", label: "Trials"},
     {key: "submitted_at", label: "Started", value: (e) => e.submitted_at, html: (e) => esc(when(e.submitted_at))},
     {key: "duration", label: "Duration", value: (e) => new Date(e.ended_at || Date.now()) - new Date(e.submitted_at),
       html: (e) => esc(duration(e.submitted_at, e.ended_at))},
   ];
   if (!sorting.experiments) sorting.experiments = {key: "id", desc: true};
-  main.dataset.path = "";
-  main.innerHTML = `<h1>Experiments</h1>` + (experiments.length
-    ? table("experiments", columns, experiments, (e) => `class="link" data-href="/experiments/${e.id}"`)
+  // The filters are links and a form: the address says what is shown, so it can be kept.
+  const toggled = new URLSearchParams(params);
+  if (archived) toggled.delete("archived"); else toggled.set("archived", "1");
+  const unlabelled = new URLSearchParams(params);
+  unlabelled.delete("label");
+  frame(`<h1>Experiments</h1><span id="message"></span>
+    <form id="filters" class="filters">
+      <label>Label <input id="label-filter" name="label" value="${esc(labels.join(", "))}" placeholder="any"></label>
+      <button type="submit">Filter</button>
+      ${labels.length ? `<a data-nav id="clear-label" href="/${unlabelled.toString() ? `?${unlabelled}` : ""}">all labels</a>` : ""}
+      <a data-nav id="archived-toggle" href="/${toggled.toString() ? `?${toggled}` : ""}">${archived ? "Hide archived" : "Show archived"}</a>
+    </form><div id="list"></div>`, location.pathname + location.search);
+  showFlash();
+  const filtered = labels.length ? ` labelled ${labels.map((l) => `"${esc(l)}"`).join(" and ")}` : "";
+  fill("list", experiments.length
+    ? table("experiments", columns, experiments, (e) => `class="link${e.archived ? " archived" : ""}" data-href="/experiments/${e.id}"`)
+    : filtered || !archived ? `<p class="muted">No ${archived ? "" : "unarchived "}experiments${filtered}.</p>`
     : `<p class="muted">No experiments yet: <code>localdet submit CONFIG MODEL_DIR</code>.</p>`);
 }
 
@@ -162,21 +181,24 @@ async function experimentPage(id) {
   const rungs = e.rungs && e.rungs.length ? `<h2>ASHA rungs</h2>` + table("rungs", [
     {key: "bracket", label: "Bracket"}, {key: "rung", label: "Rung"}, {key: "length", label: "Length (batches)"},
     {key: "reached", label: "Reached"}, {key: "promoted", label: "Promoted"}], e.rungs) : "";
-  frame(`<div id="head"></div><span id="message"></span>
+  const fresh = frame(`<div id="head"></div><span id="message"></span>
+    <div id="manage"></div>
     <h2>Learning curves</h2><div class="card"><div id="curves"></div></div>
     <h2>Hyperparameters and <span id="metric"></span></h2><div class="card"><div id="hparams"></div></div>
     <div id="rest"></div>
     <details id="config"><summary>Config</summary><pre id="config-text"></pre></details>`);
   fill("head", `
     <h1>Experiment ${e.id}: ${esc(e.name)} <span id="state">${state(e.state)}</span>
+      ${e.archived ? '<span class="badge" id="archived">archived</span>' : ""}
       ${actionButtons("experiments", e.id, e.state)}</h1>
-    <div class="facts"><span><b>searcher</b> ${esc(e.searcher)}</span>
+    <div class="facts">${lineage(e)}<span><b>searcher</b> ${esc(e.searcher)}</span>
       <span><b>progress</b> ${Math.round(100 * e.progress)}%</span>
       <span><b>best ${esc(e.metric)}</b> ${esc(num(e.best_metric))}${e.best_trial ? ` (trial ${e.best_trial})` : ""}</span>
       <span><b>trials</b> ${Object.entries(e.trials_by_state).map(([s, n]) => `${n} ${esc(s.toLowerCase())}`).join(", ")}</span>
       <span><b>started</b> ${esc(when(e.submitted_at))}</span>
       <span><b>duration</b> ${esc(duration(e.submitted_at, e.ended_at))}</span></div>
-    ${e.error ? `<p class="error">${esc(e.error)}</p>` : ""}`);
+    ${e.error ? `<p class="error">${esc(e.error)}</p>` : ""}${continuations(e)}`);
+  managePanel(e, fresh);
   fill("metric", esc(e.metric));
   fill("rest", `${rungs}<h2>Trials</h2>
     ${table("trials", columns, e.trials, (t) => `class="link${t.id === e.best_trial ? " best" : ""}" data-href="/trials/${t.id}"`)}`);
@@ -251,6 +273,8 @@ async function refresh() {
     if ((match = path.match(/^\/experiments\/(\d+)$/))) await experimentPage(match[1]);
     else if ((match = path.match(/^\/trials\/(\d+)$/))) await trialPage(match[1]);
     else if (path === "/jobs") await jobsPage();
+    else if (path === "/models") await modelsPage();
+    else if ((match = path.match(/^\/models\/(\d+)$/))) await modelPage(match[1]);
     else await experimentsPage();
     const daemon = await getJSON("/api/daemon");  // e.g. launches held: the disk is short
     const notice = document.getElementById("notice");
