@@ -8,10 +8,12 @@ from pathlib import Path
 import click
 
 from localdet.ui.det import output
+from localdet.ui.det.groups import AliasedGroup
 from localdet.ui.det.state import records, run
 
 
-@click.group("checkpoint", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("checkpoint", cls=AliasedGroup, aliases={"ls": "list"},
+             context_settings={"help_option_names": ["-h", "--help"]})
 def command() -> None:
     """manage checkpoints"""
 
@@ -68,8 +70,6 @@ def list_(experiment_id: int, best: int | None, as_csv: bool, as_json: bool) -> 
     """list checkpoints of experiment (as `det e list-checkpoints`)"""
     print_checkpoints(experiment_id, best, as_csv, as_json)
 
-
-command.add_command(list_, "ls")
 
 
 @command.command("describe")

@@ -13,23 +13,16 @@ from typing import Any
 import click
 
 from localdet.ui.det import output
+from localdet.ui.det.groups import AliasedGroup
 from localdet.ui.det.state import records, run
 
 # Determined's experiment states in its API's JSON.
 API_STATE = "STATE_{}"
 
 
-class _Aliased(click.Group):
-    """Subcommands under Determined's second names too (`ls`, `lt`, `lc`, `unpause`)."""
-
-    ALIASES = {"ls": "list", "lt": "list-trials", "lc": "list-checkpoints",
-               "unpause": "activate"}
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return super().get_command(ctx, self.ALIASES.get(cmd_name, cmd_name))
-
-
-@click.group("experiment", cls=_Aliased, invoke_without_command=True,
+@click.group("experiment", cls=AliasedGroup, invoke_without_command=True,
+             aliases={"ls": "list", "lt": "list-trials", "lc": "list-checkpoints",
+                      "unpause": "activate"},
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def command(ctx: click.Context) -> None:

@@ -8,15 +8,11 @@ import json
 import click
 
 from localdet.ui.det import output
+from localdet.ui.det.groups import AliasedGroup
 from localdet.ui.det.state import records, run
 
 
-class _Aliased(click.Group):
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return super().get_command(ctx, {"ls": "list"}.get(cmd_name, cmd_name))
-
-
-@click.group("model", cls=_Aliased, invoke_without_command=True,
+@click.group("model", cls=AliasedGroup, aliases={"ls": "list"}, invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def command(ctx: click.Context) -> None:
