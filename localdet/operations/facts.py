@@ -8,7 +8,6 @@ import datetime
 import math
 from typing import Any
 
-from localdet.config import keras_choice
 from localdet.paths import Layout
 from localdet.records.db import Checkpoint, Experiment, StateDB, Trial
 from localdet.records.lifecycle import TrialPhase
@@ -34,6 +33,8 @@ def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None
 def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
                 launches: list[dict] | None = None) -> dict[str, Any]:
     """`launches`: the trial's launches, oldest first (`launches_by_trial`)."""
+    from localdet.config import keras_choice  # (its rules' modules: only where trials are shown)
+
     validations = [row.metrics for row in db.metrics(trial.id, "validation")]
     launch = launches[-1] if launches else {}
     return {
