@@ -158,6 +158,7 @@ def test_the_sdk_reads_and_changes_the_same_records(layout, db, recorded, tmp_pa
     assert [t.id for t in trials] == [first, second]
     assert trials[1].state == client.TrialState.COMPLETED and trials[1].hparams == {"lr": 2}
     trial = client.get_trial(second)
+    assert trial.get_experiment().id == experiment_id
     assert trial.summary_metrics["validation_metrics"]["val_loss"]["min"] == 0.4
     assert trial.top_checkpoint().uuid == u["c"]
     reports = list(client.iter_trials_metrics([first, second], group="validation"))

@@ -323,6 +323,9 @@ class Experiment:
         return f"Experiment(id={self._id})"
 
 
+trial.Trial._experiment_class = Experiment
+
+
 class ExperimentReference(Experiment):
     """Determined's older name of `Experiment`."""
 

@@ -1,13 +1,10 @@
 """A trial, as the SDK hands it out: its facts, checkpoints, metrics and log."""
 
 import enum
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from determined.common.experimental import _backend, _util, checkpoint, metrics
 from determined.common.experimental._util import OrderBy
-
-if TYPE_CHECKING:
-    from determined.common.experimental import experiment
 
 
 class LogLevel(enum.Enum):
@@ -83,6 +80,10 @@ class Trial:
         summary_metrics: {"avg_metrics": ..., "validation_metrics": ...}: per metric name,
             its count, last, min, max and sum over the reports.
     """
+
+    # `Experiment`, set by its module: it imports this one (its listings make Trials), so
+    # this one cannot import it back.
+    _experiment_class: Any = None
 
     def __init__(self, trial_id: int, session: Any = None) -> None:
         self.id = trial_id
@@ -229,13 +230,11 @@ class Trial:
                          "Trial.iter_metrics('validation')")
         return _legacy_metrics([self.id], metrics.ValidationMetrics)
 
-    def get_experiment(self) -> "experiment.Experiment":
-        """The trial's experiment."""
-        from determined.common.experimental import experiment
-
+    def get_experiment(self) -> Any:
+        """The trial's `Experiment`."""
         if self.experiment_id is None:
             self.reload()
-        return experiment.Experiment._from_facts(
+        return self._experiment_class._from_facts(
             _backend.call("experiment.get", experiment_id=self.experiment_id))
 
     def __repr__(self) -> str:
