@@ -55,18 +55,20 @@ def _facts(db: StateDB, checkpoint: Checkpoint, experiment: Experiment,
         "validation_metrics": validation,
         "hparams": db.trial(checkpoint.trial_id).hparams,
         "registered": checkpoint_rows.registrations(db, checkpoint.uuid),
+        # As Determined's checkpoints carried it: where it came from, and its storage.
+        "experiment_config": experiment.config,
     }
     if full:
-        facts["experiment_config"] = experiment.config
         facts["resources"] = {name: entry["size"] for name, entry
                               in checkpoint.manifest.get("files", {}).items()}
     return facts
 
 
 def describe_checkpoint(layout: Layout, db: StateDB, uuid: str) -> dict[str, Any]:
-    """A live checkpoint (a uuid or unique prefix): its row, the validation metrics at its
-    batch, its trial's hyperparameters, its experiment's config, its files and sizes
-    (`resources`) and the model versions that register it (`registered`)."""
+    """A live checkpoint (a uuid or unique prefix): what `list_checkpoints` shows of it
+    (its row, the validation metrics at its batch, its trial's hyperparameters, its
+    experiment's config, the model versions that register it: `registered`), and its files
+    with their sizes (`resources`)."""
     checkpoint = db.checkpoint(uuid)
     return _facts(db, checkpoint, db.experiment(checkpoint.experiment_id), full=True)
 

@@ -146,8 +146,10 @@ def test_the_sdk_reads_and_changes_the_same_records(layout, db, recorded, tmp_pa
     assert best.uuid == u["b"] and best.state == client.CheckpointState.COMPLETED
     assert best.training.trial_id == first
     assert best.training.validation_metrics["avgMetrics"]["val_loss"] == 0.3
-    assert exp.list_checkpoints(client.CheckpointSortBy.BATCH_NUMBER, client.OrderBy.DESC,
-                                max_results=1)[0].uuid == u["d"]
+    (latest,) = exp.list_checkpoints(client.CheckpointSortBy.BATCH_NUMBER,
+                                     client.OrderBy.DESC, max_results=1)
+    assert latest.uuid == u["d"]
+    assert latest.training.experiment_config["searcher"]["metric"] == "val_loss"
     with pytest.raises(AssertionError):
         exp.list_checkpoints(sort_by="acc")  # both or neither, as Determined
     path = best.download()
