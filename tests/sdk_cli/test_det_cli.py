@@ -265,3 +265,15 @@ def test_test_mode_checks_a_run_and_records_nothing(first):
                  "--test-mode", check=False)
     assert failed.returncode == 1 and "Model definition test failed" in failed.stderr
     assert home.rows("SELECT count(*) AS n FROM experiments")[0]["n"] == before
+
+
+@pytest.mark.slow
+def test_continue_extends_a_finished_experiment(first):
+    home, _, _ = first
+    result = det(home, "e", "continue", "1", "--config", "searcher.max_length.batches=25", "-f")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Continued experiment 1"
+    assert lines[-1] == "Trial log stream ended. To reopen log stream, run: det trial logs -f 1"
+    det(home, "e", "wait", "1", "--polling-interval", "0")
+    assert home.first_trial(1)["batches_trained"] == 25
+    assert "Continued at" in det(home, "e", "describe", "1").stdout
