@@ -295,11 +295,17 @@ def test_the_model_registry_pages_list_models_and_their_versions(records, site, 
                           labels=["prod"])
     registry.register_version(records.db, "digits-classifier", checkpoint.uuid,
                               name="first", comment="the baseline")
+    registry.create_model(records.db, "retired")
+    registry.archive_model(records.db, "retired")
     page.goto(f"{site}/models")
     model = page.locator("#models tbody tr", has_text="digits-classifier")
     expect(model).to_contain_text("for the app")
     expect(model).to_contain_text("prod")
     expect(model.locator("td").nth(3)).to_have_text("1")  # versions
+    retired = page.locator("#models tbody tr", has_text="retired")
+    expect(retired).to_have_count(0)  # archived: shown when asked
+    page.click("#archived-toggle")
+    expect(retired).to_contain_text("archived")
     model.click()
     expect(page.locator("h1")).to_have_text("Model digits-classifier")
     version = page.locator("#versions tbody tr")

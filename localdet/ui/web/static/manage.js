@@ -157,11 +157,13 @@ document.addEventListener("input", (event) => {
 
 // -- the model registry ---------------------------------------------------------------------
 async function modelsPage() {
-  const models = await getJSON("/api/models");
+  const archived = new URLSearchParams(location.search).get("archived") === "1";
+  const models = await getJSON(`/api/models${archived ? "?archived=1" : ""}`);
   if (!sorting.models) sorting.models = {key: "name", desc: false};
   main.dataset.path = "";
-  main.innerHTML = `<h1>Models</h1>` + (models.length ? table("models", [
-    {key: "name", label: "Name", html: (m) => `<a data-nav href="/models/${m.id}">${esc(m.name)}</a>`},
+  main.innerHTML = `<h1>Models</h1><div class="filters"><a data-nav id="archived-toggle"
+    href="/models${archived ? "" : "?archived=1"}">${archived ? "Hide archived" : "Show archived"}</a></div>` + (models.length ? table("models", [
+    {key: "name", label: "Name", html: (m) => `<a data-nav href="/models/${m.id}">${esc(m.name)}</a>${m.archived ? ' <span class="badge">archived</span>' : ""}`},
     {key: "description", label: "Description"},
     {key: "labels", label: "Labels", value: (m) => (m.labels || []).join(", ")},
     {key: "num_versions", label: "Versions"},
