@@ -98,13 +98,18 @@ def ensure_daemon(layout: Layout) -> int:
     pid = DaemonLock.holder(layout.daemon_lock)
     if pid is not None:
         return pid
-    layout.ensure()
     output_path = layout.home / DAEMON_OUTPUT
-    with open(output_path, "ab") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "localdet", "daemon"], stdin=subprocess.DEVNULL,
-            stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "LOCALDET_HOME": str(layout.home)})
+    try:
+        layout.ensure()
+        with open(output_path, "ab") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "localdet", "daemon"], stdin=subprocess.DEVNULL,
+                stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "LOCALDET_HOME": str(layout.home)})
+    except OSError as error:
+        raise OperationError(f"cannot start a localdet daemon on {layout.home} "
+                             f"({error.strerror or error}); set LOCALDET_HOME to a folder "
+                             "you can write") from None
     deadline = time.monotonic() + DAEMON_START_SECONDS
     while time.monotonic() < deadline:
         pid = DaemonLock.holder(layout.daemon_lock)
@@ -204,13 +209,16 @@ def create_experiment(layout: Layout, config_text: str, model_dir: Path | None, 
     elif DaemonLock.holder(layout.daemon_lock) is None:
         raise OperationError(f"no localdet daemon is running on {layout.home}; start one with "
                              "`localdet daemon`")
-    layout.ensure()
-    with tempfile.TemporaryDirectory(prefix="localdet-create-") as folder:
-        config_path, folder_to_submit = _stage(Path(folder), text, model_dir, includes)
-        try:
+    try:
+        layout.ensure()
+        with tempfile.TemporaryDirectory(prefix="localdet-create-") as folder:
+            config_path, folder_to_submit = _stage(Path(folder), text, model_dir, includes)
             queued, warnings = submit(layout, config_path, folder_to_submit)
-        except (ConfigError, SubmissionError) as error:
-            raise OperationError(str(error)) from None
+    except (ConfigError, SubmissionError) as error:
+        raise OperationError(str(error)) from None
+    except (OSError, shutil.Error) as error:  # a file it cannot read, a disk that is full
+        raise OperationError(f"cannot copy the model definition into the queue: "
+                             f"{str(error).splitlines()[0][:300]}") from None
     for warning in warnings:
         if warn is not None:
             warn(warning)
