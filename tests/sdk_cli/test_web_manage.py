@@ -48,12 +48,12 @@ class Records:
         self.db = StateDB.open(layout.db)
 
     def experiment(self, name: str, state: str = "COMPLETED", trial_state: str | None = None,
-                   checkpoint: bool = False) -> int:
+                   checkpoint: bool = False, kind: str = "experiment") -> int:
         db = self.db
         experiment_id = db.create_experiment(
-            name=name, description="", config={"name": name}, original_config="",
-            searcher="single", metric="val_loss", smaller_is_better=True, experiment_seed=1,
-            model_dir="")
+            name=name, description="", config={"name": name, "resources": {"slots_per_trial": 1}},
+            original_config="", searcher="single", metric="val_loss", smaller_is_better=True,
+            experiment_seed=1, model_dir="", kind=kind)
         if state != "ACTIVE":  # as created
             db.set_experiment_state(experiment_id, state)
         if trial_state or checkpoint:
@@ -169,6 +169,15 @@ def test_archived_experiments_leave_the_list_until_asked_for_and_the_page_archiv
     page.click("#archive-button")
     expect(page.locator("#message.error")).to_contain_text(str(live))
     assert not records.db.experiment(live).archived
+    # Jobs too: an archived one is on the Jobs page only when asked for.
+    job = records.experiment("nightly-batch", kind="job")
+    catalog.archive(records.db, job)
+    page.goto(f"{site}/jobs")
+    expect(page.locator("#archived-toggle")).to_have_text("Show archived")  # shown
+    listed = page.locator("#jobs tbody tr", has_text="nightly-batch")
+    expect(listed).to_have_count(0)
+    page.click("#archived-toggle")
+    expect(listed).to_contain_text("archived")
 
 
 def test_labels_description_and_notes_are_edited_on_the_page_and_filter_the_list(

@@ -10,7 +10,7 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/experiments/{id}                          facts, labels, notes, origin, config,
                                                         charts, rungs
     GET  /api/trials/{id}                               facts, charts, checkpoints, log tail
-    GET  /api/jobs                                      jobs
+    GET  /api/jobs[?archived=1]                         jobs (archived ones when asked)
     GET  /api/daemon                                    running?, what it holds back (disk)
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
@@ -241,9 +241,10 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
     def jobs(request: Request) -> list[dict]:
         if not layout.db.exists():
             return []
+        archived = request.query_params.get("archived") in ("1", "true")
         with database() as db:
-            return [_summary(views.job_facts(db, layout, e))
-                    for e in db.experiments(kind=ExperimentKind.JOB)]
+            return [{**_summary(views.job_facts(db, layout, e)), "archived": e.archived}
+                    for e in db.experiments(kind=ExperimentKind.JOB) if archived or not e.archived]
 
     def act(request: Request, body: dict) -> dict:
         target = {"experiments": "experiment_id",

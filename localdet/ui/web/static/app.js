@@ -252,11 +252,13 @@ async function trialPage(id) {
 }
 
 async function jobsPage() {
-  const jobs = await getJSON("/api/jobs");
+  const archived = new URLSearchParams(location.search).get("archived") === "1";
+  const jobs = await getJSON(`/api/jobs${archived ? "?archived=1" : ""}`);
   if (!sorting.jobs) sorting.jobs = {key: "id", desc: true};
   main.dataset.path = "";
-  main.innerHTML = `<h1>Jobs</h1>` + (jobs.length ? table("jobs", [
-    {key: "id", label: "ID"}, {key: "name", label: "Name"},
+  main.innerHTML = `<h1>Jobs</h1><div class="filters"><a data-nav id="archived-toggle"
+    href="/jobs${archived ? "" : "?archived=1"}">${archived ? "Hide archived" : "Show archived"}</a></div>` + (jobs.length ? table("jobs", [
+    {key: "id", label: "ID"}, {key: "name", label: "Name", html: (j) => `${esc(j.name)}${j.archived ? ' <span class="badge">archived</span>' : ""}`},
     {key: "state", label: "State", html: (j) => state(j.state)},
     {key: "slots", label: "Slots"},
     {key: "started_at", label: "Started", html: (j) => esc(when(j.started_at))},
