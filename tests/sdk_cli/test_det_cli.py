@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -184,14 +185,22 @@ def test_list_describe_json_csv_and_checkpoints(first):
     path = det(home, "c", "download", best[0]["UUID"], "-o", home.path.parent / "dl",
                "-q").stdout.strip()
     assert json.loads(Path(path, "state.json").read_text())["batches"] == 15
+    det(home, "e", "download-model-def", "1", "--output-dir", home.path.parent / "code")
+    with tarfile.open(home.path.parent / "code" / "experiment_1_model_def.tgz") as archive:
+        assert "train.py" in archive.getnames()
+    assert yaml.safe_load(det(home, "e", "config", "1").stdout)["name"] == "first"
 
 
 @pytest.mark.slow
 def test_pause_activate_kill_and_wait(first):
     home, folder, _ = first
     config = counter_config(folder, "long", batches=2000, batch_seconds=0.05)
-    created = det(home, "e", "create", config, COUNTER).stdout
+    extra = folder / "labels.txt"
+    extra.write_text("zero\none\n")
+    created = det(home, "e", "create", config, COUNTER, "-i", extra).stdout
     experiment_id = int(created.split()[-1])
+    model = home.path / "experiments" / str(experiment_id) / "model"
+    assert (model / "labels.txt").read_text() == "zero\none\n" and (model / "train.py").exists()
     wait_for(lambda: home.first_trial(experiment_id).get("state") == "RUNNING", 60,
              "its trial to run", 0.1)
     assert det(home, "e", "pause", experiment_id).stdout == f"Paused experiment {experiment_id}\n"
