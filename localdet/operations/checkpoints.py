@@ -73,17 +73,19 @@ def describe_checkpoint(layout: Layout, db: StateDB, uuid: str) -> dict[str, Any
     return _facts(db, checkpoint, db.experiment(checkpoint.experiment_id), full=True)
 
 
-def download_checkpoint(layout: Layout, db: StateDB, uuid: str,
-                        path: Path | None = None) -> Path:
+def download_checkpoint(layout: Layout, db: StateDB, uuid: str, path: Path | None = None,
+                        *, reuse: bool = True) -> Path:
     """Write the checkpoint's files into `path` (default `checkpoints/<uuid>`, as
     Determined's `Checkpoint.download()`), verified, from the store its experiment keeps it
-    in; held against `gc` while copying. A folder that already holds a `metadata.json` is
-    taken as already downloaded, as Determined did."""
+    in; held against `gc` while copying. With `reuse`, a folder that already holds a
+    `metadata.json` is taken as already downloaded, as Determined did; otherwise the folder
+    must be missing or empty."""
+    # Here, not at the top: only a download needs the reader (and what it imports).
     from localdet.reporting.sqlite_reporter import CheckpointReader
 
     found = db.checkpoint(uuid)
     destination = Path(path) if path is not None else Path("checkpoints", found.uuid)
-    if (destination / "metadata.json").exists():
+    if reuse and (destination / "metadata.json").exists():
         return destination
     try:
         with CheckpointReader(layout).holding(found.uuid) as held:

@@ -400,7 +400,7 @@ def export(uuid: str, destination: Path) -> None:
     with _open_db(layout) as db:
         try:
             found = db.checkpoint(uuid)
-            download_checkpoint(layout, db, found.uuid, destination)
+            download_checkpoint(layout, db, found.uuid, destination, reuse=False)
         except (NotFound, OperationError) as error:  # NotFound: also one gc deleted
             _fail(str(error))
     click.echo(f"checkpoint {found.uuid} (trial {found.trial_id}, {found.batches_trained} "

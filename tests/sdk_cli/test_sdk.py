@@ -111,6 +111,8 @@ def test_describe_download_metadata_and_delete(layout, db, recorded, tmp_path):
     assert (folder / "weights.h5").read_text() == f"{u['b']} weights"
     # A folder already holding the checkpoint is taken as downloaded, as Determined did.
     assert ops.download_checkpoint(layout, db, u["b"], tmp_path / "out") == folder
+    with pytest.raises(OperationError, match="not empty"):  # `localdet checkpoint export`
+        ops.download_checkpoint(layout, db, u["b"], tmp_path / "out", reuse=False)
 
     assert ops.add_metadata(db, u["b"], {"stage": "prod", "n": 1}) == {
         "format": "test", "stage": "prod", "n": 1}
