@@ -48,7 +48,8 @@ def _list(layout: Layout, db: StateDB, labels: list[str],
           states: list[str] | None) -> list[dict[str, Any]]:
     # Determined's SDK listed archived experiments too, and matched any of the labels.
     found = experiments.list_experiments(db, archived=None, states=states,
-                                         kind=ExperimentKind.EXPERIMENT)
+                                         kind=ExperimentKind.EXPERIMENT,
+                                         with_best_metric=True)
     if labels:
         found = [f for f in found if set(f["labels"]) & set(labels)]
     return found
