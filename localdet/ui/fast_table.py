@@ -1,11 +1,14 @@
 """A rich Table that draws its plain cases without rich's per-cell layout.
 
-rich measures, wraps and renders every cell of a Table as a renderable of its own: about
-0.7 ms a row, 0.2 s for the few hundred rows of `localdet status` with 200 experiments or
-`localdet metrics`, most of a command's time. `FastTable` draws the same characters and
-styles line by line when every cell is one line of text and the table fits the width, with
-the table's default look (box, header, edges, padding (0, 1)); anything else (a wrapped
-cell, a grid, row styles, a width it must shrink to) is drawn by rich as before.
+rich measures and renders every cell of a Table as a renderable of its own (a Padding
+around a Text): about 0.5 ms a row, 0.1 to 0.2 s for the few hundred rows of `localdet
+status` with 200 experiments or `localdet metrics`, most of a command's time. `FastTable`
+draws the same characters and styles: it measures the cells' texts directly (rich's column
+widths, shrinking included, come from those measurements) and draws a cell that fits on
+its line without rich's machinery (one that wraps goes through rich's own wrapping). It
+does so for the look localdet's tables have (rich's default box, header, edges and padding
+(0, 1), text cells); anything else (a grid, row styles, fixed column widths, renderables in
+cells) is drawn by rich as before. tests/test_fast_table.py compares the two.
 
     table = FastTable(title="Experiments")
     table.add_column("ID", justify="right")
@@ -15,15 +18,21 @@ cell, a grid, row styles, a width it must shrink to) is drawn by rich as before.
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.containers import Lines
+from rich.measure import Measurement
 from rich.segment import Segment
 from rich.style import Style, StyleType
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
+
+_JUSTIFIED = ("left", "center", "right")  # what Lines.justify does as Text's rendering does
 
 
 class FastTable(Table):
+    _texts: dict[int, list[Text]] | None = None  # column -> header and cells, while measuring
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines = self._drawn(console, options)
         if lines is None:
@@ -44,39 +53,70 @@ class FastTable(Table):
                 and all(column.width is None and column.min_width is None
                         and column.max_width is None and column.ratio is None
                         and column.vertical == "top" and not column.highlight
-                        and column.overflow == "ellipsis" and not column.no_wrap
                         and isinstance(column.header, str) for column in self.columns))
+
+    def _measure_column(self, console: Console, options: ConsoleOptions,
+                        column: Column) -> Measurement:
+        """rich's measurement of a column, from its texts rendered once: what
+        Measurement.get makes of each cell's Padding around its Text."""
+        texts = self._texts.get(column._index) if self._texts is not None else None
+        if texts is None:
+            return super()._measure_column(console, options, column)
+        max_width = options.max_width
+        if max_width < 1:
+            return Measurement(0, 0)
+        smallest, largest = [], []
+        for text in texts:
+            if max_width - 2 < 1:  # Padding.__rich_measure__
+                cell = Measurement(max_width, max_width)
+            else:
+                inner = Measurement.get(console, options, text)
+                cell = Measurement(inner.minimum + 2, inner.maximum + 2).with_maximum(max_width)
+            cell = cell.normalize().with_maximum(max_width)  # Measurement.get
+            cell = Measurement(0, 0) if cell.maximum < 1 else cell.normalize()
+            smallest.append(cell.minimum)
+            largest.append(cell.maximum)
+        return Measurement(max(smallest) if smallest else 1,
+                           max(largest) if largest else max_width).with_maximum(max_width)
 
     def _drawn(self, console: Console, options: ConsoleOptions) -> list[Segment] | None:
         if self.box is None or not self.columns or not self._plain():
             return None
         get_style = console.get_style
-        columns: list[tuple[Style, list[Text]]] = []  # (the body cells' style, the cells)
-        for column in self.columns:
+        texts: dict[int, list[Text]] = {}
+        for index, column in enumerate(self.columns):
             cells = [cell for cell in (column.header, *column._cells)
-                     if isinstance(cell, str) and "\n" not in cell and "\t" not in cell]
+                     if isinstance(cell, str) and "\t" not in cell]
             if len(cells) != len(column._cells) + 1:
-                return None  # a renderable, or a line rich would break
-            columns.append((get_style(column.style or ""),
-                            [console.render_str(cell, highlight=False) for cell in cells]))
-        widths = [max(text.cell_len for text in texts) + 2 for _, texts in columns]
-        table_width = sum(widths) + len(widths) + 1
-        if table_width > options.max_width:
-            return None  # rich shrinks and wraps it
+                return None  # a renderable in a cell, or a tab
+            texts[index] = [console.render_str(cell, highlight=False) for cell in cells]
+        # Each column as wide as its widest line, as rich makes it when the table fits;
+        # else rich's shrinking, over measurements of these texts.
+        widths = [max(max((cell_len(line) for line in text.plain.splitlines()), default=0)
+                      for text in column) + 2 for column in texts.values()]
+        if sum(widths) + self._extra_width > options.max_width:
+            self._texts = texts
+            try:
+                widths = self._calculate_column_widths(
+                    console, options.update_width(options.max_width - self._extra_width))
+            finally:
+                self._texts = None
+        table_width = sum(widths) + self._extra_width
+        render_options = options.update(width=table_width, highlight=self.highlight,
+                                        height=None)
         safe = console.safe_box if self.safe_box is None else self.safe_box
         box = self.box.substitute(options, safe=safe)
         border = get_style("")
-        render_options = options.update(width=table_width, highlight=self.highlight,
-                                        height=None)
         drawn: list[Segment] = []
         if self.title:
             drawn += self._annotation(console, render_options, self.title,
                                       Style.pick_first(self.title_style, "table.title"),
                                       self.title_justify)
         drawn += [Segment(box.get_top(widths), border), Segment.line()]
-        header_style = [get_style(self.header_style or "") + get_style(column.header_style)
-                        for column in self.columns]
-        rows = len(columns[0][1])
+        header_styles = [get_style(self.header_style or "") + get_style(column.header_style)
+                         for column in self.columns]
+        body_styles = [get_style(column.style or "") for column in self.columns]
+        rows = len(texts[0])  # the header and the rows
         for index in range(rows):
             if index == 0:
                 left, vertical, right = box.head_left, box.head_vertical, box.head_right
@@ -84,14 +124,21 @@ class FastTable(Table):
                 left, vertical, right = box.foot_left, box.foot_vertical, box.foot_right
             else:
                 left, vertical, right = box.mid_left, box.mid_vertical, box.mid_right
-            drawn.append(Segment(left, border))
-            for number, (column, width, (body_style, texts)) in enumerate(
-                    zip(self.columns, widths, columns, strict=True)):
-                if number:
-                    drawn.append(Segment(vertical, border))
-                style = header_style[number] if index == 0 else body_style
-                drawn += self._cell(console, texts[index], width - 2, column.justify, style)
-            drawn += [Segment(right, border), Segment.line()]
+            styles = header_styles if index == 0 else body_styles
+            row = [self._cell(console, render_options, texts[number][index], width, column,
+                                styles[number])
+                     for number, (column, width) in enumerate(zip(self.columns, widths,
+                                                                  strict=True))]
+            height = max(1, *(len(cell) for cell in row))
+            for cell, width, style in zip(row, widths, styles, strict=True):
+                cell += [[Segment(" " * width, style)]] * (height - len(cell))  # rich's align_top
+            for line in range(height):
+                drawn.append(Segment(left, border))
+                for number, cell in enumerate(row):
+                    if number:
+                        drawn.append(Segment(vertical, border))
+                    drawn += cell[line]
+                drawn += [Segment(right, border), Segment.line()]
             if index == 0:
                 drawn += [Segment(box.get_row(widths, "head", edge=True), border),
                           Segment.line()]
@@ -103,23 +150,34 @@ class FastTable(Table):
         return drawn
 
     @staticmethod
+    def _cell(console: Console, options: ConsoleOptions, text: Text, width: int,
+              column: Column, style: Style) -> list[list[Segment]]:
+        """One cell's lines as rich's Padding draws them: a space, the text justified, a
+        space, all over the cell's style. A text that fits on its line skips rich's
+        wrapping; one that does not goes through it."""
+        inner = width - 2
+        if inner < 1:
+            return []  # rich renders nothing in no width
+        pad = Segment(" ", Style.null())
+        if (text.cell_len <= inner and "\n" not in text.plain and column.justify in _JUSTIFIED
+                and text.justify is None):
+            line = text.copy()
+            line.end = ""
+            Lines([line]).justify(console, inner, justify=column.justify,
+                                  overflow=text.overflow or column.overflow or "fold")
+            lines = [list(line.render(console, end=""))]
+        else:
+            cell_options = options.update(width=width, justify=column.justify,
+                                          no_wrap=column.no_wrap, overflow=column.overflow,
+                                          height=None, highlight=column.highlight)
+            lines = console.render_lines(text, cell_options.update_width(inner),
+                                         style=Style.null(), pad=True)
+        return [list(Segment.apply_style([pad, *line, pad], style)) for line in lines]
+
+    @staticmethod
     def _annotation(console: Console, options: ConsoleOptions, text: str | Text,
                     style: StyleType, justify: JustifyMethod) -> list[Segment]:
         """The title or the caption, as rich draws them."""
         shown = console.render_str(text, style=style, highlight=False) \
             if isinstance(text, str) else text
         return list(console.render(shown, options.update(justify=justify)))
-
-    @staticmethod
-    def _cell(console: Console, text: Text, width: int, justify: JustifyMethod | None,
-              style: Style) -> list[Segment]:
-        """One cell as rich's Padding draws it: a space, the text justified, a space, all
-        over the cell's style (a column of nothing but padding: the padding as one)."""
-        if width == 0:
-            return [Segment("  ", style)]
-        line = text.copy()
-        line.end = ""
-        Lines([line]).justify(console, width, justify=justify or "left", overflow="ellipsis")
-        segments = [Segment(" ", Style.null()), *line.render(console, end=""),
-                    Segment(" ", Style.null())]
-        return list(Segment.apply_style(segments, style))
