@@ -300,8 +300,8 @@ def test_the_model_registry_pages_list_models_and_their_versions(records, site, 
 
     source = records.experiment("source", checkpoint=True)
     checkpoint = records.db.checkpoints(source)[0]
-    registry.create_model(records.db, "digits-classifier", description="for the app",
-                          labels=["prod"])
+    created = registry.create_model(records.db, "digits-classifier", description="for the app",
+                                    labels=["prod"])
     registry.register_version(records.db, "digits-classifier", checkpoint.uuid,
                               name="first", comment="the baseline")
     registry.create_model(records.db, "retired")
@@ -325,4 +325,7 @@ def test_the_model_registry_pages_list_models_and_their_versions(records, site, 
     expect(link).to_have_text(checkpoint.uuid[:8])
     link.click()
     page.wait_for_url(f"{site}/trials/{checkpoint.trial_id}")
-    expect(page.locator("#checkpoints")).to_contain_text(checkpoint.uuid)
+    listed = page.locator("#checkpoints tbody tr", has_text=checkpoint.uuid)
+    expect(listed).to_contain_text("digits-classifier v1")  # and back to its model
+    listed.locator("a", has_text="digits-classifier v1").click()
+    page.wait_for_url(f"{site}/models/{created['id']}")

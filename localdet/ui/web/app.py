@@ -9,7 +9,8 @@ JSON API over the same facts `localdet status` shows.
                                                         ones only when asked; with every label)
     GET  /api/experiments/{id}                          facts, labels, notes, origin, config,
                                                         charts, rungs
-    GET  /api/trials/{id}                               facts, charts, checkpoints, log tail
+    GET  /api/trials/{id}                               facts, charts, checkpoints (and the
+                                                        model versions naming them), log tail
     GET  /api/jobs[?archived=1]                         jobs (archived ones when asked)
     GET  /api/daemon                                    running?, what it holds back (disk)
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
@@ -63,6 +64,7 @@ from localdet.operations.errors import OperationError
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
+from localdet.records.checkpoint_rows import registrations
 from localdet.records.continuation import CONTINUED_EVENT
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind
@@ -231,8 +233,9 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             facts = views.trial_facts(db, record, experiment, launches)
             facts["experiment"] = {"id": experiment.id, "name": experiment.name,
                                    "metric": experiment.metric}
-            facts["checkpoints"] = [views.checkpoint_facts(c)
-                                    for c in db.checkpoints(trial_id=record.id)]
+            facts["checkpoints"] = [  # with the model versions that register each
+                {**views.checkpoint_facts(c), "registered": registrations(db, c.uuid)}
+                for c in db.checkpoints(trial_id=record.id)]
             facts["charts"] = {"curves": figures.curves(db, [record.id])}
             facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),
                                          LOG_TAIL_LINES)

@@ -231,6 +231,8 @@ async function trialPage(id) {
     {key: "metadata", label: "Metadata", value: (c) => Object.entries(c.metadata)
       .filter(([k]) => !["experiment_id", "trial_id", "batches_trained", "format"].includes(k))
       .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ")},
+    {key: "registered", label: "Model version", value: (c) => (c.registered || []).map((r) => `${r.model} v${r.version}`).join(", "),
+      html: (c) => (c.registered || []).map((r) => `<a data-nav href="/models/${r.model_id}">${esc(r.model)} v${r.version}</a>`).join(", ")},
     {key: "download", label: "", html: (c) => `<a href="/api/checkpoints/${esc(c.uuid)}.tar.gz" download>download .tar.gz</a>`},
   ], t.checkpoints);
   frame(`<div id="head"></div><span id="message"></span>
