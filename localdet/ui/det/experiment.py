@@ -363,13 +363,13 @@ def wait(experiment_id: int, polling_interval: int) -> None:
 
 def _act(action: str, experiment_id: int, done: str) -> None:
     from localdet.operations.experiments import act
+    from localdet.ui.det.state import start_daemon_if_needed
 
     with records() as (layout, db):
-        message = run(act, layout, db, action, experiment_id=experiment_id)
+        run(act, layout, db, action, experiment_id=experiment_id)
+        if db.experiment(experiment_id).managed:  # not a foreground run or a script
+            start_daemon_if_needed(layout, f"the {action}")
     click.echo(f"{done} experiment {experiment_id}")
-    _, _, note = str(message).partition("; ")
-    if note:
-        click.echo(note, err=True)
 
 
 @command.command("activate")

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from localdet.ui.det import output
-from localdet.ui.det.state import layout, records, run
+from localdet.ui.det.state import layout, records, run, start_daemon_if_needed
 
 CONFIG_HELP = ("set a config value, key=value: dotted keys for nested ones "
                "(resources.slots_per_trial=2), YAML values, commas for a list (repeatable)")
@@ -128,6 +128,7 @@ def create(config_file: Path, model_def: Path | None, includes: tuple[Path, ...]
 
         with records() as (where, db):
             run(act, where, db, "pause", experiment_id=experiment_id)
+        click.echo(f"Paused experiment {experiment_id}")
         return
     if follow_first_trial:
         follow_first_trial_of(experiment_id)
@@ -176,6 +177,7 @@ def continue_(experiment_id: int, config_file: Path | None, config_pairs: tuple[
     overrides.update(_overrides(config_pairs))
     with records() as (where, db):
         run(continue_experiment, where, db, experiment_id, overrides or None)
+        start_daemon_if_needed(where, "the continued training")
     click.echo(f"Continued experiment {experiment_id}")
     if follow_first_trial:
         follow_first_trial_of(experiment_id)
@@ -197,6 +199,7 @@ def fork(experiment_id: int, config_file: Path | None, config_pairs: tuple[str, 
     overrides = _overrides(config_pairs)
     with records() as (where, db):
         new_id = run(forked, where, db, experiment_id, config_text, overrides or None)
+        start_daemon_if_needed(where, "the new experiment")
     click.echo(f"Created experiment {new_id} (forked from experiment {experiment_id})")
     if follow_first_trial:
         follow_first_trial_of(new_id)

@@ -60,3 +60,17 @@ def run(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return function(*args, **kwargs)
     except (OperationError, NotFound, ActionError) as error:
         fail(str(error))
+
+
+def start_daemon_if_needed(where: Layout, what: str) -> None:
+    """Start the daemon (detached) when none runs, so that `what` (a request, a new
+    experiment) is carried out now, as on a cluster; says so on stderr."""
+    import click
+
+    from localdet.operations.creation import ensure_daemon
+    from localdet.pids import DaemonLock
+
+    if DaemonLock.holder(where.daemon_lock) is None:
+        pid = run(ensure_daemon, where)
+        click.echo(f"det: started a localdet daemon (pid {pid}) on {where.home} to carry "
+                   f"out {what}", err=True)

@@ -125,13 +125,13 @@ def logs(trial_id: int, follow: bool, head: int | None, tail: int | None) -> Non
 def kill(trial_id: int) -> None:
     """forcibly terminate a trial"""
     from localdet.operations.experiments import act
+    from localdet.ui.det.state import start_daemon_if_needed
 
     with records() as (where, db):
-        message = run(act, where, db, "kill", trial_id=trial_id)
+        run(act, where, db, "kill", trial_id=trial_id)
+        if db.experiment(db.trial(trial_id).experiment_id).managed:
+            start_daemon_if_needed(where, "the kill")
     click.echo(f"Killed trial {trial_id}")
-    _, _, note = str(message).partition("; ")
-    if note:
-        click.echo(note, err=True)
 
 
 @command.command("download")
