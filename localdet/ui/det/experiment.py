@@ -189,7 +189,7 @@ def describe(experiment_ids: str, show_metrics: bool, as_csv: bool, as_json: boo
               output.format_time(f.get("submitted_at")), output.format_time(f.get("ended_at")),
               f["name"], f.get("description", ""), bool(f.get("archived")), "default",
               ", ".join(sorted(f.get("labels", [])))] for f in facts])
-    if outdir is None:
+    if outdir is None and not as_csv:  # (CSV stays tables only)
         for f in facts:
             _lineage(f)
     section("\nTrials:", "trials.csv",
