@@ -5,6 +5,7 @@ status --json`, `det e describe --json`, the dashboard and the SDK show (the ric
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from typing import Any
 
@@ -31,11 +32,14 @@ def _best(rows: list[dict], metric: str, smaller_is_better: bool) -> dict | None
 
 
 def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
-                launches: list[dict] | None = None) -> dict[str, Any]:
-    """`launches`: the trial's launches, oldest first (`launches_by_trial`)."""
+                launches: list[dict] | None = None,
+                validations: list[dict] | None = None) -> dict[str, Any]:
+    """`launches`: the trial's launches, oldest first (`launches_by_trial`); `validations`:
+    its validation metrics, oldest first (`validations_by_trial`), read here if not given."""
     from localdet.config import keras_choice  # (its rules' modules: only where trials are shown)
 
-    validations = [row.metrics for row in db.metrics(trial.id, "validation")]
+    if validations is None:
+        validations = [row.metrics for row in db.metrics(trial.id, "validation")]
     launch = launches[-1] if launches else {}
     return {
         "id": trial.id,
@@ -122,10 +126,23 @@ def launches_by_trial(events: list[dict]) -> dict[int, list[dict]]:
     return launches
 
 
+def validations_by_trial(db: StateDB, experiment_id: int) -> dict[int, list[dict]]:
+    """trial id -> its validation metrics, oldest first (as `db.metrics(trial, "validation")`
+    gives them): one query for the experiment's trials, not one a trial."""
+    validations: dict[int, list[dict]] = {}
+    for trial_id, text in db.db.execute(
+            "SELECT trial_id, metrics FROM metrics WHERE kind = 'validation' AND trial_id IN "
+            "(SELECT id FROM trials WHERE experiment_id = ?) ORDER BY trial_id, batches_trained",
+            [experiment_id]):
+        validations.setdefault(trial_id, []).append(json.loads(text))
+    return validations
+
+
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     events = db.events(experiment.id)
     launches = launches_by_trial(events)
-    trials = [trial_facts(db, t, experiment, launches.get(t.id))
+    validations = validations_by_trial(db, experiment.id)
+    trials = [trial_facts(db, t, experiment, launches.get(t.id), validations.get(t.id, []))
               for t in db.trials(experiment.id)]
     scored = [t for t in trials if t["best_validation"]]
     best = _best([t["best_validation"] for t in scored],
