@@ -7,7 +7,7 @@ description and notes, and the model registry. Each is a spelling over the one o
     POST /api/experiments/{id}/labels  {"add"|"remove": L} as `det e label add|remove ID L`
     POST /api/experiments/{id}/description {"text": T}     as `det e set description ID T`
     POST /api/experiments/{id}/notes   {"text": T}
-    GET  /api/models                                       as `det model list`
+    GET  /api/models[?archived=1]                          as `det model list`
     GET  /api/models/{id}                                  a model and its versions
 
 A delete names the experiment's id again in its body: the page asks its user to type it, so
@@ -80,11 +80,7 @@ def routes(layout: Layout, database: Database, api: Callable, page: Callable) ->
             return []
         archived = request.query_params.get("archived") in ("1", "true")
         with database() as db:
-            rows = registry.list_models(db, archived=None if archived else False)
-            for model in rows:
-                if "num_versions" not in model:
-                    model["num_versions"] = len(registry.list_versions(db, model["id"]))
-            return rows
+            return registry.list_models(db, archived=None if archived else False)
 
     def model(request: Request) -> dict[str, Any]:
         with database() as db:
