@@ -114,21 +114,6 @@ def _api_json(facts: dict) -> dict:
     }
 
 
-def workloads(db: Any, trial_id: int) -> list[dict]:
-    """A trial's recorded steps, one per batch count: training and validation metrics and
-    the checkpoint taken there, as Determined's describe condensed its workloads."""
-    steps: dict[int, dict] = {}
-    for row in db.metrics(trial_id):
-        step = steps.setdefault(row.batches_trained, {"batches": row.batches_trained})
-        step[row.kind] = row.metrics
-        step[f"{row.kind}_time"] = row.recorded_at
-    for checkpoint in db.checkpoints(trial_id=trial_id, include_deleted=True):
-        step = steps.setdefault(checkpoint.batches_trained,
-                                {"batches": checkpoint.batches_trained})
-        step["checkpoint"] = checkpoint
-    return [steps[b] for b in sorted(steps)]
-
-
 def _scalars(steps: list[dict], kind: str) -> list[str]:
     names: set[str] = set()
     for step in steps:
@@ -158,6 +143,7 @@ def describe(experiment_ids: str, show_metrics: bool, as_csv: bool, as_json: boo
     if sum([as_csv, as_json, outdir is not None]) > 1:
         output.fail("--csv, --json and --outdir do not go together; choose one")
     from localdet.operations.trials import experiment_trials
+    from localdet.ui.det.workloads import workloads
 
     with records() as (layout, db):
         facts = [run(described, layout, db, i) for i in ids]
@@ -253,7 +239,7 @@ def logs(experiment_id: int, follow: bool, head: int | None, tail: int | None) -
         if not trials:
             run(db.experiment, experiment_id)  # NotFound when there is no such experiment
             output.fail(f"experiment {experiment_id} has no trial yet")
-    from localdet.ui.det.trial import show_log
+    from localdet.ui.det.logs import show_log
 
     show_log(min(t.id for t in trials), follow, head, tail)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -28,7 +27,7 @@ def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: b
              as_json: bool) -> None:
     """describe trial"""
     from localdet.operations.trials import describe_trial
-    from localdet.ui.det.experiment import workloads
+    from localdet.ui.det.workloads import workloads
 
     if as_csv and as_json:
         output.fail("--csv and --json do not go together; choose one")
@@ -76,39 +75,6 @@ def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: b
         output.print_json(summary)
 
 
-def show_log(trial_id: int, follow: bool, head: int | None = None,
-             tail: int | None = None) -> None:
-    """Print the trial's log (`follow`: until it stops running), then Determined's line on
-    how to reopen it."""
-    import io
-
-    from localdet.ui import trial_logs
-
-    if head is not None and tail is not None:
-        output.fail("--head and --tail do not go together; choose one")
-    if follow and (head is not None or tail is not None):
-        output.fail("--follow does not go with --head or --tail; choose one")
-    with records() as (where, db):
-        try:
-            sys.stdout.flush()
-            if follow:
-                trial_logs.follow(where, db, trial_id, sys.stdout.buffer)
-            elif head is None and tail is None:
-                trial_logs.show(where, db, trial_id, sys.stdout.buffer)
-            else:
-                buffer = io.BytesIO()
-                trial_logs.show(where, db, trial_id, buffer)
-                lines = buffer.getvalue().splitlines(keepends=True)
-                chosen = lines[:head] if head is not None else lines[-tail:] if tail else []
-                sys.stdout.buffer.write(b"".join(chosen))
-                sys.stdout.buffer.flush()
-        except trial_logs.LogError as error:
-            output.fail(str(error))
-        except KeyboardInterrupt:
-            sys.exit(130)
-    click.echo(f"Trial log stream ended. To reopen log stream, run: det trial logs -f {trial_id}")
-
-
 @command.command("logs")
 @click.argument("trial_id", type=int)
 @click.option("-f", "--follow", is_flag=True,
@@ -117,6 +83,8 @@ def show_log(trial_id: int, follow: bool, head: int | None = None,
 @click.option("--tail", type=click.IntRange(min=0), help="number of lines from the end")
 def logs(trial_id: int, follow: bool, head: int | None, tail: int | None) -> None:
     """fetch trial logs"""
+    from localdet.ui.det.logs import show_log
+
     show_log(trial_id, follow, head, tail)
 
 
