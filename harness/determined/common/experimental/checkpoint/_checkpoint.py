@@ -153,6 +153,21 @@ class Checkpoint:
         _backend.call("checkpoint.download", uuid=self.uuid, path=str(target.absolute()))
         return str(target)
 
+    def load(self, path: Optional[str] = None, tags: Optional[List[str]] = None,
+             **kwargs: Any) -> Any:
+        """Determined 0.17's one step: `download(path)`, then the Keras model from it
+        (`determined.keras.load_model_from_checkpoint_path`; `kwargs` were for PyTorch and
+        are not used)."""
+        return Checkpoint.load_from_path(self.download(path), tags=tags, **kwargs)
+
+    @staticmethod
+    def load_from_path(path: str, tags: Optional[List[str]] = None, **kwargs: Any) -> Any:
+        """The Keras model of a downloaded checkpoint folder (Determined 0.17's name of
+        `determined.keras.load_model_from_checkpoint_path`)."""
+        from determined import keras
+
+        return keras.load_model_from_checkpoint_path(path, tags=tags)
+
     def write_metadata_file(self, path: str) -> None:
         """Write the checkpoint's metadata, as JSON, to the file `path`."""
         if self.metadata is None:
