@@ -239,13 +239,18 @@ def _record_parent(layout: Layout, experiment_id: int, parent_id: int) -> None:
 
 def wait(db: StateDB, experiment_id: int, interval: float = 5.0) -> str:
     """Poll until the experiment is COMPLETED, CANCELED or ERROR; returns that state.
-    Raises NotFound for no such experiment (or one deleted meanwhile)."""
-    from localdet.records.states import TERMINAL_STATES
+    Raises NotFound for no such experiment (or one deleted meanwhile), and OperationError
+    once it is PAUSED, as Determined's wait did (nothing would end it)."""
+    from localdet.records.states import TERMINAL_STATES, ExperimentState
 
     while True:
         state = db.experiment(experiment_id).state
         if state in TERMINAL_STATES:
             return str(state)
+        if state == ExperimentState.PAUSED:
+            raise OperationError(f"experiment {experiment_id} is paused, so it will not end "
+                                 f"while waited for; activate it first (`det e activate "
+                                 f"{experiment_id}`)")
         time.sleep(interval)
 
 

@@ -205,6 +205,8 @@ def test_pause_activate_kill_and_wait(first):
              "its trial to run", 0.1)
     assert det(home, "e", "pause", experiment_id).stdout == f"Paused experiment {experiment_id}\n"
     wait_for(lambda: state_of(home, experiment_id) == "PAUSED", 60, "the pause", 0.1)
+    paused = det(home, "e", "wait", experiment_id, check=False)  # as Determined's wait
+    assert paused.returncode == 1 and "is paused" in paused.stderr
     det(home, "e", "unpause", experiment_id)
     wait_for(lambda: home.first_trial(experiment_id).get("state") == "RUNNING", 60,
              "its trial to run again", 0.1)
