@@ -220,6 +220,7 @@ print(checkpoint.uuid, accuracy)
 
 @pytest.mark.slow
 def test_the_seeds_downstream_flow_against_a_daemon(tmp_path, daemons, monkeypatch):
+    from determined.common.api import errors
     from determined.experimental import client
 
     home = Home(tmp_path / "home")
@@ -283,7 +284,14 @@ def test_the_seeds_downstream_flow_against_a_daemon(tmp_path, daemons, monkeypat
              60, "the experiment to pause", 0.2)
     with pytest.raises(ValueError, match="paused"):
         second.wait(interval=0.1)
+    second.activate()
+    wait_for(lambda: home.experiment(second.id)["state"] == "ACTIVE", 60,
+             "the experiment to be active again", 0.2)
     second.kill()  # a request the daemon acts on: the experiment ends, as the CLI shows
     wait_for(lambda: home.experiment(second.id)["state"] == "CANCELED", 60,
              "the killed experiment to end", 0.5)
     assert second.wait(interval=0.2) == client.ExperimentState.CANCELED
+    second.delete()
+    with pytest.raises(errors.NotFoundException):
+        client.get_experiment(second.id)
+    assert second.id not in [e["id"] for e in home.json("status")]
