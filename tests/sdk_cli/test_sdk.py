@@ -199,6 +199,22 @@ def test_the_sdk_reads_and_changes_the_same_records(layout, db, recorded, tmp_pa
         client.get_checkpoint(u["b"]).delete()
 
 
+def test_without_a_backend_the_sdk_says_what_to_install(monkeypatch):
+    import importlib.metadata
+
+    from determined.common.experimental import _backend
+    from determined.experimental import client
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    _backend.backend.cache_clear()
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            client.get_experiment(1)
+    finally:
+        _backend.backend.cache_clear()
+    assert str(raised.value).count(". ") == 0 and "pip install localdet" in str(raised.value)
+
+
 # -- against a real daemon -----------------------------------------------------------------
 CHECK_DOWNSTREAM = """
 import sys
