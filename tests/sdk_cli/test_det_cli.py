@@ -222,6 +222,13 @@ def test_pause_activate_kill_and_wait(first):
 def test_archive_labels_fork_and_delete(first):
     home, _, _ = first
     det(home, "e", "label", "add", "1", "baseline")
+    det(home, "e", "set", "description", "1", "the first one")
+    det(home, "e", "set", "notes", "1", "-", stdin="line one\nline two\n")
+    det(home, "e", "set", "priority", "1", "7")
+    (facts,) = json.loads(det(home, "e", "describe", "1", "--json").stdout)
+    assert facts["experiment"]["description"] == "the first one"
+    assert facts["experiment"]["notes"] == "line one\nline two\n"
+    assert facts["config"]["resources"]["priority"] == 7
     assert [r["ID"] for r in table(det(home, "e", "list", "--label", "baseline").stdout)] == ["1"]
     assert det(home, "e", "archive", "1").stdout == "Archived experiment 1\n"
     assert "1" not in [r["ID"] for r in table(det(home, "e", "list").stdout)]
