@@ -61,13 +61,6 @@ def _act(action: str) -> Operation:
     return act
 
 
-def _version(layout: Layout, db: StateDB, model: str | int, version: int) -> dict[str, Any]:
-    found = registry.get_version(db, model, version)
-    if found is None:
-        raise NotFound(f"model {model!r} has no versions yet")
-    return found
-
-
 OPERATIONS: dict[str, Operation] = {
     "experiment.create": _create,
     "experiment.get": lambda layout, db, experiment_id: experiments.describe(
@@ -128,7 +121,8 @@ OPERATIONS: dict[str, Operation] = {
     "model.delete": lambda layout, db, model: registry.delete_model(db, model),
     "model.register_version": lambda layout, db, model, checkpoint_uuid:
         registry.register_version(db, model, checkpoint_uuid),
-    "model.get_version": _version,
+    "model.get_version": lambda layout, db, model, version: registry.get_version(
+        db, model, version),  # None: -1 asked of a model with no versions
     "model.list_versions": lambda layout, db, model, order: registry.list_versions(
         db, model, order or "desc"),
     "model.update_version": lambda layout, db, model, version, **fields:

@@ -187,12 +187,15 @@ def test_the_sdk_reads_and_changes_the_same_records(layout, db, recorded, tmp_pa
     exp.unarchive()
 
     model = client.create_model("digits", description="handwritten", metadata={"v": 1})
+    assert model.get_version() is None  # no versions yet, as Determined
     version = model.register_version(u["b"])
     assert (version.model_version, version.checkpoint.uuid) == (1, u["b"])
     assert client.get_model("digits").get_version().checkpoint.uuid == u["b"]
     assert [m.name for m in client.list_models()] == ["digits"]
     with pytest.raises(errors.NotFoundException):
         client.get_model("digits").get_version(5)
+    with pytest.raises(errors.NotFoundException):
+        client.Model(name="absent").get_version()
     with pytest.raises(errors.NotFoundException):
         client.get_experiment(999)
     with pytest.raises(errors.APIException, match="registered"):

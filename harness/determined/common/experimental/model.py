@@ -54,8 +54,13 @@ class ModelVersion:
         return version
 
     def reload(self) -> None:
-        self._hydrate(_backend.call("model.get_version", model=self.model_name,
-                                    version=self.model_version))
+        facts = _backend.call("model.get_version", model=self.model_name,
+                              version=self.model_version)
+        if facts is None:
+            from determined.common.api import errors
+
+            raise errors.NotFoundException(f"model {self.model_name!r} has no versions")
+        self._hydrate(facts)
 
     def _update(self, **fields: Any) -> None:
         self._hydrate(_backend.call("model.update_version", model=self.model_name,
@@ -156,15 +161,8 @@ class Model:
 
     def get_version(self, version: int = -1) -> Optional[ModelVersion]:
         """Version `version`, or with -1 the latest (None when it has no versions)."""
-        from determined.common.api import errors
-
-        try:
-            return ModelVersion._from_facts(_backend.call("model.get_version",
-                                                          model=self.name, version=version))
-        except errors.NotFoundException:
-            if version == -1:
-                return None
-            raise
+        facts = _backend.call("model.get_version", model=self.name, version=version)
+        return ModelVersion._from_facts(facts) if facts is not None else None
 
     def list_versions(self, order_by: OrderBy = OrderBy.DESC) -> List[ModelVersion]:
         """Its versions, newest first by default."""
