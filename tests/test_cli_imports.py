@@ -5,6 +5,7 @@ skips the migrations when every one is applied still applies one that is missing
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +34,48 @@ def test_the_commands_import_nothing_heavy(module):
     except ImportError:
         pytest.skip(f"{module} is not in this checkout")
     assert not _imported(f"import {module}") & set(HEAVY)
+
+
+def _experiment(home) -> None:
+    """One completed random search with a validated trial, in the state folder `home`."""
+    from localdet.config.experiment import parse_config
+
+    config = parse_config({
+        "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "random", "metric": "val_loss", "max_trials": 1,
+                     "max_length": {"batches": 10}}}).config
+    with StateDB.open(home / "localdet.db") as db:
+        experiment_id = db.create_experiment(
+            name="tiny", description="", config=config, original_config="",
+            searcher="random", metric="val_loss", smaller_is_better=True, experiment_seed=1,
+            model_dir="/nowhere")
+        trial_id = db.create_trial(experiment_id=experiment_id, request_id=1, hparams={},
+                                   seed=1, target_batches=10)
+        db.record_metrics(trial_id, "validation", 10, {"val_loss": 0.5})
+        db.update_trial(trial_id, state="COMPLETED")
+        db.set_experiment_state(experiment_id, "COMPLETED")
+
+
+@pytest.mark.parametrize("command", [["localdet", "status"], ["localdet", "status", "1"],
+                                     ["det", "e", "list"]], ids=" ".join)
+def test_reading_a_completed_search_imports_nothing_heavy(tmp_path, command):
+    main = "localdet.ui.cli" if command[0] == "localdet" else "localdet.ui.det"
+    try:
+        __import__(main)
+    except ImportError:
+        pytest.skip(f"{main} is not in this checkout")
+    _experiment(tmp_path)
+    code = ("import atexit, json, sys\n"
+            "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
+            f"sys.argv = {command!r}\n"
+            f"from {main} import main\n"
+            "main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "LOCALDET_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "tiny" in done.stdout
+    imported = {name.split(".")[0] for name in json.loads(done.stderr.splitlines()[-1])}
+    assert not imported & set(HEAVY)
 
 
 def test_a_process_that_imported_numpy_first_keeps_it_for_sqlite_utils():
