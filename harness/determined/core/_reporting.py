@@ -166,19 +166,9 @@ class ReporterFactory(Protocol):
 @functools.lru_cache(maxsize=1)
 def reporter_factory() -> ReporterFactory:
     """The installed daemon side's factory, looked up once per process."""
-    import importlib.metadata  # here: the daemon side imports this module for its names only
+    from determined._plugin import only_plugin
 
-    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=REPORTER_GROUP)}
-    if not found:
-        raise RuntimeError(f"no daemon side is installed to record this run (nothing in the "
-                           f"entry point group '{REPORTER_GROUP}'): install localdet with "
-                           "`pip install localdet`")
-    if len(found) > 1:
-        raise RuntimeError(f"several daemon sides are installed ({', '.join(sorted(found))} "
-                           f"in the entry point group '{REPORTER_GROUP}'); uninstall all "
-                           "but one")
-    (entry_point,) = found.values()
-    return entry_point.load()()
+    return only_plugin(REPORTER_GROUP, "daemon side", "record this run")
 
 
 def reporter_from_environment() -> TrialReporter:

@@ -143,17 +143,6 @@ def follow_first_trial_of(experiment_id: int) -> None:
         sys.exit(130)
 
 
-def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
-    """A config file's settings as dotted keys: what `continue --config-file` changes."""
-    if not isinstance(config, dict) or not config:
-        return {prefix[:-1]: config} if prefix else {}
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value
-                    else {f"{prefix}{key}": value})
-    return flat
-
-
 @click.command("continue")
 @click.argument("experiment_id", type=int)
 @click.option("--config-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -164,16 +153,11 @@ def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
 def continue_(experiment_id: int, config_file: Path | None, config_pairs: tuple[str, ...],
               follow_first_trial: bool) -> None:
     """resume or recover training for a single-searcher experiment"""
-    import yaml
-
-    from localdet.operations.lineage import continue_experiment
+    from localdet.operations.lineage import config_file_overrides, continue_experiment
 
     overrides: dict[str, Any] = {}
     if config_file is not None:
-        try:
-            overrides.update(_flat(yaml.safe_load(_read(config_file)) or {}))
-        except yaml.YAMLError as error:
-            output.fail(f"{config_file} is not valid YAML: {str(error).splitlines()[0]}")
+        overrides.update(run(config_file_overrides, _read(config_file)))
     overrides.update(_overrides(config_pairs))
     with records() as (where, db):
         run(continue_experiment, where, db, experiment_id, overrides or None)

@@ -35,19 +35,9 @@ class ClientBackend(Protocol):
 @functools.lru_cache(maxsize=1)
 def backend() -> ClientBackend:
     """The installed backend, looked up once per process."""
-    import importlib.metadata
+    from determined._plugin import only_plugin
 
-    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=BACKEND_GROUP)}
-    if not found:
-        raise RuntimeError(f"no records backend is installed for determined.experimental "
-                           f"(nothing in the entry point group '{BACKEND_GROUP}'): install "
-                           "localdet with `pip install localdet`")
-    if len(found) > 1:
-        raise RuntimeError(f"several records backends are installed ({', '.join(sorted(found))}"
-                           f" in the entry point group '{BACKEND_GROUP}'); uninstall all "
-                           "but one")
-    (entry_point,) = found.values()
-    return entry_point.load()()
+    return only_plugin(BACKEND_GROUP, "records backend", "serve determined.experimental")
 
 
 def call(operation: str, **arguments: Any) -> Any:
