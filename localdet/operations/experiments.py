@@ -241,13 +241,10 @@ def act(layout: Layout, db: StateDB, action: str, experiment_id: int | None = No
         raise OperationError(f"unknown action {action!r}; it is one of "
                              f"{', '.join(sorted(ACTIONS))}")
     try:
-        message = request(layout, db, ACTIONS[action], experiment_id=experiment_id,
-                          trial_id=trial_id)
+        return request(layout, db, ACTIONS[action], experiment_id=experiment_id,
+                       trial_id=trial_id, said_as=action)
     except ActionError as error:
         raise OperationError(str(error)) from None
-    if ACTIONS[action] != action:  # say it as the user did
-        message = message.replace(f"{ACTIONS[action]} requested", f"{action} requested", 1)
-    return message
 
 
 # -- settings of the recorded config ----------------------------------------------------------

@@ -19,9 +19,10 @@ class ActionError(ValueError):
 
 
 def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None = None,
-            trial_id: int | None = None) -> str:
+            trial_id: int | None = None, said_as: str | None = None) -> str:
     """Record the request; returns what was requested, with a note when nothing runs to
-    carry it out yet."""
+    carry it out yet. `said_as`: the user's word for the action (`det e cancel` is a kill),
+    used in what is said back."""
     from localdet.pids import DaemonLock
 
     if action not in lifecycle.ACTIONS:
@@ -51,9 +52,9 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
         action, experiment.state, True) != experiment.state
     if not changes_experiment and not any(lifecycle.applies(action, p) for p in phases):
         state = phases[0].describe() if trial_id is not None else experiment.state
-        raise ActionError(f"{what} is {state}; there is nothing to {action}")
+        raise ActionError(f"{what} is {state}; there is nothing to {said_as or action}")
     db.add_request(action, experiment_id=experiment_id, trial_id=trial_id)
-    message = f"{action} requested for {what}"
+    message = f"{said_as or action} requested for {what}"
     if (experiment.runner == Runner.FOREGROUND
             and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
         return message  # its `localdet run` carries it out

@@ -163,6 +163,8 @@ def test_actions_are_requested_under_determineds_names(layout, db):
     with pytest.raises(OperationError, match=f"experiment {experiment_id} is CANCELED; there "
                                              "is nothing to kill"):
         ops.act(layout, db, "kill", experiment_id=experiment_id)
+    with pytest.raises(OperationError, match="there is nothing to cancel$"):
+        ops.act(layout, db, "cancel", experiment_id=experiment_id)
 
 
 def test_a_changed_gc_policy_is_what_retention_keeps(layout, db):
