@@ -317,6 +317,8 @@ LONGEST_FILES = [
     "test_keras_api.py",        # ~60
     "test_script_e2e.py",       # ~55
     "test_pause_resume_e2e.py", # ~45
+    "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
+    "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
     "test_fuzz_intake.py",      # ~30
     "test_core_api.py",         # ~30
     "test_foreground.py",       # ~30
@@ -325,6 +327,7 @@ LONGEST_FILES = [
     "test_remote_reporting.py", # ~25
     "test_subclassed_models.py",  # ~25
     "test_cross_line.py",       # ~20
+    "test_web_manage.py",       # ~20 (sdk_cli/: a browser)
 ]
 
 
