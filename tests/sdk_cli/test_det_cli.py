@@ -268,6 +268,10 @@ def test_model_registry(first):
     # A registered checkpoint is kept: deleting its experiment is refused.
     refused = det(home, "e", "delete", "1", "--yes", check=False)
     assert refused.returncode == 1 and "model" in refused.stderr
+    assert best["UUID"] in det(home, "m", "delete-version", "counter-model", "1",
+                               "--yes").stdout
+    assert json.loads(det(home, "m", "list-versions", "counter-model",
+                          "--json").stdout)["modelVersions"] == []
 
 
 @pytest.mark.slow

@@ -176,6 +176,23 @@ def delete(name: str, yes: bool) -> None:
     click.echo(f"Deleted model {name}")
 
 
+@command.command("delete-version")
+@click.argument("name")
+@click.argument("version", type=click.IntRange(min=1))
+@click.option("--yes", is_flag=True, help="automatically answer yes to prompts")
+def delete_version(name: str, version: int, yes: bool) -> None:
+    """delete one version of a model (its checkpoint stays until retention or gc takes it)"""
+    from localdet.operations.registry import delete_version as delete
+
+    if not yes and not output.yes_or_no(f"Delete version {version} of model {name}?"):
+        click.echo("Aborting model version deletion.")
+        return
+    with records() as (_, db):
+        deleted = run(delete, db, name, version)
+    click.echo(f"Deleted version {version} of model {name} (checkpoint "
+               f"{deleted['checkpoint']['uuid']})")
+
+
 @command.command("move")
 @click.argument("name")
 @click.option("-w", "--workspace-name")
