@@ -398,3 +398,25 @@ def test_each_launch_shows_how_long_its_first_batch_took(db):
     db.log_event("trial_first_batch", experiment_id=experiment_id, trial_id=other, seconds=1.5)
     facts = views.experiment_facts(db, db.experiment(experiment_id))
     assert [t["launch_seconds"] for t in facts["trials"] if t["id"] == other] == [1.5]
+
+
+def test_the_summary_shows_labels_notes_and_lineage(db, layout):
+    from localdet.operations import experiments as ops
+    from localdet.records.catalog import add_label
+
+    parent = make_experiment(db, "parent")
+    child = make_experiment(db, "child")
+    db.db.execute("UPDATE experiments SET parent_id = ? WHERE id = ?", [parent, child])
+    add_label(db, child, "[bold]baseline")
+    ops.set_notes(db, child, "tried a smaller net")
+    db.log_event("experiment_continued", experiment_id=child, checkpoint="0123456789abcdef",
+                 batches=300, target=600)
+    text = render(views.search_summary(ops.describe(layout, db, child)))
+    assert "Labels       [bold]baseline" in text  # user text, not markup
+    assert f"Forked from  experiment {parent}" in text
+    assert "from checkpoint 01234567 at 300 batches to 600 batches" in text
+    assert "Notes        tried a smaller net" in text
+    assert f"Forks     experiment {child}" in render(
+        views.search_summary(ops.describe(layout, db, parent)))
+    listed = render(views.experiments_table(ops.list_experiments(db)))
+    assert f"child (fork of {parent})" in listed

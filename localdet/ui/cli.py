@@ -262,6 +262,7 @@ def status(experiment_id: int | None, as_json: bool, show_all: bool,
 def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool,
             show_all: bool = False, labels: tuple[str, ...] = ()) -> None:
     """`localdet status` over the open database."""
+    from localdet.operations.experiments import describe
     from localdet.pids import DaemonLock
     from localdet.records.catalog import with_labels
 
@@ -274,7 +275,10 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
             facts = [_facts(layout, db, e) for e in listed] if as_json else _rows(
                 layout, db, listed)
         else:
-            facts = _facts(layout, db, db.experiment(experiment_id), tail_lines=20)
+            experiment = db.experiment(experiment_id)
+            # An experiment's facts with its labels, notes and lineage (forks, continuations).
+            facts = _facts(layout, db, experiment, tail_lines=20) \
+                if experiment.kind == ExperimentKind.JOB else describe(layout, db, experiment_id)
     except NotFound as error:
         _fail(str(error))
     if as_json:

@@ -70,7 +70,9 @@ def _name(facts: dict) -> str:
     # Who runs it, beside the name, when it is not the daemon: `localdet pause` and friends
     # do not reach a script, and reach a foreground run only while it lives.
     runner = facts.get("runner", Runner.DAEMON)
-    return escape(facts["name"]) + (f" [dim]({runner})[/]" if runner != Runner.DAEMON else "")
+    forked = f" [dim](fork of {facts['parent_id']})[/]" if facts.get("parent_id") else ""
+    return escape(facts["name"]) + forked + (f" [dim]({runner})[/]" if runner != Runner.DAEMON
+                                             else "")
 
 
 def _when(text: str | None) -> str:
@@ -94,7 +96,9 @@ def experiments_table(facts: list[dict]) -> Table:
     for column in ("ID", "Name", "State", "Searcher", "Trials", "Progress", "Best metric"):
         table.add_column(column, justify="right" if column in ("ID", "Trials") else "left")
     for e in facts:
-        best = f"{e['metric']}={_number(e['best_metric'])}" if e["best_metric"] is not None else ""
+        # (a light summary has the best metric only when it was asked for)
+        best = f"{e['metric']}={_number(e['best_metric'])}" \
+            if e.get("best_metric") is not None else ""
         table.add_row(str(e["id"]), _name(e), _state(e["state"]), e["searcher"],
                       # a light summary's count (list_experiments), or the facts' trials
                       str(e["num_trials"] if "num_trials" in e else len(e["trials"])),
@@ -141,7 +145,31 @@ def search_summary(experiment: dict) -> Table:
     if experiment["best_trial"] is not None:
         table.add_row("Best", f"trial {experiment['best_trial']}: "
                               f"{escape(experiment['metric'])}={_number(experiment['best_metric'])}")
+    for row in _catalog_rows(experiment):
+        table.add_row(*row)
     return table
+
+
+def _catalog_rows(experiment: dict) -> list[tuple[str, str]]:
+    """Labels, notes and lineage, where `describe` gave them (operations/experiments.py)."""
+    rows = []
+    if experiment.get("labels"):
+        rows.append(("Labels", escape(", ".join(experiment["labels"]))))
+    if experiment.get("archived"):
+        rows.append(("Archived", "yes (`localdet unarchive` lists it again)"))
+    if experiment.get("parent_id") is not None:
+        rows.append(("Forked from", f"experiment {experiment['parent_id']}"))
+    if experiment.get("forks"):
+        rows.append(("Forks", ", ".join(f"experiment {i}" for i in experiment["forks"])))
+    for continued in experiment.get("continued", []):
+        source = continued.get("checkpoint")
+        rows.append(("Continued", f"{_when(continued['at'])}: from "
+                     + (f"checkpoint {source[:8]} at {continued.get('batches')} batches"
+                        if source else "the start")
+                     + f" to {continued.get('target')} batches"))
+    if experiment.get("notes"):
+        rows.append(("Notes", escape(experiment["notes"])))
+    return rows
 
 
 def rungs_table(experiment: dict) -> Table:
