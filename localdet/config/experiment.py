@@ -315,7 +315,7 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
         if "searcher" not in raw:
             raise ConfigError("missing required key 'searcher'; a trial class entrypoint needs a "
                               "searcher with a metric and a max_length", "searcher")
-        if searcher["max_length"] is None:
+        if searcher["max_length"] is None and searcher["name"] != "custom":
             raise ConfigError("missing required key 'searcher.max_length'; a trial class "
                               "entrypoint trains for as long as the searcher says (max_length, "
                               "or time_metric with max_time)", "searcher.max_length")
@@ -348,6 +348,13 @@ def parse_config(raw: dict[str, Any]) -> ParsedConfig:
                         warnings=warnings)
 
 
+# What a `searcher.name: custom` experiment submitted on its own is told (Determined's, too,
+# waited for the operations of a search runner). The runner itself leaves it unsaid.
+CUSTOM_WAITS = ("searcher.name custom waits for a search method: run the script that calls "
+                "determined.searcher.LocalSearchRunner(method).run(config, model_dir=...), "
+                "which creates its own experiment (kill this one with `localdet kill`)")
+
+
 def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
     """Fill the named searcher's own defaults and check what it needs beyond the schema."""
     searcher = config["searcher"]
@@ -357,6 +364,8 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
             and searcher.get("max_trials") is None:
         raise ConfigError(f"missing required key 'searcher.max_trials'; the {name} searcher needs "
                           f"it to know how many trials to run", "searcher.max_trials")
+    if name == "custom":
+        warnings.append(CUSTOM_WAITS)
     if name == "async_halving":
         # One bracket of num_rungs rungs: adaptive_asha with bracket_rungs [num_rungs].
         searcher["bracket_rungs"] = [searcher["num_rungs"]]
