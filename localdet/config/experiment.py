@@ -360,7 +360,7 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
     searcher = config["searcher"]
     name = searcher["name"]
     _fill_searcher_defaults(searcher)
-    if name in ("random", "adaptive_asha", "async_halving") \
+    if name in ("random", "adaptive_asha", "async_halving", "tpe", "bayesian") \
             and searcher.get("max_trials") is None:
         raise ConfigError(f"missing required key 'searcher.max_trials'; the {name} searcher needs "
                           f"it to know how many trials to run", "searcher.max_trials")
@@ -372,6 +372,17 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
         for key, value in _schema()["$defs"]["searcher"]["x-defaults-by-name"][
                 "adaptive_asha"].items():
             searcher.setdefault(key, value)
+    if name in ("tpe", "bayesian") and any(
+            searcher.get(key) is not None for key in ("mode", "max_rungs", "divisor")):
+        # Early stopping asked for: adaptive_asha's rungs, its defaults for what is unset.
+        for key, value in _schema()["$defs"]["searcher"]["x-defaults-by-name"][
+                "adaptive_asha"].items():
+            if searcher.get(key) is None:
+                searcher[key] = value
+        if searcher["max_length"] is None:
+            raise ConfigError(f"missing required key 'searcher.max_length'; the {name} searcher "
+                              f"with early stopping (mode, max_rungs or divisor) needs it to "
+                              f"size its rungs", "searcher.max_length")
     if name in ("adaptive_asha", "async_halving"):
         if searcher["max_length"] is None:
             raise ConfigError(f"missing required key 'searcher.max_length'; the {name} searcher "
