@@ -47,7 +47,7 @@ from localdet.search.methods.base import (
     ValidateAfter,
     ranked,
 )
-from localdet.search.methods.sources import RandomDraws
+from localdet.search.methods.sources import HparamSource, RandomDraws
 
 # Ranks below every real result (metrics are negated when larger is better, so smaller wins).
 WORST = math.inf
@@ -289,7 +289,8 @@ class AdaptiveASHASearch:
         concurrency = bracket_max_concurrent_trials(searcher.max_concurrent_trials, divisor,
                                                     trials)
         # Which hyperparameters: drawn as `random` draws them, one counter for all brackets.
-        self.source = RandomDraws(settings.hyperparameters, experiment_seed, max_trials)
+        self.source: HparamSource = RandomDraws(settings.hyperparameters, experiment_seed,
+                                                max_trials)
         self.unit = unit
         self.per_trial = settings.batch_size_searched and unit != "batches"
         self.brackets = []

@@ -1,0 +1,183 @@
+"""Which hyperparameters a `tpe` trial gets: proposed by Optuna's TPE sampler from the
+results so far, where `sources.RandomDraws` draws them blind.
+
+    source = TpeProposals(space, experiment_seed, count=30, smaller_is_better=True)
+    source.create(1)                   # Create(1, proposed hparams, derive_seed(seed, 1))
+    source.finished(1, 0.31)           # request 1 trained to max_length: its metric
+    source.stopped(2, 0.52, step=25)   # request 2 waits (or was closed) at a lower rung
+    source.running(2)                  # promoted: it trains on
+    source.failed(3)                   # exited early without a result: left out
+    source.create(4)                   # proposed knowing 1's, 2's and 3's outcomes
+
+A proposal is a pure function of (space, experiment seed, request id, the outcomes recorded
+before it): each one builds a fresh in-memory Optuna study holding every earlier request as a
+trial (COMPLETE with its final metric, PRUNED with its rung metrics, RUNNING while it trains)
+and asks a `TPESampler` seeded from (experiment seed, request id). So a search replayed from
+its events after a pause, a restart or a daemon killed with -9 proposes the same values.
+
+Trials still training when a proposal is made are in the study as RUNNING, and the sampler
+runs with Optuna's `constant_liar` (its default): it counts them among the worse results, so
+concurrent trials are not all sent to the same promising spot. Trials that exited early
+without a metric are left out, as Optuna's TPE leaves out FAILed trials (a NaN metric is
+already recorded as the worst number, so a diverged trial counts against its region).
+The first 10 proposals are random (Optuna's `n_startup_trials`).
+
+Optuna is imported when the first proposal is made: the CLI and the other searchers never
+pay for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from localdet.search.methods.base import ranked
+from localdet.search.methods.sources import HparamSource
+
+RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
+
+
+@dataclass
+class _Outcome:
+    params: dict[str, Any]                 # Optuna's flat params (categoricals by index)
+    hparams: dict[str, Any]                # the trial's hyperparameters, nested as the space
+    state: str = RUNNING
+    value: float | None = None             # ranked (smaller wins, NaN already the worst)
+    steps: dict[int, float] = field(default_factory=dict)  # rung length -> ranked metric
+
+
+def _leaves(space: Mapping[str, Any], path: tuple[str, ...] = ()
+            ) -> Iterator[tuple[tuple[str, ...], dict]]:
+    """(path, spec) per hyperparameter, depth first in sorted-name order (as hparams.py)."""
+    for name in sorted(space):
+        spec = space[name]
+        if "type" in spec:
+            yield (*path, name), spec
+        else:
+            yield from _leaves(spec, (*path, name))
+
+
+def _sampler_seed(experiment_seed: int, request_id: int) -> int:
+    # Not derive_seed's value: the trial's own seed and the sampler's stay unrelated.
+    digest = hashlib.sha256(f"tpe:{experiment_seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2**31)
+
+
+def _optuna():
+    import optuna  # lazily: ~0.5 s, and only the tpe searcher needs it
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per proposal
+    return optuna
+
+
+class TpeProposals(HparamSource):
+    """`count` trials; request r's hyperparameters are proposed when `create(r)` is first
+    called, from the outcomes recorded so far, and kept."""
+
+    def __init__(self, space: Mapping[str, Any], experiment_seed: int, count: int,
+                 smaller_is_better: bool):
+        super().__init__(experiment_seed)
+        self.space = space
+        self.count = count
+        self.smaller_is_better = smaller_is_better
+        self.leaves = list(_leaves(space))
+        self.outcomes: dict[int, _Outcome] = {}
+        self._distributions: dict[str, Any] | None = None
+
+    # -- HparamSource ------------------------------------------------------------------
+    def proposed(self, request_id: int) -> bool:
+        return request_id in self.outcomes
+
+    def hparams(self, request_id: int) -> dict[str, Any]:
+        if request_id not in self.outcomes:
+            self.outcomes[request_id] = self._propose(request_id)
+        return self.outcomes[request_id].hparams
+
+    # -- what happened to the trials ----------------------------------------------------
+    def running(self, request_id: int) -> None:
+        if request_id in self.outcomes:
+            self.outcomes[request_id].state = RUNNING
+
+    def finished(self, request_id: int, metric: float) -> None:
+        """Trained to the end (max_length): its final metric."""
+        if request_id in self.outcomes:
+            outcome = self.outcomes[request_id]
+            outcome.state, outcome.value = COMPLETE, ranked(metric, self.smaller_is_better)
+
+    def stopped(self, request_id: int, metric: float, step: int) -> None:
+        """Stopped early (for now, or for good) after a rung `step` long."""
+        if request_id in self.outcomes:
+            outcome = self.outcomes[request_id]
+            outcome.state = PRUNED
+            outcome.steps[step] = ranked(metric, self.smaller_is_better)
+
+    def failed(self, request_id: int) -> None:
+        """Exited early: left out if it has no result, else kept with the results it has."""
+        outcome = self.outcomes.get(request_id)
+        if outcome is not None and outcome.state == RUNNING:
+            outcome.state = PRUNED if outcome.steps else FAILED
+
+    # -- Optuna -----------------------------------------------------------------------
+    def distributions(self) -> dict[str, Any]:
+        """One Optuna distribution per searched hyperparameter, named by its dotted path;
+        a categorical by the index of its value (values may be lists or mappings)."""
+        if self._distributions is None:
+            dist = _optuna().distributions
+            made: dict[str, Any] = {}
+            for path, spec in self.leaves:
+                kind, name = spec["type"], ".".join(path)
+                if kind == "int":
+                    made[name] = dist.IntDistribution(spec["minval"], spec["maxval"])
+                elif kind == "double":
+                    made[name] = dist.FloatDistribution(spec["minval"], spec["maxval"])
+                elif kind == "log":  # log-uniform between base**minval and base**maxval
+                    made[name] = dist.FloatDistribution(spec["base"] ** spec["minval"],
+                                                        spec["base"] ** spec["maxval"], log=True)
+                elif kind == "categorical":
+                    made[name] = dist.CategoricalDistribution(list(range(len(spec["vals"]))))
+                elif kind != "const":
+                    raise ValueError(f"unknown hyperparameter type {kind!r} for {name!r}")
+            self._distributions = made
+        return self._distributions
+
+    def _propose(self, request_id: int) -> _Outcome:
+        optuna = _optuna()
+        distributions = self.distributions()
+        sampler = optuna.samplers.TPESampler(seed=_sampler_seed(self.experiment_seed,
+                                                                request_id))
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        states = {RUNNING: optuna.trial.TrialState.RUNNING,
+                  COMPLETE: optuna.trial.TrialState.COMPLETE,
+                  PRUNED: optuna.trial.TrialState.PRUNED}
+        for earlier in sorted(self.outcomes):
+            outcome = self.outcomes[earlier]
+            if outcome.state == FAILED:
+                continue
+            study.add_trial(optuna.trial.create_trial(
+                state=states[outcome.state], params=outcome.params,
+                distributions=distributions, value=outcome.value,
+                intermediate_values=dict(outcome.steps)))
+        params = study.ask(distributions).params
+        return _Outcome(params=params, hparams=self._nest(params))
+
+    def _nest(self, params: Mapping[str, Any], space: Mapping[str, Any] | None = None,
+              path: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Optuna's flat params back into the space's shape, constants filled in."""
+        space = self.space if space is None else space
+        values: dict[str, Any] = {}
+        for name in sorted(space):
+            spec, here = space[name], (*path, name)
+            if "type" not in spec:
+                values[name] = self._nest(params, spec, here)
+            elif spec["type"] == "const":
+                values[name] = copy.deepcopy(spec["val"])  # each trial its own values
+            elif spec["type"] == "categorical":
+                values[name] = copy.deepcopy(spec["vals"][params[".".join(here)]])
+            elif spec["type"] == "int":
+                values[name] = int(params[".".join(here)])
+            else:
+                values[name] = float(params[".".join(here)])
+        return values
