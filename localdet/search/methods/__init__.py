@@ -32,6 +32,7 @@ from localdet.search.methods.base import (
 from localdet.search.methods.grid import GridSearch
 from localdet.search.methods.random import RandomSearch
 from localdet.search.methods.single import SingleSearch
+from localdet.search.methods.tpe import make_tpe_search
 
 SEARCH_METHODS: dict[str, Callable[[ExperimentConfig, int], SearchMethod]] = {
     "single": SingleSearch,
@@ -40,6 +41,9 @@ SEARCH_METHODS: dict[str, Callable[[ExperimentConfig, int], SearchMethod]] = {
     "adaptive_asha": AdaptiveASHASearch,
     # Determined's async_halving is one ASHA bracket (parse_config sets bracket_rungs).
     "async_halving": AdaptiveASHASearch,
+    # Optuna's TPE proposes the hyperparameters (tpe.py); bayesian is its other name.
+    "tpe": make_tpe_search,
+    "bayesian": make_tpe_search,
 }
 
 
@@ -63,6 +67,7 @@ __all__ = [
     "SingleSearch",
     "ValidateAfter",
     "make_search_method",
+    "make_tpe_search",
     "ranked",
     "worst_if_nan",
 ]
