@@ -279,6 +279,9 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
             # An experiment's facts with its labels, notes and lineage (forks, continuations).
             facts = _facts(layout, db, experiment, tail_lines=20) \
                 if experiment.kind == ExperimentKind.JOB else describe(layout, db, experiment_id)
+            if experiment.kind != ExperimentKind.JOB:  # computed for --json; else if cached
+                from localdet.operations.importance import importances
+                facts["importances"] = importances(layout, db, experiment_id, compute=as_json)
     except NotFound as error:
         _fail(str(error))
     if as_json:
@@ -311,6 +314,11 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
         if facts["rungs"]:
             console.print(views.rungs_table(facts))
         console.print(views.trials_table(facts))
+        found = facts["importances"]  # cached (`status ID --json` computes them)
+        if found and found["importances"]:
+            console.print(f"importance for {escape(found['metric'])} over {found['trials']} "
+                          "trials: " + ", ".join(f"{escape(name)} {value:.2f}"
+                                                 for name, value in found["importances"].items()))
         for trial in facts["trials"]:
             if trial["error"]:
                 console.print(f"[red]trial {trial['id']}:[/] {escape(trial['error'])}")
