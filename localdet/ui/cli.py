@@ -8,6 +8,7 @@
     localdet metrics 1 --csv                       # recorded metrics (--plot curves.png)
     localdet logs 3 -f                             # a trial's log, followed to its end
     localdet tensorboard 1                         # TensorBoard over experiment 1's trials
+    localdet compare 1 2                           # best trials side by side (--plot c.png)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from localdet.config.schema import ConfigError  # (config.experiment's: parsing,
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
-from localdet.ui import catalog_commands, views
+from localdet.ui import catalog_commands, compare, views
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -550,6 +551,7 @@ def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> 
 
 for _command in catalog_commands.COMMANDS:
     cli.add_command(_command)
+cli.add_command(compare.compare)
 
 
 def main() -> None:
