@@ -8,7 +8,7 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/experiments[?archived=1][&label=L...]     experiments (jobs excluded; archived
                                                         ones only when asked; with every label)
     GET  /api/experiments/{id}                          facts, labels, notes, origin, config,
-                                                        charts, rungs
+                                                        importances, charts, rungs
     GET  /api/trials/{id}                               facts, charts, checkpoints (and the
                                                         model versions naming them), log tail
     GET  /api/jobs[?archived=1]                         jobs (archived ones when asked)
@@ -16,7 +16,8 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
     POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
-    (archive, delete, labels, notes and the model registry: localdet/ui/web/manage.py)
+    (archive, delete, labels, notes and the model registry: localdet/ui/web/manage.py;
+    experiments side by side, /compare?ids=3,7: localdet/ui/web/comparing.py)
 
 Only the dashboard's own user gets in; each refusal is one sentence:
 - the Host header must name the address served (`host`; on loopback, localhost or a loopback
@@ -61,6 +62,7 @@ from starlette.staticfiles import StaticFiles
 
 from localdet.operations import experiments as catalog
 from localdet.operations.errors import OperationError
+from localdet.operations.importance import importances
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
@@ -69,7 +71,7 @@ from localdet.records.continuation import CONTINUED_EVENT
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
-from localdet.ui.web import figures, manage
+from localdet.ui.web import comparing, figures, manage
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -217,11 +219,14 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         with database() as db:
             record = db.experiment(int(request.path_params["id"]))
             facts = catalog.describe(layout, db, record.id)
+            facts["importances"] = importances(layout, db, record.id)  # cached till it changes
             facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
             facts["charts"] = {
                 "curves": figures.curves(db, [t["id"] for t in facts["trials"]],
                                          facts["best_trial"]),
                 "hyperparameters": figures.hyperparameters(record, facts["trials"]),
+                "importance": figures.importance(facts["importances"]),
+                "scatter": figures.scatter(record, facts["trials"]),
             }
             return facts
 
@@ -289,6 +294,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         Route("/api/experiments", api(experiments)),
         Route("/api/experiments/{id:int}", api(experiment)),
         *manage.routes(layout, database, api, page),
+        *comparing.routes(database, api, page),
         Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),
         Route("/api/trials/{id:int}", api(trial)),
         Route("/api/trials/{id:int}/{action:str}", api(act), methods=["POST"]),

@@ -2,6 +2,9 @@
 
     curves(db, experiment, trials)       # every metric against batches, the best trial bold
     hyperparameters(experiment, trials)  # parallel coordinates: hyperparameters -> metric
+    importance(found)                    # bars: each hyperparameter's importance
+    scatter(experiment, trials)          # the metric against each hyperparameter
+    compared_curves(found)               # experiments' best trials' searcher metric curves
 
 Built with Plotly's Python package (which ships plotly.js too), so the charts need nothing
 from the network.
@@ -16,6 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from localdet.operations.importance import hparam_types
 from localdet.records.db import Experiment, StateDB
 from localdet.ui.views import flat_hparams
 
@@ -95,6 +99,100 @@ def hyperparameters(experiment: Experiment, trials: list[dict]) -> dict[str, Any
         dimensions=dimensions))
     figure.update_layout(height=360, margin={"l": 60, "r": 60, "t": 50, "b": 30},
                          uirevision="keep")
+    return _plain(figure)
+
+
+def importance(found: dict[str, Any] | None) -> dict[str, Any]:
+    """Horizontal bars, the most important hyperparameter on top; the answer's note (too
+    few trials, constants left out) as the title."""
+    if not found or not found["importances"]:
+        return _empty((found or {}).get("note") or "no validation metrics yet")
+    names = list(found["importances"])[::-1]  # plotly draws the first bar at the bottom
+    values = [found["importances"][name] for name in names]
+    figure = go.Figure(go.Bar(x=values, y=names, orientation="h", marker={"color": OTHERS},
+                              text=[f"{v:.2f}" for v in values], textposition="auto",
+                              hovertemplate="%{y}: %{x:.3f}<extra></extra>"))
+    figure.update_layout(
+        height=120 + 32 * len(names), margin={"l": 140, "r": 20, "t": 50, "b": 40},
+        title={"text": f"importance for {found['metric']} ({found['evaluator']}, "
+                       f"{found['trials']} trials)" + (f"<br><sub>{found['note']}</sub>"
+                                                       if found["note"] else ""),
+               "font": {"size": 14}},
+        xaxis={"title": {"text": "importance (sums to 1)"}, "rangemode": "tozero"},
+        uirevision="keep")
+    return _plain(figure)
+
+
+def scatter(experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
+    """One small chart per hyperparameter that varies: each trial's best value of the
+    searcher metric against its value; a log axis for a `log` hyperparameter, a band of
+    categories for a categorical (or any non-numeric) one."""
+    scored = [t for t in trials if _score(t, experiment.metric) is not None]
+    if not scored:
+        return _empty("no validation metrics yet")
+    types = hparam_types(experiment.config)
+    columns_of = {t["id"]: flat_hparams(t["hparams"]) for t in scored}
+    names = [name for name in sorted({k for f in columns_of.values() for k in f})
+             if len({json.dumps(f.get(name), sort_keys=True, default=str)
+                     for f in columns_of.values()}) > 1]
+    if not names:
+        return _empty("no hyperparameter varied")
+    columns = min(3, len(names))
+    rows = math.ceil(len(names) / columns)
+    figure = make_subplots(rows=rows, cols=columns, subplot_titles=names,
+                           horizontal_spacing=0.07, vertical_spacing=0.18 if rows > 1 else 0.1,
+                           shared_yaxes=True)
+    metric = [_score(t, experiment.metric) for t in scored]
+    for index, name in enumerate(names):
+        row, column = index // columns + 1, index % columns + 1
+        values = [columns_of[t["id"]].get(name) for t in scored]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        xs = values if numeric else [v if isinstance(v, str) else json.dumps(v) for v in values]
+        figure.add_trace(go.Scatter(
+            x=xs, y=metric, mode="markers", name=name, showlegend=False,
+            marker={"color": metric, "colorscale": "Viridis", "size": 8,
+                    "reversescale": bool(experiment.smaller_is_better)},
+            customdata=[t["id"] for t in scored],
+            hovertemplate=f"trial %{{customdata}}<br>{name} %{{x}}<br>{experiment.metric} "
+                          "%{y:.4g}<extra></extra>"), row=row, col=column)
+        if not numeric:
+            figure.update_xaxes(type="category", categoryorder="category ascending",
+                                row=row, col=column)
+        elif types.get(name) == "log" and min(values) > 0:
+            figure.update_xaxes(type="log", row=row, col=column)
+        if column == 1:
+            figure.update_yaxes(title_text=experiment.metric, row=row, col=column)
+    figure.update_layout(height=260 * rows + 60, margin=_MARGIN, uirevision="keep")
+    return _plain(figure)
+
+
+def _score(trial: dict, metric: str) -> float | None:
+    value = (trial.get("best_validation") or {}).get(metric)
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def compared_curves(found: dict[str, Any]) -> dict[str, Any]:
+    """Each experiment's best trial's validation curve of its searcher metric (compare's
+    columns), one line per experiment; a panel per searcher metric name."""
+    drawn = [c for c in found["experiments"] if c["curve"]]
+    if not drawn:
+        return _empty("none of these experiments has a validated trial")
+    names = list(dict.fromkeys(c["metric"] for c in drawn))
+    figure = make_subplots(rows=1, cols=len(names), subplot_titles=names,
+                           horizontal_spacing=0.08)
+    for index, name in enumerate(names):
+        for c in drawn:
+            if c["metric"] != name:
+                continue
+            xs, ys = zip(*c["curve"], strict=True)
+            figure.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines+markers" if len(xs) < 30 else "lines",
+                name=f"experiment {c['id']}: {c['name']} (trial {c['best_trial']})",
+                hovertemplate=f"experiment {c['id']}<br>batches %{{x}}<br>{name} %{{y:.4g}}"
+                              "<extra></extra>"), row=1, col=index + 1)
+        figure.update_xaxes(title_text="batches", row=1, col=index + 1)
+    figure.update_layout(height=420, margin=_MARGIN, uirevision="keep",
+                         legend={"orientation": "h", "y": -0.2})
     return _plain(figure)
 
 

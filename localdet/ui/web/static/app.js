@@ -69,7 +69,7 @@ document.addEventListener("click", (event) => {
     return;
   }
   const row = event.target.closest("tr[data-href]");
-  if (row && !event.target.closest("a")) go(row.dataset.href);
+  if (row && !event.target.closest("a, input")) go(row.dataset.href);
   const link = event.target.closest("a[data-nav]");
   if (link) { event.preventDefault(); go(link.getAttribute("href")); }
 });
@@ -100,6 +100,7 @@ async function experimentsPage() {
   const labels = params.getAll("label");
   const experiments = await getJSON(`/api/experiments${location.search}`);
   const columns = [
+    {key: "choose", label: "", value: (e) => chosen.has(String(e.id)), html: chooseBox},
     {key: "id", label: "ID"},
     {key: "name", label: "Name", html: (e) => `${esc(e.name)}${origin(e)}${e.archived ? ' <span class="badge">archived</span>' : ""}`},
     {key: "labels", label: "Labels", value: (e) => (e.labels || []).join(", "), html: (e) => labelLinks(e.labels)},
@@ -126,6 +127,7 @@ async function experimentsPage() {
       <button type="submit">Filter</button>
       ${labels.length ? `<a data-nav id="clear-label" href="/${unlabelled.toString() ? `?${unlabelled}` : ""}">all labels</a>` : ""}
       <a data-nav id="archived-toggle" href="/${toggled.toString() ? `?${toggled}` : ""}">${archived ? "Hide archived" : "Show archived"}</a>
+      <button type="button" id="compare" disabled title="tick two or more experiments">Compare</button>
     </form><div id="list"></div>`, location.pathname + location.search);
   showFlash();
   const filtered = labels.length ? ` labelled ${labels.map((l) => `"${esc(l)}"`).join(" and ")}` : "";
@@ -133,6 +135,7 @@ async function experimentsPage() {
     ? table("experiments", columns, experiments, (e) => `class="link${e.archived ? " archived" : ""}" data-href="/experiments/${e.id}"`)
     : filtered || !archived ? `<p class="muted">No ${archived ? "" : "unarchived "}experiments${filtered}.</p>`
     : `<p class="muted">No experiments yet: <code>localdet submit CONFIG MODEL_DIR</code>.</p>`);
+  compareButton();
 }
 
 // What each button can act on, by the state of an experiment or of a trial (as the CLI).
@@ -185,6 +188,8 @@ async function experimentPage(id) {
     <div id="manage"></div>
     <h2>Learning curves</h2><div class="card"><div id="curves"></div></div>
     <h2>Hyperparameters and <span id="metric"></span></h2><div class="card"><div id="hparams"></div></div>
+    <h2>Which hyperparameters mattered</h2><div class="card"><div id="importance"></div></div>
+    <h2><span class="metric-name"></span> against each hyperparameter</h2><div class="card"><div id="scatter"></div></div>
     <div id="rest"></div>
     <details id="config"><summary>Config</summary><pre id="config-text"></pre></details>`);
   fill("head", `
@@ -200,11 +205,14 @@ async function experimentPage(id) {
     ${e.error ? `<p class="error">${esc(e.error)}</p>` : ""}${continuations(e)}`);
   managePanel(e, fresh);
   fill("metric", esc(e.metric));
+  document.querySelectorAll(".metric-name").forEach((span) => { span.textContent = e.metric; });
   fill("rest", `${rungs}<h2>Trials</h2>
     ${table("trials", columns, e.trials, (t) => `class="link${t.id === e.best_trial ? " best" : ""}" data-href="/trials/${t.id}"`)}`);
   fill("config-text", esc(e.config));
   chart("curves", e.charts.curves);
   chart("hparams", e.charts.hyperparameters);
+  chart("importance", e.charts.importance);
+  chart("scatter", e.charts.scatter);
 }
 
 // How long each launch took to end its first training batch: a slow model folder (heavy
@@ -279,6 +287,7 @@ async function refresh() {
     else if (path === "/jobs") await jobsPage();
     else if (path === "/models") await modelsPage();
     else if ((match = path.match(/^\/models\/(\d+)$/))) await modelPage(match[1]);
+    else if (path === "/compare") await comparePage();
     else await experimentsPage();
     const daemon = await getJSON("/api/daemon");  // e.g. launches held: the disk is short
     const notice = document.getElementById("notice");
