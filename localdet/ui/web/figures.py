@@ -158,7 +158,7 @@ def scatter(experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
         if not numeric:
             figure.update_xaxes(type="category", categoryorder="category ascending",
                                 row=row, col=column)
-        elif types.get(name) == "log" and min(values) > 0:
+        elif types.get(name) == "log" and all(v > 0 for v in values if v is not None):
             figure.update_xaxes(type="log", row=row, col=column)
         if column == 1:
             figure.update_yaxes(title_text=experiment.metric, row=row, col=column)
