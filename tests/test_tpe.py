@@ -120,7 +120,10 @@ def test_the_same_events_replay_to_the_same_proposals(searcher):
              "on_trial_exited_early": "trial_exited_early"}
     events = [dict(zip(("request_id", "metric", "length"), args, strict=False),
                    kind=kinds[kind]) for kind, *args in run.events]
-    assert replay(experiment, events).source.outcomes.keys() == run.creates.keys()
+    replayed = replay(experiment, events)
+    assert not replayed.source._proposals  # replayed for status: the sampler never ran
+    assert {r: replayed.source.hparams(r) for r in replayed.source.outcomes} \
+        == {r: c.hparams for r, c in run.creates.items()}
     # Another experiment seed proposes other values.
     other = Simulation(make_search_method(config, 6), objective, lifo=True).run()
     assert other.creates[12].hparams != run.creates[12].hparams
@@ -162,7 +165,8 @@ def test_early_stopping_promotes_and_closes_trials_as_adaptive_asha_does():
     asha = Simulation(AdaptiveASHASearch(asha_config, 3), by_request, exits={6: 1}).run()
 
     def shape(run):
-        return [[(type(op).__name__, getattr(op, "request_id", None), getattr(op, "length", None))
+        return [[("Create" if isinstance(op, Create) else type(op).__name__,
+                  getattr(op, "request_id", None), getattr(op, "length", None))
                  for op in ops] for ops in run.answers]
     assert shape(tpe) == shape(asha)
     assert tpe.closed == asha.closed and any(len(t) == 1 for t in tpe.targets.values())
@@ -207,5 +211,5 @@ def test_a_tpe_search_runs_under_the_daemon(tmp_path, daemons):
     assert len(trials) == 4 and all(t.state == "COMPLETED" for t in trials)
     assert sorted(t.target_batches for t in trials) == [4, 4, 8, 8]  # two stopped at 4
     assert {t.request_id: t.hparams for t in trials} \
-        == {r: o.hparams for r, o in method.source.outcomes.items()}
+        == {r: method.source.hparams(r) for r in method.source.outcomes}
     daemon.stop()

@@ -49,7 +49,7 @@ class TpeSearch(FullLengthSearch):
         return _proposals(self.settings, self.experiment_seed)
 
     def target(self, request_id: int) -> int:
-        if self.settings.batch_size_searched and not self.source.proposed(request_id):
+        if self.settings.batch_size_searched and not self.source.created(request_id):
             # Not created yet (progress asks for every trial): its batch size is not known
             # until TPE proposes it, so estimate with a random draw and keep nothing.
             length = self.settings.searcher.max_length

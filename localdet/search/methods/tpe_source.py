@@ -2,7 +2,7 @@
 results so far, where `sources.RandomDraws` draws them blind.
 
     source = TpeProposals(space, experiment_seed, count=30, smaller_is_better=True)
-    source.create(1)                   # Create(1, proposed hparams, derive_seed(seed, 1))
+    source.create(1)                   # Proposal(1, ..., seed=derive_seed(seed, 1))
     source.finished(1, 0.31)           # request 1 trained to max_length: its metric
     source.stopped(2, 0.52, step=25)   # request 2 waits (or was closed) at a lower rung
     source.running(2)                  # promoted: it trains on
@@ -10,10 +10,12 @@ results so far, where `sources.RandomDraws` draws them blind.
     source.create(4)                   # proposed knowing 1's, 2's and 3's outcomes
 
 A proposal is a pure function of (space, experiment seed, request id, the outcomes recorded
-before it): each one builds a fresh in-memory Optuna study holding every earlier request as a
-trial (COMPLETE with its final metric, PRUNED with its rung metrics, RUNNING while it trains)
-and asks a `TPESampler` seeded from (experiment seed, request id). So a search replayed from
-its events after a pause, a restart or a daemon killed with -9 proposes the same values.
+before its `create`), worked out when its hyperparameters are first read (a `Proposal`: a
+search replayed for `localdet status` never runs the sampler). Each builds a fresh in-memory
+Optuna study holding every earlier request as a trial (COMPLETE with its final metric,
+PRUNED with its rung metrics, RUNNING while it trains) and asks a `TPESampler` seeded from
+(experiment seed, request id). So a search replayed from its events after a pause, a
+restart or a daemon killed with -9 proposes the same values.
 
 Trials still training when a proposal is made are in the study as RUNNING, and the sampler
 runs with Optuna's `constant_liar` (its default): it counts them among the worse results, so
@@ -34,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from localdet.search.methods.base import ranked
+from localdet.search.methods.base import Create, derive_seed, ranked
 from localdet.search.methods.sources import HparamSource
 
 RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
@@ -42,11 +44,19 @@ RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
 
 @dataclass
 class _Outcome:
-    params: dict[str, Any]                 # Optuna's flat params (categoricals by index)
-    hparams: dict[str, Any]                # the trial's hyperparameters, nested as the space
     state: str = RUNNING
     value: float | None = None             # ranked (smaller wins, NaN already the worst)
     steps: dict[int, float] = field(default_factory=dict)  # rung length -> ranked metric
+
+    def apply(self, state: str, value: float | None, step: int | None) -> None:
+        """A change: a metric at a rung (step), a final metric, or only a new state."""
+        self.state = state
+        if state == RUNNING:
+            self.value = None  # trains on (continued): its final metric is to come
+        elif step is not None and value is not None:
+            self.steps[step] = value
+        elif value is not None:
+            self.value = value
 
 
 def _leaves(space: Mapping[str, Any], path: tuple[str, ...] = ()
@@ -73,9 +83,26 @@ def _optuna():
     return optuna
 
 
+class Proposal(Create):
+    """A Create whose hyperparameters TPE works out when they are first read, from the
+    outcomes as they were when it was created: a search replayed only for its progress and
+    rungs (`localdet status`) never runs the sampler."""
+
+    _source: TpeProposals
+
+    def __init__(self, request_id: int, seed: int, source: TpeProposals):
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "seed", seed)
+        object.__setattr__(self, "_source", source)
+
+    @property  # type: ignore[misc]  # read-only here, a field in Create
+    def hparams(self) -> dict[str, Any]:
+        return self._source.hparams(self.request_id)
+
+
 class TpeProposals(HparamSource):
-    """`count` trials; request r's hyperparameters are proposed when `create(r)` is first
-    called, from the outcomes recorded so far, and kept."""
+    """`count` trials; request r's hyperparameters are those TPE proposes from the outcomes
+    recorded before `create(r)`, worked out when first asked for and kept."""
 
     def __init__(self, space: Mapping[str, Any], experiment_seed: int, count: int,
                  smaller_is_better: bool):
@@ -84,41 +111,60 @@ class TpeProposals(HparamSource):
         self.count = count
         self.smaller_is_better = smaller_is_better
         self.leaves = list(_leaves(space))
-        self.outcomes: dict[int, _Outcome] = {}
+        self.outcomes: dict[int, _Outcome] = {}   # by request, as they are now
+        # Every change to an outcome, in order, and how many there were when each request
+        # was created: request r's study is the log up to its mark.
+        self._log: list[tuple[int, str, float | None, int | None]] = []
+        self._marks: dict[int, int] = {}
+        self._proposals: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._distributions: dict[str, Any] | None = None
 
     # -- HparamSource ------------------------------------------------------------------
-    def proposed(self, request_id: int) -> bool:
-        return request_id in self.outcomes
+    def created(self, request_id: int) -> bool:
+        return request_id in self._marks
+
+    def create(self, request_id: int) -> Create:
+        if request_id not in self._marks:
+            self._marks[request_id] = len(self._log)
+            self.outcomes[request_id] = _Outcome()
+        return Proposal(request_id, derive_seed(self.experiment_seed, request_id), self)
 
     def hparams(self, request_id: int) -> dict[str, Any]:
-        if request_id not in self.outcomes:
-            self.outcomes[request_id] = self._propose(request_id)
-        return self.outcomes[request_id].hparams
+        """A created request's hyperparameters (each caller its own copy)."""
+        if request_id not in self._marks:
+            raise KeyError(f"request {request_id} has not been created")
+        for earlier in sorted(self._marks):  # each proposal needs the earlier ones' params
+            if earlier > request_id:
+                break
+            if earlier not in self._proposals:
+                self._proposals[earlier] = self._propose(earlier)
+        return copy.deepcopy(self._proposals[request_id][1])
 
     # -- what happened to the trials ----------------------------------------------------
+    def _change(self, request_id: int, state: str, value: float | None = None,
+                step: int | None = None) -> None:
+        self.outcomes[request_id].apply(state, value, step)
+        self._log.append((request_id, state, value, step))
+
     def running(self, request_id: int) -> None:
-        if request_id in self.outcomes:
-            self.outcomes[request_id].state = RUNNING
+        if request_id in self.outcomes and self.outcomes[request_id].state != RUNNING:
+            self._change(request_id, RUNNING)
 
     def finished(self, request_id: int, metric: float) -> None:
         """Trained to the end (max_length): its final metric."""
         if request_id in self.outcomes:
-            outcome = self.outcomes[request_id]
-            outcome.state, outcome.value = COMPLETE, ranked(metric, self.smaller_is_better)
+            self._change(request_id, COMPLETE, ranked(metric, self.smaller_is_better))
 
     def stopped(self, request_id: int, metric: float, step: int) -> None:
         """Stopped early (for now, or for good) after a rung `step` long."""
         if request_id in self.outcomes:
-            outcome = self.outcomes[request_id]
-            outcome.state = PRUNED
-            outcome.steps[step] = ranked(metric, self.smaller_is_better)
+            self._change(request_id, PRUNED, ranked(metric, self.smaller_is_better), step)
 
     def failed(self, request_id: int) -> None:
         """Exited early: left out if it has no result, else kept with the results it has."""
         outcome = self.outcomes.get(request_id)
         if outcome is not None and outcome.state == RUNNING:
-            outcome.state = PRUNED if outcome.steps else FAILED
+            self._change(request_id, PRUNED if outcome.steps else FAILED)
 
     # -- Optuna -----------------------------------------------------------------------
     def distributions(self) -> dict[str, Any]:
@@ -143,7 +189,12 @@ class TpeProposals(HparamSource):
             self._distributions = made
         return self._distributions
 
-    def _propose(self, request_id: int) -> _Outcome:
+    def _propose(self, request_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(Optuna's flat params, the hyperparameters) TPE proposes for the request, from
+        the outcomes as they were when it was created."""
+        outcomes: dict[int, _Outcome] = {r: _Outcome() for r in self._marks if r < request_id}
+        for changed, state, value, step in self._log[:self._marks[request_id]]:
+            outcomes[changed].apply(state, value, step)
         optuna = _optuna()
         distributions = self.distributions()
         sampler = optuna.samplers.TPESampler(seed=_sampler_seed(self.experiment_seed,
@@ -152,16 +203,16 @@ class TpeProposals(HparamSource):
         states = {RUNNING: optuna.trial.TrialState.RUNNING,
                   COMPLETE: optuna.trial.TrialState.COMPLETE,
                   PRUNED: optuna.trial.TrialState.PRUNED}
-        for earlier in sorted(self.outcomes):
-            outcome = self.outcomes[earlier]
+        for earlier in sorted(outcomes):
+            outcome = outcomes[earlier]
             if outcome.state == FAILED:
                 continue
             study.add_trial(optuna.trial.create_trial(
-                state=states[outcome.state], params=outcome.params,
+                state=states[outcome.state], params=self._proposals[earlier][0],
                 distributions=distributions, value=outcome.value,
                 intermediate_values=dict(outcome.steps)))
         params = study.ask(distributions).params
-        return _Outcome(params=params, hparams=self._nest(params))
+        return params, self._nest(params)
 
     def _nest(self, params: Mapping[str, Any], space: Mapping[str, Any] | None = None,
               path: tuple[str, ...] = ()) -> dict[str, Any]:
