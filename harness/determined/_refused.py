@@ -33,8 +33,6 @@ REFUSED = {
     "profiler": ("the cluster profiler", "use TensorBoard (localdet tensorboard) for profiles"),
     "tensorboard": ("the master's TensorBoard upload",
                     "use determined.keras.callbacks.TensorBoard and `localdet tensorboard`"),
-    "searcher": ("the custom searcher API",
-                 "use searcher.name single, grid, random or adaptive_asha"),
     "layers": ("Determined's internal workload layers", "localdet's runner drives the trial"),
     "workload": ("Determined's internal workloads", "localdet's runner drives the trial"),
     "ipc": ("Determined's internal process messaging", "localdet's runner drives the trial"),

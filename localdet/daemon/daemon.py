@@ -331,6 +331,9 @@ class Daemon:
                 continue
             if not self.search.started(experiment):
                 self._searching(experiment, self.search.start, experiment)
+            elif experiment.searcher == "custom" and self.search.shut_down(experiment.id):
+                # Its runner posted Shutdown from another process: end it once its trials are.
+                self._settle_experiment(experiment.id)
 
     def _searching(self, experiment: Experiment, action, *args) -> None:
         """Tell the search something; a searcher that fails ends its experiment, not us."""
@@ -883,6 +886,8 @@ class Daemon:
                 [experiment_id, TrialState.QUEUED, TrialState.RUNNING]).fetchone():
             return
         trials = self.db.trials(experiment_id)
+        if experiment.searcher == "custom" and self._custom_settled(experiment, trials):
+            return
         if trials and all(t.state in TERMINAL_STATES for t in trials):
             failed = [t for t in trials if t.state == TrialState.ERROR]
             if any(t.state == TrialState.COMPLETED for t in trials):
@@ -903,6 +908,25 @@ class Daemon:
             self.db.set_experiment_state(experiment_id, state)
             self.log(f"{experiment.kind} {experiment_id} {state}: none of its trials runs "
                      "or is queued")
+
+    def _custom_settled(self, experiment: Experiment, trials: list[Trial]) -> bool:
+        """A custom searcher's experiment with no live trial waits for its runner's next
+        operations until the runner posts Shutdown; then cancel or failure end it CANCELED or
+        ERROR. True when that decided (nothing more to settle)."""
+        if any(t.state not in TERMINAL_STATES for t in trials):
+            return False
+        flags = self.search.shutdown_flags(experiment.id)
+        if flags is None:
+            return True  # waiting for the runner
+        if flags["failure"]:
+            self.db.set_experiment_state(experiment.id, ExperimentState.ERROR, error=(
+                "the custom search method shut the search down with Shutdown(failure=True)"))
+        elif flags["cancel"] or not trials:
+            self.db.set_experiment_state(experiment.id, ExperimentState.CANCELED)
+        else:
+            return False  # ends as any search does, from its trials' states
+        self.log(f"experiment {experiment.id} {self.db.experiment(experiment.id).state}")
+        return True
 
     # -- scripts run on their own (laptop mode) -------------------------------------------
     def _watch_scripts(self) -> None:

@@ -89,6 +89,10 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
     """Progress and ASHA rungs, from the search method replayed from its events."""
     if experiment.state == ExperimentState.COMPLETED and experiment.searcher in _FULL_LENGTH:
         return {"progress": 1.0, "rungs": []}  # all there is to know, without a replay
+    if experiment.searcher == "custom":  # what the runner's SearchMethod last reported
+        from localdet.operations import custom_search
+
+        return {"progress": custom_search.progress(db, experiment.id) or 0.0, "rungs": []}
     events = db.searcher_events(experiment.id)
     if experiment.kind == ExperimentKind.JOB or not events:
         targets = sum(t["target_batches"] for t in trials)
@@ -167,9 +171,22 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
         "submitted_at": experiment.submitted_at,
         "ended_at": experiment.ended_at,
         "error": experiment.error,
-        "warnings": [e["payload"]["message"] for e in events if e["kind"] == "config_warning"],
+        "warnings": _warnings(db, experiment, events),
         "trials": trials,
     }
+
+
+def _warnings(db: StateDB, experiment: Experiment, events: list[dict]) -> list[str]:
+    """The config's warnings; a custom searcher's "waits for a search method" only while no
+    runner has posted to it (the runner's own experiment never waited)."""
+    found = [e["payload"]["message"] for e in events if e["kind"] == "config_warning"]
+    if experiment.searcher == "custom" and db.db.execute(
+            "SELECT 1 FROM custom_search_batches WHERE experiment_id = ? LIMIT 1",
+            [experiment.id]).fetchone():
+        from localdet.config.experiment import CUSTOM_WAITS
+
+        found = [w for w in found if w != CUSTOM_WAITS]
+    return found
 
 
 def _time(text: str | None) -> datetime.datetime | None:

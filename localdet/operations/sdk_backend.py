@@ -20,6 +20,7 @@ from determined.common.api import errors
 from localdet.operations import (
     checkpoints,
     creation,
+    custom_search,
     deletion,
     experiments,
     model_def,
@@ -92,6 +93,14 @@ OPERATIONS: dict[str, Operation] = {
         layout, db, experiment_id),
     "experiment.download_code": lambda layout, db, experiment_id, output_dir: str(
         model_def.download_model_def(layout, db, experiment_id, Path(output_dir))),
+    # determined.searcher's runner (custom_search.py)
+    "searcher.create_experiment": lambda layout, db, config_text, model_dir, includes:
+        custom_search.create_experiment(layout, config_text, model_dir, includes,
+                                        warn=logger.warning),
+    "searcher.events": lambda layout, db, experiment_id, after: custom_search.events(
+        db, experiment_id, after),
+    "searcher.post_operations": lambda layout, db, experiment_id, event_id, operations:
+        custom_search.post_operations(layout, db, experiment_id, event_id, operations),
     "trial.get": lambda layout, db, trial_id: trials.describe_trial(db, trial_id),
     "trial.kill": lambda layout, db, trial_id: experiments.act(layout, db, "kill",
                                                                trial_id=trial_id),
@@ -131,7 +140,9 @@ OPERATIONS: dict[str, Operation] = {
         db, model, version),
 }
 
-# Listings answer [] before anything is recorded; other reads say there is nothing.
+# Creations may come first; listings answer [] before anything is recorded; other reads
+# say there is nothing.
+_CREATIONS = {"experiment.create", "searcher.create_experiment"}
 _LISTINGS = {"experiment.list", "model.list"}
 
 
@@ -145,7 +156,7 @@ class SDKBackend:
                                       f"{operation!r}; update localdet and determined "
                                       "together")
         layout = Layout.from_environment()
-        if operation != "experiment.create" and not layout.db.exists():
+        if operation not in _CREATIONS and not layout.db.exists():
             if operation in _LISTINGS:
                 return []
             raise errors.NotFoundException(f"nothing is recorded at {layout.home} yet; "

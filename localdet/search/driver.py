@@ -56,6 +56,11 @@ def _feed(method: SearchMethod, event: dict) -> list:
         if continued is None:
             raise ValueError(f"a {type(method).__name__} cannot continue a trial")
         return continued(event["request_id"])
+    if kind in ("trial_created", "shutdown"):  # recorded for a custom searcher's runner
+        handler = getattr(method, f"on_{kind}", None)
+        if handler is None:
+            raise ValueError(f"a {type(method).__name__} has no {kind} events")
+        return handler(*([event["request_id"]] if kind == "trial_created" else []))
     raise ValueError(f"unknown searcher event {kind!r}")
 
 
@@ -94,6 +99,22 @@ class Search:
         if experiment.state in TERMINAL_STATES:
             return  # the whole experiment was killed or failed: nothing more to decide
         self._event(experiment, {"kind": "trial_exited_early", "request_id": trial.request_id})
+
+    def shut_down(self, experiment_id: int) -> bool:
+        """Whether a custom searcher's runner posted Shutdown: until then its experiment waits
+        for the runner, even with every trial ended."""
+        return self.shutdown_flags(experiment_id) is not None
+
+    def shutdown_flags(self, experiment_id: int) -> dict | None:
+        """The custom searcher's Shutdown ({"cancel": ..., "failure": ...}), None before one.
+        Its event's `length` holds them as bits (1 cancel, 2 failure)."""
+        row = self.db.db.execute("SELECT length FROM searcher_events WHERE experiment_id = ? "
+                                 "AND kind = 'shutdown' ORDER BY id LIMIT 1",
+                                 [experiment_id]).fetchone()
+        if row is None:
+            return None
+        bits = row[0] or 0
+        return {"cancel": bool(bits & 1), "failure": bool(bits & 2)}
 
     def method(self, experiment: Experiment) -> SearchMethod:
         return self._method(experiment)
@@ -179,7 +200,10 @@ class Search:
     def _close_stranded(self, experiment: Experiment) -> None:
         """Trials WAITING with nothing left to run can never be promoted: the search is over.
         Filtered in SQL, the newest trials first (the ones most likely still to run): this
-        runs after every searcher event."""
+        runs after every searcher event. A custom searcher's runner decides about its WAITING
+        trials until it shuts the search down."""
+        if experiment.searcher == "custom" and not self.shut_down(experiment.id):
+            return
         if self.db.db.execute(
                 "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?, ?) "
                 "ORDER BY id DESC LIMIT 1", [experiment.id, TrialState.QUEUED,

@@ -125,7 +125,7 @@ def searcher_sets_length(config: Dict[str, Any]) -> bool:
     rungs); otherwise the script's own loop does."""
     searcher = config.get("searcher") or {}
     return searcher.get("max_length") is not None or searcher.get("max_time") is not None \
-        or searcher.get("name") == "adaptive_asha"
+        or searcher.get("name") in ("adaptive_asha", "custom")
 
 
 def _seed(seed: int) -> None:

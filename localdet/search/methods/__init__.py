@@ -29,6 +29,7 @@ from localdet.search.methods.base import (
     ranked,
     worst_if_nan,
 )
+from localdet.search.methods.custom import CustomSearch
 from localdet.search.methods.grid import GridSearch
 from localdet.search.methods.random import RandomSearch
 from localdet.search.methods.single import SingleSearch
@@ -44,6 +45,8 @@ SEARCH_METHODS: dict[str, Callable[[ExperimentConfig, int], SearchMethod]] = {
     # Optuna's TPE proposes the hyperparameters (tpe.py); bayesian is its other name.
     "tpe": make_tpe_search,
     "bayesian": make_tpe_search,
+    # A runner script's SearchMethod decides (localdet/operations/custom_search.py).
+    "custom": CustomSearch,
 }
 
 
@@ -59,6 +62,7 @@ __all__ = [
     "AdaptiveASHASearch",
     "Close",
     "Create",
+    "CustomSearch",
     "GridSearch",
     "Operation",
     "RandomSearch",
