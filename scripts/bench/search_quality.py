@@ -198,8 +198,9 @@ def compare(title: str, space: dict, objective: Callable[[dict], float], optimum
                            ("localdet tpe", "optuna TPESampler", "localdet random"))
     noise = 2 * math.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
     difference = ours.mean() - theirs.mean()
+    verdict = "matches within noise" if abs(difference) <= noise else "differs"
     lines.append(f"  tpe vs Optuna: difference {difference:+.4f}, two standard errors "
-                 f"{noise:.4f}: {'matches within noise' if abs(difference) <= noise else 'differs'}")
+                 f"{noise:.4f}: {verdict}")
     wins = int((ours < blind).sum())
     beats = ours.mean() < blind.mean() and wins > len(seeds) / 2
     lines.append(f"  tpe vs random: better on {wins} of {len(seeds)} seeds, mean "
