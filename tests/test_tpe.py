@@ -61,6 +61,12 @@ def test_tpe_and_bayesian_are_accepted_and_early_stopping_fills_ashas_defaults()
         == {"max_rungs": 3, "divisor": 4, "mode": "standard"}
     assert type(make_search_method(config, 1)) is TpeASHASearch
     assert tpe_config(mode="aggressive")["searcher"]["max_rungs"] == 5
+    # All trials at once would all be drawn before any result: said in one warning.
+    (warning,) = parse_config({"entrypoint": "model_def:Trial", "hyperparameters": SPACE,
+                               "searcher": {"name": "tpe", "metric": "val_loss",
+                                            "max_trials": 8}}).warnings
+    assert warning.startswith("searcher.max_concurrent_trials: the tpe searcher learns") \
+        and "16 lets all 8 start at once" in warning
 
 
 @pytest.mark.parametrize("searcher, says", [

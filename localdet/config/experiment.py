@@ -372,8 +372,15 @@ def _check_searcher(config: dict[str, Any], warnings: list[str]) -> None:
         for key, value in _schema()["$defs"]["searcher"]["x-defaults-by-name"][
                 "adaptive_asha"].items():
             searcher.setdefault(key, value)
-    if name in ("tpe", "bayesian") and any(
-            searcher.get(key) is not None for key in ("mode", "max_rungs", "divisor")):
+    early_stopping = any(searcher.get(key) is not None for key in ("mode", "max_rungs", "divisor"))
+    concurrent = searcher["max_concurrent_trials"]
+    if name in ("tpe", "bayesian") and not early_stopping \
+            and (concurrent == 0 or concurrent >= searcher["max_trials"]):
+        warnings.append(f"searcher.max_concurrent_trials: the {name} searcher learns from "
+                        f"finished trials, but {concurrent or 'no limit'} lets all "
+                        f"{searcher['max_trials']} start at once, drawn at random: lower it "
+                        f"(to the slots you have, say)")
+    if name in ("tpe", "bayesian") and early_stopping:
         # Early stopping asked for: adaptive_asha's rungs, its defaults for what is unset.
         for key, value in _schema()["$defs"]["searcher"]["x-defaults-by-name"][
                 "adaptive_asha"].items():
