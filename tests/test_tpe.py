@@ -64,7 +64,8 @@ def test_tpe_and_bayesian_are_accepted_and_early_stopping_fills_ashas_defaults()
     # All trials at once would all be drawn before any result: said in one warning.
     (warning,) = parse_config({"entrypoint": "model_def:Trial", "hyperparameters": SPACE,
                                "searcher": {"name": "tpe", "metric": "val_loss",
-                                            "max_trials": 8}}).warnings
+                                            "max_trials": 8,
+                                            "max_length": {"batches": 64}}}).warnings
     assert warning.startswith("searcher.max_concurrent_trials: the tpe searcher learns") \
         and "16 lets all 8 start at once" in warning
 
