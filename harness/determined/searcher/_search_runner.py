@@ -76,7 +76,7 @@ class SearchRunner:
 
     def run_experiment(self, experiment_id: int,
                        prior_operations: Optional[List[Operation]] = None,
-                       sleep_time: float = POLL_SECONDS) -> None:
+                       sleep_time: Optional[float] = None) -> None:
         """Answer the experiment's events until it ends. `prior_operations`: those saved for
         `state.last_event_id`, posted again (the records take a batch once)."""
         if prior_operations is not None and self.state.last_event_id:
@@ -101,7 +101,7 @@ class SearchRunner:
                 logger.warning(f"experiment {experiment_id} is paused; the search goes on "
                                "when it is activated (`localdet resume`)")
             told_paused = reply["state"] == "PAUSED"
-            time.sleep(sleep_time)
+            time.sleep(POLL_SECONDS if sleep_time is None else sleep_time)
 
     def _post(self, experiment_id: int, event_id: int, operations: List[Operation]) -> None:
         _backend.call("searcher.post_operations", experiment_id=experiment_id,

@@ -23,6 +23,7 @@ METHODS = {
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    searcher._search_runner.POLL_SECONDS = 0.1  # tiny trials: look for their news often
     method = METHODS[sys.argv[1]]()
     config = str(HERE / "experiment" / "config.yaml")
     runner = searcher.LocalSearchRunner(method, searcher_dir=Path(sys.argv[2]))
