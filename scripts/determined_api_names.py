@@ -8,7 +8,8 @@
 For every final release tag from 0.17.0 to 0.38.x (no rc, ee or dryrun tags) it reads, with
 `git show TAG:PATH`, the files that define the public modules (`determined`,
 `determined.core`, `determined.keras`, `determined.keras.callbacks`,
-`determined.experimental`, `determined.experimental.client`, `determined.common.experimental`)
+`determined.experimental`, `determined.experimental.client`, `determined.common.experimental`,
+`determined.searcher`)
 and parses them with `ast`; no code of Determined's is run or
 copied. A module's names are:
 
@@ -53,6 +54,7 @@ MODULE_FILES = {
                                 "harness/determined/experimental.py"],
     "determined.experimental.client": ["harness/determined/experimental/client.py"],
     "determined.common.experimental": ["harness/determined/common/experimental/__init__.py"],
+    "determined.searcher": ["harness/determined/searcher/__init__.py"],
 }
 # Plain module files whose imports from `determined` are part of what they offer (the SDK's
 # `client` hands out the classes it imports: `client.Checkpoint`, `client.OrderBy`).

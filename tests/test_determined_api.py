@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sdk_api_checks
+import searcher_api_checks
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "determined-api.md"
@@ -81,7 +82,7 @@ def test_the_page_covers_every_module_and_class_the_issue_names():
         "determined.keras", "determined.keras.callbacks",
         "determined.keras.TFKerasTrial", "determined.keras.TFKerasTrialContext",
         "context.env", "determined.keras.TFKerasExperimentalContext", "context.distributed",
-        "determined.ClusterInfo", "determined.TrialInfo"}
+        "determined.ClusterInfo", "determined.TrialInfo", "determined.searcher"}
     assert {status for _, _, status in ROWS} <= STATUSES, "a name is left unclassified"
     # The names users' folders failed on.
     assert SECTIONS["determined.keras"]["InputData"][0] == "supported"
@@ -384,6 +385,8 @@ def _det(w):
         "launch": lambda: det.launch.__name__ == "determined.launch"
         and importlib.util.find_spec("determined.launch.tensorflow") is not None,
         "errors": lambda: issubclass(errors.NotServedError, NotImplementedError),
+        "searcher": lambda: det.searcher.SearchMethod
+        is importlib.import_module("determined.searcher").SearchMethod,
         "workload": lambda: det.workload.Stream is not None
         and _refuses_in_one_sentence(lambda: det.workload.train_workload),
         "gpu": lambda: _refuses_in_one_sentence(lambda: det.gpu.get_gpu_uuids),
@@ -1053,6 +1056,7 @@ CHECKS = {
         w, "determined.experimental"),
     "determined.common.experimental": lambda w: sdk_api_checks.experimental_checks(
         w, "determined.common.experimental"),
+    "determined.searcher": searcher_api_checks.searcher_checks,
 }
 
 

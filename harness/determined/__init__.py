@@ -34,6 +34,7 @@ _NAMES = {
     "util": "determined.util",
     "launch": "determined.launch",
     "experimental": "determined.experimental",
+    "searcher": "determined.searcher",
     # served in part: they import, and refuse their other names when used (_refused)
     "common": "determined.common",
     "gpu": "determined.gpu",
