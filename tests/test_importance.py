@@ -58,7 +58,7 @@ def test_the_cache_is_used_and_refreshed_when_new_validations_arrive(layout, db)
     assert importances(layout, db, experiment_id)["cached"] is True
 
 
-def test_status_json_carries_the_importances(layout, db):
+def test_status_json_carries_the_importances_and_status_shows_them_cached(layout, db):
     experiment_id = record_experiment(db, "status", lr_driven(10, seed=1))
 
     done = CliRunner().invoke(cli, ["status", str(experiment_id), "--json"],
@@ -68,3 +68,7 @@ def test_status_json_carries_the_importances(layout, db):
     facts = json.loads(done.output)
     assert list(facts["importances"]["importances"])[0] == "lr"
     assert facts["importances"]["trials"] == 10
+    # The plain status shows them once cached (it never computes them: it stays fast).
+    plain = CliRunner().invoke(cli, ["status", str(experiment_id)],
+                               env={"LOCALDET_HOME": str(layout.home)})
+    assert "importance for val_loss over 10 trials: lr " in plain.output

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -126,7 +127,7 @@ def _write_cache(layout: Layout, experiment_id: int, digest: str,
     folder = layout.experiment_dir(experiment_id)
     try:  # a cache: a folder that cannot be written only costs the next call a computation
         folder.mkdir(parents=True, exist_ok=True)
-        scratch = folder / f".{CACHE_NAME}.{os.getpid()}"
+        scratch = folder / f".{CACHE_NAME}.{os.getpid()}.{threading.get_ident()}"
         scratch.write_text(json.dumps({"digest": digest, "answer": answer}))
         os.replace(scratch, folder / CACHE_NAME)
     except OSError:
