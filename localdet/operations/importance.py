@@ -41,6 +41,7 @@ from localdet.records.db import Experiment, StateDB
 EVALUATOR = "ped-anova"
 MIN_TRIALS = 3  # the top group and the rest need two and one trials at the least
 CACHE_NAME = "importance.json"
+_UNCACHED = "_uncached"  # marks an answer that says why it could not be computed
 _FORMAT = 1  # bumped when the answer's computation changes: older caches are recomputed
 
 
@@ -147,7 +148,8 @@ def importances(layout: Layout, db: StateDB, experiment_id: int, *,
     if not compute:
         return None
     answer = evaluate(experiment, scored, counted)
-    _write_cache(layout, experiment_id, digest, answer)
+    if not answer.pop(_UNCACHED, False):  # a failure is tried again next time
+        _write_cache(layout, experiment_id, digest, answer)
     return {**answer, "cached": False}
 
 
@@ -172,7 +174,14 @@ def evaluate(experiment: Experiment, scored: list[dict[str, Any]],
         answer["importances"] = {name: 0.0 for name in varied}
         answer["note"] = f"{experiment.metric} was the same in every trial"
         return answer
-    found = _pedanova(experiment, scored, varied)
+    try:  # the answer says why, rather than the status or page it is part of failing
+        found = _pedanova(experiment, scored, varied)
+    except ImportError:
+        answer["note"] = "importances need Optuna, which is not installed: pip install optuna"
+        return {**answer, _UNCACHED: True}
+    except ValueError as error:  # Optuna refused these values
+        answer["note"] = f"importances could not be computed: {error}"
+        return {**answer, _UNCACHED: True}
     total = sum(found.values())
     answer["importances"] = dict(sorted(
         ((name, found.get(name, 0.0) / total if total > 0 else 0.0) for name in varied),
