@@ -15,10 +15,10 @@ sys.path.insert(0, str(HERE))
 from determined import searcher  # noqa: E402
 
 METHODS = {
-    "asha": lambda: __import__("asha").ASHASearchMethod(max_trials=6, num_rungs=3,
+    "asha": lambda: __import__("asha").ASHASearchMethod(max_trials=4, num_rungs=3,
                                                         min_length=2, divisor=2, seed=11),
     "random": lambda: __import__("random_early_exits").RandomWithEarlyExits(
-        max_trials=7, length=3, concurrency=2, seed=5),
+        max_trials=6, length=3, concurrency=2, seed=5),
 }
 
 if __name__ == "__main__":
