@@ -317,6 +317,7 @@ LONGEST_FILES = [
     "test_keras_api.py",        # ~60
     "test_script_e2e.py",       # ~55
     "test_pause_resume_e2e.py", # ~45
+    "test_custom_search.py",    # ~45 (two runner scripts, a runner and a daemon killed -9)
     "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
     "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
     "test_fuzz_intake.py",      # ~30
