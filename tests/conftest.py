@@ -329,6 +329,7 @@ LONGEST_FILES = [
     "test_subclassed_models.py",  # ~25
     "test_cross_line.py",       # ~20
     "test_web_manage.py",       # ~20 (sdk_cli/: a browser)
+    "test_web_insight.py",      # ~15 (a browser: importances, compare)
 ]
 
 
