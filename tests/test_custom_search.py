@@ -189,6 +189,30 @@ def test_a_batch_posted_twice_applies_once(layout, db):
     assert custom_search.post_operations(layout, db, experiment_id, last, []) \
         == {"applied": True}
 
+    # Closing a trial still training asks the daemon to stop it; its stop is not told to
+    # the runner as an early exit.
+    db.update_trial(trial.id, state="RUNNING")
+    db.add_searcher_event(experiment_id, "validation_completed", trial.request_id, 0.5, 2)
+    last = db.searcher_events(experiment_id)[-1]["id"]
+    custom_search.post_operations(layout, db, experiment_id, last, [
+        {"type": "close", "request_id": create[0]["request_id"]}])
+    assert [(r["action"], r["trial_id"]) for r in db.pending_requests()] == [("kill", trial.id)]
+    db.update_trial(trial.id, state="CANCELED")
+    db.add_searcher_event(experiment_id, "trial_exited_early", trial.request_id)
+    kinds = [e["kind"] for e in custom_search.events(db, experiment_id, after=last)["events"]]
+    assert kinds == ["trial_closed"]
+
+    # After a Shutdown, answers are recorded and not carried out.
+    newest = db.searcher_events(experiment_id)[-1]["id"]
+    custom_search.post_operations(layout, db, experiment_id, newest, [{"type": "shutdown"}])
+    db.add_searcher_event(experiment_id, "trial_closed", 1)
+    later = db.searcher_events(experiment_id)[-1]["id"]
+    custom_search.post_operations(layout, db, experiment_id, later, [
+        {"type": "create", "request_id": "7e4f4c1a-0000-4000-8000-000000000003",
+         "hparams": {}}])
+    assert custom_search.events(db, experiment_id, after=later)["events"] == []
+    assert len(db.trials(experiment_id)) == 1
+
 
 def test_a_custom_config_submitted_alone_says_what_to_run():
     from localdet.config.experiment import CUSTOM_WAITS, load_config_text

@@ -87,6 +87,11 @@ def events(db: StateDB, experiment_id: int, after: int = 0) -> dict[str, Any]:
     "exited_reason"}."""
     experiment = _custom(db, experiment_id)
     uuids = _uuids(db, experiment_id)
+    # A Close of a trial still training stops it (a kill request): that is its close, not an
+    # early exit, as under Determined, whose trials stopped at the Close.
+    closed = dict(db.db.execute(
+        "SELECT request_id, MIN(id) FROM searcher_events WHERE experiment_id = ? AND "
+        "kind = 'trial_closed' GROUP BY request_id", [experiment_id]).fetchall())
     found = []
     for row in db.db.execute(
             "SELECT id, kind, request_id, metric, length FROM searcher_events "
@@ -94,6 +99,8 @@ def events(db: StateDB, experiment_id: int, after: int = 0) -> dict[str, Any]:
         event_id, kind, request_id, metric, length = row
         if kind not in _EVENT_KINDS:
             continue  # the runner's own Shutdown
+        if kind == "trial_exited_early" and closed.get(request_id, event_id) < event_id:
+            continue
         event: dict[str, Any] = {"id": event_id, "kind": _EVENT_KINDS[kind]}
         if request_id is not None:
             event["request_id"] = uuids.get(request_id)
@@ -126,7 +133,11 @@ def post_operations(layout: Layout, db: StateDB, experiment_id: int, event_id: i
                                  "to answer; the runner's searcher_dir belongs to another "
                                  "experiment or home")
         progress = None
-        if experiment.state not in TERMINAL_STATES:
+        shut_down = db.db.execute("SELECT 1 FROM searcher_events WHERE experiment_id = ? AND "
+                                  "kind = 'shutdown'", [experiment_id]).fetchone()
+        # After a Shutdown (or the experiment's end) the method's answers change nothing:
+        # they are recorded, as every batch is, and not carried out.
+        if experiment.state not in TERMINAL_STATES and not shut_down:
             for operation in operations:
                 progress = _apply(db, experiment, operation, progress)
         db.db.execute("INSERT INTO custom_search_batches (experiment_id, event_id, operations, "
