@@ -192,6 +192,11 @@ def _apply(db: StateDB, experiment: Experiment, operation: dict[str, Any],
             raise OperationError(f"ValidateAfter asked for length {length}; a trial trains "
                                  "at least 1 batch")
         trial = db.trial_by_request(eid, request_id)
+        if trial is not None and trial.state not in TERMINAL_STATES \
+                and length <= trial.batches_trained:
+            raise OperationError(f"ValidateAfter asked request {operation['request_id']} to "
+                                 f"train to {length} batches, but it has trained "
+                                 f"{trial.batches_trained}; ask for a longer length")
         if trial is None:
             db.create_trial(experiment_id=eid, request_id=request_id, hparams=hparams,
                             seed=seed, target_batches=length, state=queued)
