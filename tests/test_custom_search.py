@@ -220,3 +220,12 @@ def test_a_custom_config_submitted_alone_says_what_to_run():
     parsed = load_config_text((SEARCH / "experiment" / "config.yaml").read_text())
     assert CUSTOM_WAITS in parsed.warnings
     assert "LocalSearchRunner(method).run(config, model_dir=...)" in CUSTOM_WAITS
+
+
+def test_a_script_run_on_its_own_with_a_custom_config_says_what_to_run(tmp_path):
+    from localdet.reporting.unmanaged import ScriptRunError, _plan
+
+    config = SEARCH / "experiment" / "config.yaml"
+    with pytest.raises(ScriptRunError, match=r"searcher 'custom' creates trials only from a "
+                                             r"search runner .*LocalSearchRunner"):
+        _plan(SEARCH / "experiment" / "train.py", None, str(config))

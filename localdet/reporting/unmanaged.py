@@ -84,8 +84,13 @@ def _plan(script: Path, hparams: Optional[Dict[str, Any]],
     if seed is None:
         seed = secrets.randbelow(2**31)
         config["reproducibility"]["experiment_seed"] = seed
-    create = next(op for op in make_search_method(config, seed).initial_operations()
-                  if isinstance(op, Create))
+    create = next((op for op in make_search_method(config, seed).initial_operations()
+                   if isinstance(op, Create)), None)
+    if create is None:  # a custom search: its trials come from a runner's SearchMethod
+        raise ScriptRunError(
+            f"LOCALDET_CONFIG={config_path}: searcher '{config['searcher']['name']}' creates "
+            "trials only from a search runner (determined.searcher.LocalSearchRunner); run "
+            "that script, or give this run a config with searcher.name: single")
     chosen = dict(hparams) if hparams is not None else create.hparams
     return config, text, seed, create, chosen
 
