@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from localdet.operations.errors import OperationError
-from localdet.operations.facts import experiment_facts
-from localdet.operations.importance import flat
+from localdet.operations.facts import experiment_facts, flat_hparams
 from localdet.records.db import Experiment, StateDB
 from localdet.records.states import ExperimentKind
 
@@ -59,7 +58,7 @@ def best_trial(db: StateDB, experiment: Experiment) -> dict[str, Any]:
     at = better(range(len(curve)), key=lambda i: curve[i][1])  # the first of equal bests
     best_batches = curve[at][0]
     column.update(
-        hparams=flat(trial["hparams"]), batches=trial["batches_trained"],
+        hparams=flat_hparams(trial["hparams"]), batches=trial["batches_trained"],
         best_batches=best_batches, curve=[[b, v] for b, v in curve],
         validation=next(m for b, m in rows if b == best_batches))
     return column

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from localdet.paths import Layout
@@ -245,3 +246,14 @@ def checkpoint_facts(checkpoint: Checkpoint) -> dict[str, Any]:
         "created_at": checkpoint.created_at,
         "state": checkpoint.state,  # COMPLETED, or DELETED by retention
     }
+
+
+def flat_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested hyperparameters as dotted names: {"opt": {"lr": 1}} -> {"opt.lr": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in hparams.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_hparams(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from localdet.operations.facts import validations_by_trial
+from localdet.operations.facts import flat_hparams, validations_by_trial
 from localdet.paths import Layout
 from localdet.records.db import Experiment, StateDB
 
@@ -43,17 +43,6 @@ MIN_TRIALS = 3  # the top group and the rest need two and one trials at the leas
 CACHE_NAME = "importance.json"
 _UNCACHED = "_uncached"  # marks an answer that says why it could not be computed
 _FORMAT = 1  # bumped when the answer's computation changes: older caches are recomputed
-
-
-def flat(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested hyperparameters as dotted names: {"opt": {"lr": 1}} -> {"opt.lr": 1}."""
-    out: dict[str, Any] = {}
-    for key, value in hparams.items():
-        if isinstance(value, Mapping):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def hparam_types(config: Mapping[str, Any]) -> dict[str, str]:
@@ -90,7 +79,7 @@ def scored_trials(db: StateDB, experiment: Experiment) -> tuple[list[dict[str, A
                   if _finite(row.get(experiment.metric))]
         counted += len(values)
         if values:
-            scored.append({"trial_id": trial.id, "hparams": flat(trial.hparams),
+            scored.append({"trial_id": trial.id, "hparams": flat_hparams(trial.hparams),
                            "value": better(values)})
     return scored, counted
 

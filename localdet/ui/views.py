@@ -15,6 +15,7 @@ from localdet.operations.facts import (  # noqa: F401  (views' names, used by th
     best_checkpoint,
     checkpoint_facts,
     experiment_facts,
+    flat_hparams,
     job_facts,
     launches_by_trial,
     trial_facts,
@@ -53,17 +54,6 @@ def _state(state: str) -> str:
 
 def _number(value: Any) -> str:
     return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def flat_hparams(hparams: dict, prefix: str = "") -> dict:
-    """Nested hyperparameters as dotted names: {"opt": {"lr": 1}} -> {"opt.lr": 1}."""
-    flat = {}
-    for key, value in hparams.items():
-        if isinstance(value, dict):
-            flat.update(flat_hparams(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _name(facts: dict) -> str:
