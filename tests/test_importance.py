@@ -68,6 +68,9 @@ def test_status_json_carries_the_importances_and_status_shows_them_cached(layout
     facts = json.loads(done.output)
     assert list(facts["importances"]["importances"])[0] == "lr"
     assert facts["importances"]["trials"] == 10
+    again = CliRunner().invoke(cli, ["status", str(experiment_id), "--json"],
+                               env={"LOCALDET_HOME": str(layout.home)})
+    assert json.loads(again.output) == facts  # computed, then cached: the same facts
     # The plain status shows them once cached (it never computes them: it stays fast).
     plain = CliRunner().invoke(cli, ["status", str(experiment_id)],
                                env={"LOCALDET_HOME": str(layout.home)})

@@ -282,7 +282,10 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
                 if experiment.kind == ExperimentKind.JOB else describe(layout, db, experiment_id)
             if experiment.kind != ExperimentKind.JOB:  # computed for --json; else if cached
                 from localdet.operations.importance import importances
-                facts["importances"] = importances(layout, db, experiment_id, compute=as_json)
+                found = importances(layout, db, experiment_id, compute=as_json)
+                # The same facts whether or not they were cached: scripts compare them.
+                facts["importances"] = found and {k: v for k, v in found.items()
+                                                  if k != "cached"}
     except NotFound as error:
         _fail(str(error))
     if as_json:
