@@ -25,12 +25,12 @@ RUN pip install --no-cache-dir --no-deps . \
  && pip install --no-cache-dir "h5py>=3.10" "sqlite-utils>=4.0" "watchdog>=4.0" \
         "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0" "numpy>=1.26" \
         "starlette>=0.37" "uvicorn>=0.29" "plotly>=5.20" "matplotlib>=3.8" \
-        "scikit-learn>=1.3"
+        "optuna>=4.0" "scikit-learn>=1.3"
 
 # Make the build fail, instead of the first multi-GPU trial, if pip replaced NVIDIA's
 # TensorFlow or Horovod is missing. Nothing here imports TensorFlow, so no GPU is needed.
 RUN python -c "import importlib.metadata as m; v = m.version('tensorflow'); assert '+nv' in v, f'NVIDIA TensorFlow was replaced by {v}'" \
- && python -c "from localdet.engines import horovod_installed; assert horovod_installed(), 'horovod.tensorflow is missing'" \
+ && python -c "from localdet.config.engines import horovod_installed; assert horovod_installed(), 'horovod.tensorflow is missing'" \
  && localdet --help > /dev/null
 
 COPY examples/ examples/

@@ -437,7 +437,7 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
 
     daemon.open = open_and_wrap
     outcome: dict = {}
-    from localdet.reporting.sqlite_reporter import report_server
+    from localdet.reporting import report_server
     servers = []
     started = report_server.ReportServer.start
 
