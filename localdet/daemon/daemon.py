@@ -41,6 +41,7 @@ from localdet.paths import Layout
 from localdet.pids import DaemonLock, alive, exit_description, process_start
 from localdet.processes import capped_log, failures, launcher, memory_limit
 from localdet.processes.warm_pool import WarmPool, environment_kind
+from localdet.records import backups as records_copies
 from localdet.records import lifecycle
 from localdet.records.db import Experiment, NotFound, StateDB, Trial, now
 from localdet.records.states import (
@@ -129,6 +130,7 @@ class Daemon:
     report: str = "sqlite"   # how trials report: "sqlite" (straight in), "http" (report server)
     report_port: int | None = None  # the report server's port; None: the remembered one
     report_url: str | None = None   # set while the report server runs
+    backup_minutes: float = 30      # a copy of the database this often (and at start)
     _processes: dict = field(default_factory=dict)     # trial id -> Popen (ours)
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
@@ -186,7 +188,13 @@ class Daemon:
         lock = DaemonLock(self.layout.daemon_lock)
         lock.acquire()
         self._keep_log()
+        try:
+            records_copies.check_at_start(self.layout.db)  # DamagedDatabase: refused
+        except BaseException:
+            lock.release()
+            raise
         self.open()
+        copies = records_copies.Schedule(self.layout.db, self.backup_minutes * 60, self.log)
         # watchdog re-adds its inotify watch when a folder is moved within the queue (every
         # submission is), and warns each time; nothing is lost, so the warning is noise.
         warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning)
@@ -229,6 +237,7 @@ class Daemon:
             while not self._stop.is_set():
                 try:
                     self.step()
+                    copies.maybe(self.db.db.conn)
                 except Exception:  # a bug must not take the other experiments down
                     self.log("localdet daemon: unexpected error, carrying on:\n"
                              + traceback.format_exc())

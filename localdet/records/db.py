@@ -71,6 +71,14 @@ def _migrated(db: sqlite_utils.Database) -> bool:
     return bool(names) and applied.issuperset(names)
 
 
+def _has_records(db: sqlite_utils.Database) -> bool:
+    """Whether some migration has run on `db` (so applying the rest upgrades records)."""
+    try:
+        return db.execute("SELECT 1 FROM _sqlite_migrations LIMIT 1").fetchone() is not None
+    except sqlite3.OperationalError:  # a new file
+        return False
+
+
 @functools.lru_cache(maxsize=None)
 def _migrations(folder: Path) -> Migrations:
     """Loaded once a process: StateDB.open runs for every connection (the report server
@@ -91,6 +99,17 @@ def _migrations(folder: Path) -> Migrations:
 
 class NotFound(LookupError):
     """A user named an experiment, trial or checkpoint that does not exist."""
+
+
+class DamagedDatabase(RuntimeError):
+    """The database file is damaged (SQLite: "malformed", "not a database"); the message
+    says what to do, in one sentence."""
+
+    @classmethod
+    def of(cls, path: str | Path, error: BaseException | str) -> "DamagedDatabase":
+        return cls(f"the records in {path} are damaged ({error}): run `localdet doctor "
+                   "--restore` to bring back the newest backup, or move the file aside to "
+                   "start afresh")
 
 
 class CheckpointDeleted(NotFound):
@@ -253,14 +272,30 @@ class StateDB:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # No sqlite_utils plugins: loading them scans every installed package's entry points.
         db = _Database(path, execute_plugins=False)
-        db.execute("PRAGMA busy_timeout = 30000")
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA foreign_keys = ON")
-        # Durable enough in WAL mode: a power cut may lose the last commits, never consistency.
-        db.execute("PRAGMA synchronous = NORMAL")
-        if not _migrated(db):
-            migrations().apply(db)
-        db.fix_schema()
+        try:
+            db.execute("PRAGMA busy_timeout = 30000")
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA foreign_keys = ON")
+            # Durable enough in WAL mode: a power cut may lose the last commits, never
+            # consistency.
+            db.execute("PRAGMA synchronous = NORMAL")
+            if not _migrated(db):
+                if _has_records(db):  # an upgrade: keep a copy from before it
+                    from localdet.records.backups import BackupError, back_up
+
+                    try:
+                        back_up(Path(path), reason="before-migration", source=db.conn)
+                    except BackupError as error:  # the copy failed its check: so does this
+                        db.close()
+                        raise DamagedDatabase.of(path, error) from None
+                migrations().apply(db)
+            db.fix_schema()
+        except sqlite3.OperationalError:  # locked, read-only, ...: not damage
+            db.close()
+            raise
+        except sqlite3.DatabaseError as error:
+            db.close()
+            raise DamagedDatabase.of(path, error) from None
         return cls(db)
 
     def close(self) -> None:

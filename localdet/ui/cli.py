@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from localdet.config.schema import ConfigError  # (config.experiment's: parsing,
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
-from localdet.ui import catalog_commands, compare, views
+from localdet.ui import catalog_commands, compare, doctor_commands, views
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -105,10 +106,15 @@ def cli() -> None:
               help="The report server's port (with --report http). Default: the one chosen "
                    "at its first start, kept in the state folder so running trials find a "
                    "restarted daemon.")
+@click.option("--backup-minutes", type=click.FloatRange(min=0, min_open=True), default=30,
+              show_default=True,
+              help="Copy the records (localdet.db) into $LOCALDET_HOME/backups at start and "
+                   "this often, keeping the newest 3; `localdet doctor --restore` brings "
+                   "one back.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
            min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
-           report_port: int | None) -> None:
+           report_port: int | None, backup_minutes: float) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.checkpoints.disk_space import Reserve
     from localdet.daemon.daemon import Daemon
@@ -129,7 +135,8 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
         Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
                trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
                reserve=Reserve(min_free_space, min_free_percent), warm=warm,
-               report=report, report_port=report_port, ray=ray_address).run()
+               report=report, report_port=report_port, ray=ray_address,
+               backup_minutes=backup_minutes).run()
     except (DaemonAlreadyRunning, ReportServerError, RayError) as error:
         _fail(str(error))
 
@@ -555,7 +562,17 @@ def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> 
 for _command in catalog_commands.COMMANDS:
     cli.add_command(_command)
 cli.add_command(compare.compare)
+cli.add_command(doctor_commands.doctor)
 
 
 def main() -> None:
-    cli()
+    from localdet.records.db import DamagedDatabase
+
+    try:
+        cli()
+    except DamagedDatabase as error:
+        _fail(str(error))
+    except sqlite3.DatabaseError as error:  # met past the open, reading a damaged page
+        if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
+            raise
+        _fail(str(DamagedDatabase.of(Layout.from_environment().db, error)))

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import sqlite3
 import sys
 
 import click
+
+from localdet.paths import Layout
 
 # name -> (module, short help, Determined's aliases)
 NOUNS = {
@@ -108,8 +111,19 @@ def main() -> None:
     if os.environ.get("DET_MASTER"):
         click.echo(f"det: ignoring DET_MASTER={os.environ['DET_MASTER']}: localdet has no "
                    "master; commands work on the state folder $LOCALDET_HOME", err=True)
+    from localdet.records.db import DamagedDatabase
+
     try:
         det(prog_name="det")
     except KeyboardInterrupt:
         click.echo("Interrupting...", err=True)
         sys.exit(3)
+    except DamagedDatabase as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(1)
+    except sqlite3.DatabaseError as error:  # met past the open, reading a damaged page
+        if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
+            raise
+        click.echo(f"Error: {DamagedDatabase.of(Layout.from_environment().db, error)}",
+                   err=True)
+        sys.exit(1)

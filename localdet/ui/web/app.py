@@ -42,6 +42,7 @@ import json
 import re
 import shutil
 import socket
+import sqlite3
 import tarfile
 import tempfile
 from collections import Counter
@@ -68,7 +69,7 @@ from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
 from localdet.records.checkpoint_rows import registrations
 from localdet.records.continuation import CONTINUED_EVENT
-from localdet.records.db import NotFound, StateDB
+from localdet.records.db import DamagedDatabase, NotFound, StateDB
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
 from localdet.ui.web import comparing, figures, manage
@@ -191,6 +192,13 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 return JSONResponse({"error": str(error)}, status_code=404)
             except OperationError as error:
                 return JSONResponse({"error": str(error)}, status_code=409)
+            except DamagedDatabase as error:
+                return JSONResponse({"error": str(error)}, status_code=503)
+            except sqlite3.DatabaseError as error:  # met past the open, on a damaged page
+                if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
+                    raise
+                return JSONResponse({"error": str(DamagedDatabase.of(layout.db, error))},
+                                    status_code=503)
             return result if isinstance(result, Response) else JSONResponse(result)
         return endpoint
 
