@@ -119,11 +119,11 @@ def main() -> None:
         click.echo("Interrupting...", err=True)
         sys.exit(3)
     except DamagedDatabase as error:
-        click.echo(f"Error: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         sys.exit(1)
     except sqlite3.DatabaseError as error:  # met past the open, reading a damaged page
         if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
             raise
-        click.echo(f"Error: {DamagedDatabase.of(Layout.from_environment().db, error)}",
+        click.echo(f"error: {DamagedDatabase.of(Layout.from_environment().db, error)}",
                    err=True)
         sys.exit(1)
