@@ -19,6 +19,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+
+class DamagedDatabase(RuntimeError):
+    """The database file is damaged (SQLite: "malformed", "not a database"); the message
+    says what to do, in one sentence."""
+
+    @classmethod
+    def of(cls, path: str | Path, error: BaseException | str) -> "DamagedDatabase":
+        return cls(f"the records in {path} are damaged ({error}): run `localdet doctor "
+                   "--restore` to bring back the newest backup, or move the file aside to "
+                   "start afresh")
+
+
 KEEP = 3  # copies kept; a new good one replaces the oldest
 
 
@@ -93,7 +105,6 @@ def back_up(db_path: Path, *, reason: str, keep: int = KEEP,
 
 def check_at_start(db_path: Path) -> None:
     """Refuse a damaged database (DamagedDatabase) before a daemon runs on it."""
-    from localdet.records.db import DamagedDatabase
 
     if not Path(db_path).exists():
         return  # a first start: the daemon creates it

@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import Any, Iterable, cast
 
 from localdet.paths import state_formats_dir
+from localdet.records.backups import (  # noqa: F401  (DamagedDatabase: also imported from here)
+    BackupError,
+    DamagedDatabase,
+    back_up,
+)
 from localdet.records.sqlite_utils_without_arrays import (  # without pandas, numpy: fast
     Migrations,
     sqlite_utils,
@@ -99,17 +104,6 @@ def _migrations(folder: Path) -> Migrations:
 
 class NotFound(LookupError):
     """A user named an experiment, trial or checkpoint that does not exist."""
-
-
-class DamagedDatabase(RuntimeError):
-    """The database file is damaged (SQLite: "malformed", "not a database"); the message
-    says what to do, in one sentence."""
-
-    @classmethod
-    def of(cls, path: str | Path, error: BaseException | str) -> "DamagedDatabase":
-        return cls(f"the records in {path} are damaged ({error}): run `localdet doctor "
-                   "--restore` to bring back the newest backup, or move the file aside to "
-                   "start afresh")
 
 
 class CheckpointDeleted(NotFound):
@@ -281,8 +275,6 @@ class StateDB:
             db.execute("PRAGMA synchronous = NORMAL")
             if not _migrated(db):
                 if _has_records(db):  # an upgrade: keep a copy from before it
-                    from localdet.records.backups import BackupError, back_up
-
                     try:
                         back_up(Path(path), reason="before-migration", source=db.conn)
                     except BackupError as error:  # the copy failed its check: so does this
