@@ -24,7 +24,7 @@ from localdet.checkpoints.store import Store, StoreError
 from localdet.operations.errors import OperationError
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
-from localdet.records.backups import backups, quick_check
+from localdet.records.backups import backups, copy_database, quick_check
 from localdet.records.db import DamagedDatabase, StateDB
 
 
@@ -172,11 +172,7 @@ def restore(layout: Layout) -> Restored:
     partial = layout.db.with_name(layout.db.name + ".restoring")
     src = sqlite3.connect(chosen)
     try:
-        dst = sqlite3.connect(partial)
-        try:
-            src.backup(dst)
-        finally:
-            dst.close()
+        copy_database(src, partial)
     finally:
         src.close()
     os.replace(partial, layout.db)

@@ -34,6 +34,16 @@ class DamagedDatabase(RuntimeError):
 KEEP = 3  # copies kept; a new good one replaces the oldest
 
 
+def copy_database(source: sqlite3.Connection, target: Path) -> None:
+    """SQLite's online backup of the open `source` into the file `target`: a consistent
+    copy even while other connections write."""
+    copy = sqlite3.connect(target)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+
+
 class BackupError(RuntimeError):
     """A copy could not be made, or was not sound; the copies kept are untouched."""
 
@@ -78,11 +88,7 @@ def back_up(db_path: Path, *, reason: str, keep: int = KEEP,
     partial = target.with_name(target.name + ".partial")
     src = source or sqlite3.connect(db_path, timeout=30)
     try:
-        dst = sqlite3.connect(partial)
-        try:
-            src.backup(dst)
-        finally:
-            dst.close()
+        copy_database(src, partial)
     except sqlite3.OperationalError:
         partial.unlink(missing_ok=True)
         raise
