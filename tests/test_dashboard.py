@@ -18,24 +18,12 @@ import urllib.error
 import urllib.request
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS, free_port
 from conftest import REPO, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
 SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
-CHROMIUM = "/usr/bin/chromium"
-# As the machine's notes advise for a closed network: no background connections.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def get(url: str, **headers) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),

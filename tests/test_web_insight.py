@@ -7,22 +7,13 @@ table and one chart. One server and one browser serve the module's tests."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
-import uvicorn
+from browser import CHROMIUM, CHROMIUM_ARGS, served
 from recorded_searches import lr_driven, record_experiment
 
 from localdet.paths import Layout
 from localdet.records.db import StateDB
 from localdet.ui.web.app import create_app
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +28,8 @@ def searches(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def site(searches):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(searches[0], token=None), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the dashboard did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with served(create_app(searches[0], token=None)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,10 @@ experiments. The guards on the new POST routes are in tests/test_dashboard_secur
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid as uuids
 
 import pytest
-import uvicorn
+from browser import CHROMIUM, CHROMIUM_ARGS, served
 
 from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.store import Store
@@ -28,16 +25,6 @@ from localdet.records.db import NotFound, StateDB
 from localdet.ui.web.app import create_app
 
 TOKEN = "manage-token"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Records:
@@ -85,19 +72,8 @@ def records(tmp_path_factory):
 @pytest.fixture(scope="module")
 def site(records):
     """The dashboard's address, served from a thread while the module's tests run."""
-    port = free_port()
-    app = create_app(records.layout, token=TOKEN, host="127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the dashboard did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with served(create_app(records.layout, token=TOKEN, host="127.0.0.1")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
