@@ -91,14 +91,9 @@ def plot(found: dict[str, Any], path: Path) -> Path:
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     figure.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, format="png", dpi=100)
-    except OSError as error:
-        raise OperationError(f"cannot write {path}: {error.strerror or error}") from None
-    finally:
-        plt.close(figure)
-    return path
+    from localdet.ui.metrics_report import save_png
+
+    return save_png(figure, path, OperationError)
 
 
 @click.command()

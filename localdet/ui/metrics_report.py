@@ -166,14 +166,19 @@ def curves(report: Report, best_trial: int | None = None):
 
 def plot(report: Report, path: Path, best_trial: int | None = None) -> Path:
     """Write `curves` to `path` as a PNG; returns the path."""
-    figure = curves(report, best_trial)
-    import matplotlib.pyplot as plt  # after `curves` chose the Agg backend
+    return save_png(curves(report, best_trial), path, MetricsError)
+
+
+def save_png(figure, path: Path, error: type[Exception]) -> Path:
+    """Write a matplotlib figure (made with the Agg backend) to `path` as a PNG and close
+    it; a path that cannot be written raises `error`, in one sentence."""
+    import matplotlib.pyplot as plt
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, format="png", dpi=100)
-    except OSError as error:
-        raise MetricsError(f"cannot write {path}: {error.strerror or error}") from None
+    except OSError as problem:
+        raise error(f"cannot write {path}: {problem.strerror or problem}") from None
     finally:
         plt.close(figure)
     return path
