@@ -389,13 +389,18 @@ class Sections:
         self.totals = {name: 0.0 for name in self.PARTS}
         self.calls = {name: 0 for name in self.PARTS}
         self.passes = 0
+        self.pass_seconds: list[float] = []  # each pass of step, in order
         for name in self.PARTS[1:]:
             setattr(daemon, name, self._timed(name, getattr(daemon, name)))
         step = daemon.step
 
         def counted_step():
             self.passes += 1
-            step()
+            begun = time.perf_counter()
+            try:
+                step()
+            finally:
+                self.pass_seconds.append(time.perf_counter() - begun)
 
         daemon.step = counted_step
 
@@ -413,6 +418,68 @@ class Sections:
         return timed
 
 
+def prefill(layout, config_path: Path, model: Path, cluster: "SimulatedCluster",
+            recorded: int) -> float:
+    """Record the bench's experiment and `recorded` finished trials of it before the daemon
+    starts, as if it had run them: each is launched, reports three training rows, a
+    validation row and a checkpoint (one small blob, shared), and the random search closes it
+    and creates the next (the real searcher, recorded through the real Search). Returns the
+    seconds it took."""
+    from localdet.checkpoints.manifest import build_manifest
+    from localdet.checkpoints.store import Store
+    from localdet.daemon.submissions import Intake, submit
+    from localdet.records.db import StateDB, now
+    from localdet.records.states import TrialState
+    from localdet.scheduling.slots import write_slot_file
+    from localdet.search.driver import Search
+
+    begun = time.monotonic()
+    layout.ensure()
+    write_slot_file(layout.slot_file, cluster.slots())
+    queued, _ = submit(layout, config_path, model)
+    db = StateDB.open(layout.db)
+    experiment_id = Intake(layout, db, slots=cluster.slots()).ingest(queued)
+    if experiment_id is None:
+        raise RuntimeError(f"the bench's submission was refused; see {layout.rejected}")
+    experiment = db.experiment(experiment_id)
+    search = Search(db, log=lambda message: None)
+    search.start(experiment)
+    blob = Path(tempfile.mkdtemp(prefix=".bench-recorded-"))
+    (blob / "determined-keras-model.h5").write_bytes(b"recorded" * 128)
+    store = Store(layout.store)
+    with store.writing():
+        files = store.put_directory(blob, consume=True)
+    shutil.rmtree(blob, ignore_errors=True)
+    template = build_manifest(uuid="00000000-0000-4000-8000-000000000000",
+                              experiment_id=experiment_id, trial_id=1,
+                              batches_trained=BATCHES, files=files, metadata={})
+    rng = random.Random(0)
+    done = 0
+    while done < recorded:
+        with db.atomic():  # a few hundred trials a transaction: the prefill is not measured
+            for _ in range(min(250, recorded - done)):
+                row = db.db.execute("SELECT id FROM trials WHERE experiment_id = ? AND state = ? "
+                                    "ORDER BY id LIMIT 1",
+                                    [experiment_id, TrialState.QUEUED]).fetchone()
+                trial_id = row[0]
+                db.update_trial(trial_id, state=TrialState.RUNNING, pid=1,
+                                started_at=now(), slots="[0]")
+                for unit in range(1, BATCHES // UNIT + 1):
+                    db.record_metrics(trial_id, "training", unit * UNIT,
+                                      {"loss": rng.random()})
+                db.record_metrics(trial_id, "validation", BATCHES,
+                                  {"val_accuracy": rng.random()})
+                db.add_checkpoint({**template, "trial_id": trial_id, "created_at": now(),
+                                   "uuid": f"{trial_id:08x}-0000-4000-8000-000000000000"})
+                trial = db.trial(trial_id)
+                search.validation_completed(experiment, trial,
+                                            db.metrics(trial_id, "validation")[-1]
+                                            .metrics["val_accuracy"])
+                done += 1
+    db.close()
+    return time.monotonic() - begun
+
+
 def run(slots: int, nodes: int, trials: int, args) -> dict:
     from localdet.daemon.daemon import Daemon
     from localdet.daemon.submissions import submit
@@ -424,8 +491,10 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     model.mkdir()
     (model / "model_def.py").write_text(MODEL_DEF)
     config_path = home.parent / f"{home.name}.yaml"
-    config_path.write_text(yaml.safe_dump(config(trials, slots)))
+    config_path.write_text(yaml.safe_dump(config(args.recorded + trials, slots)))
     cluster = SimulatedCluster(slots, nodes, args.trial_seconds, args.workers, args.checkpoint_kb)
+    prefilled = prefill(layout, config_path, model, cluster, args.recorded) \
+        if args.recorded else None
     daemon = Daemon(layout, cluster=cluster, log=lambda message: None)
     sections = Sections(daemon)
     opened = daemon.open
@@ -452,7 +521,8 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     def drive() -> None:
         while not (layout.slot_file.exists() and daemon.report_url):
             time.sleep(0.05)
-        submit(layout, config_path, model)
+        if prefilled is None:  # (else recorded with its finished trials)
+            submit(layout, config_path, model)
         deadline = time.monotonic() + args.max_seconds
         db = sqlite3.connect(layout.db, timeout=30)
         while True:
@@ -489,7 +559,7 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     writer = servers[0].writer if servers else None
     if server_profiles is not None:
         server_profiles = server_profiles()
-    result.update(outcome=outcome, sections=sections, profile=profile, cpu=cpu,
+    result.update(outcome=outcome, sections=sections, prefilled=prefilled, profile=profile, cpu=cpu,
                   server_profiles=server_profiles,
                   writer=(writer.groups, writer.pieces, writer.reads) if writer else None)
     if not args.keep:
@@ -634,6 +704,14 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
           f"({loop / max(r['wall'], 1e-9):.0%} of the wall): " + ", ".join(
               f"{name.strip('_')} {sections.totals[name]:.1f} s"
               for name in sections.PARTS if sections.totals[name] >= 0.05))
+    passes = sorted(sections.pass_seconds)
+    if passes:
+        decisions = r["launches"] + r["exits"]
+        print(f"  pass cost          median {statistics.median(passes) * 1000:.1f} ms, p95 "
+              f"{passes[int(0.95 * (len(passes) - 1))] * 1000:.1f} ms, mean "
+              f"{statistics.fmean(passes) * 1000:.1f} ms; {sum(passes) / max(decisions, 1) * 1000:.2f}"
+              f" ms of step a decision ({args.recorded} finished trials recorded before"
+              + (f", in {r['prefilled']:.0f} s)" if r.get("prefilled") else ")"))
     if r["profile"] is not None:
         text = io.StringIO()
         stats = pstats.Stats(r["profile"], stream=text)
@@ -671,8 +749,18 @@ def main() -> None:
                         help="cProfile the daemon's thread (slows it down)")
     parser.add_argument("--profile-server", action="store_true",
                         help="cProfile the report server's threads by CPU time")
+    parser.add_argument("--recorded", type=int, default=0,
+                        help="finished trials of the experiment recorded before the daemon "
+                             "starts (its search goes on from them); the pass cost line "
+                             "compares sizes")
     parser.add_argument("--keep", action="store_true", help="keep the LOCALDET_HOME")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few seconds: 8 slots of 0.5-s trials for 2 s, 20 recorded")
     args = parser.parse_args()
+    if args.smoke:
+        args.slots, args.nodes = args.slots or [8], args.nodes or 2
+        args.seconds, args.trial_seconds, args.max_seconds = 2.0, 0.5, 60.0
+        args.recorded = args.recorded or 20
     commits.install()
     results = {}
     for slots in args.slots or [32, 64, 256]:
