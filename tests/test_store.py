@@ -40,6 +40,11 @@ def objects(store: Store) -> list[Path]:
     return [p for p in (store.root / "objects").rglob("*") if p.is_file()]
 
 
+def blobs(files: dict[str, FileEntry]) -> set[str]:
+    """The blobs the files are stored as: their chunks, or themselves."""
+    return {sha for entry in files.values() for sha, _ in entry.blobs}
+
+
 def tree(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes()
             for p in folder.rglob("*") if p.is_file()}
@@ -77,13 +82,13 @@ def test_identical_content_is_stored_once(store: Store, tmp_path: Path) -> None:
     model = os.urandom(1 << 20)
     a = store.put_directory(make_checkpoint(tmp_path / "a", model))
     b = store.put_directory(make_checkpoint(tmp_path / "b", model))
-    assert a == b
-    # 5 distinct contents (model, model_def.py, util.py, metadata.json, empty file).
-    assert len(objects(store)) == 5
+    assert a == b and a[MODEL].chunks == b[MODEL].chunks and len(a[MODEL].chunks) > 1
+    # The model's chunks, model_def.py, util.py, metadata.json, the empty file: once each.
+    assert {p.name for p in objects(store)} == blobs(a) and len(blobs(a)) > 5
     (tmp_path / "copy").write_bytes(model)
-    assert store.put_file(tmp_path / "copy") == a[MODEL]
+    assert store.put_file(tmp_path / "copy") == a[MODEL]  # put_file stores one whole blob
     assert store.put_bytes(model) == a[MODEL]
-    assert len(objects(store)) == 5
+    assert {p.name for p in objects(store)} == blobs(a) | {a[MODEL].sha256}
 
 
 def test_no_temporary_files_left_after_puts(store: Store, tmp_path: Path) -> None:
@@ -95,9 +100,11 @@ def test_no_temporary_files_left_after_puts(store: Store, tmp_path: Path) -> Non
 
 def test_corrupt_blob_is_refused_and_leaves_no_partial_file(store: Store, tmp_path: Path) -> None:
     files = store.put_directory(make_checkpoint(tmp_path / "ckpt"))
-    blob = store.blob_path(files[MODEL].sha256)
+    chunk = files[MODEL].chunks[len(files[MODEL].chunks) // 2][0]
+    blob = store.blob_path(chunk)
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte deep inside the file
+    blob.chmod(0o644)
     blob.write_bytes(bytes(data))
 
     dest = tmp_path / "export"
@@ -105,13 +112,13 @@ def test_corrupt_blob_is_refused_and_leaves_no_partial_file(store: Store, tmp_pa
         store.materialize(files, dest)
     message = str(info.value)
     assert f"checkpoint file '{MODEL}' is corrupted in the store" in message
-    assert f"expected sha256 {files[MODEL].sha256}" in message
+    assert f"expected sha256 {chunk}" in message
     assert f"found {hashlib.sha256(data).hexdigest()}" in message
     assert not (dest / MODEL).exists()
     assert not dest.exists() or not any(dest.rglob("*"))
     assert store.verify(files) == [MODEL]
     with pytest.raises(CorruptBlobError):
-        store.read_bytes(files[MODEL].sha256, MODEL)
+        store.read_bytes(chunk, MODEL)
 
 
 def test_missing_blob(store: Store, tmp_path: Path) -> None:
@@ -193,8 +200,8 @@ def test_concurrent_puts_of_same_content(tmp_path: Path) -> None:
 def test_delete_unreferenced(store: Store, tmp_path: Path) -> None:
     keep = store.put_directory(make_checkpoint(tmp_path / "keep"))
     drop = store.put_directory(make_checkpoint(tmp_path / "drop"))
-    referenced = {e.sha256 for e in keep.values()}
-    only_dropped = {e.sha256 for e in drop.values()} - referenced
+    referenced = blobs(keep)
+    only_dropped = blobs(drop) - referenced
     (store.tmp / "put-stale.tmp").write_bytes(b"half")
 
     # Too young to delete: an in-flight checkpoint's blobs are not referenced yet.

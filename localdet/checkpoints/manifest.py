@@ -62,11 +62,18 @@ def build_manifest(*, uuid: str, experiment_id: int, trial_id: int, batches_trai
         "batches_trained": batches_trained,
         "created_at": created_at if created_at is not None else _utc_now_iso(),
         "metadata": metadata_copy,
-        "files": {name: {"sha256": e.sha256, "size": e.size} for name, e in sorted(files.items())},
+        "files": {name: _file_json(e) for name, e in sorted(files.items())},
         "size_bytes": sum(e.size for e in files.values()),
     }
     validate_manifest(manifest)
     return manifest
+
+
+def _file_json(entry: FileEntry) -> dict[str, Any]:
+    found: dict[str, Any] = {"sha256": entry.sha256, "size": entry.size}
+    if entry.chunks:
+        found["chunks"] = [[sha256, size] for sha256, size in entry.chunks]
+    return found
 
 
 def _dotted(path: Any) -> str:
@@ -89,9 +96,15 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
     if manifest["size_bytes"] != total:
         raise ValueError(f"checkpoint manifest is invalid at size_bytes: {manifest['size_bytes']} "
                          f"is not the sum of the file sizes ({total})")
+    for name, entry in manifest["files"].items():
+        if "chunks" in entry and sum(size for _, size in entry["chunks"]) != entry["size"]:
+            raise ValueError(f"checkpoint manifest is invalid at files.{name}.chunks: the "
+                             f"chunk sizes do not add up to the file's size ({entry['size']})")
 
 
 def files_of(manifest: Mapping[str, Any]) -> dict[str, FileEntry]:
-    """``{"code/model_def.py": FileEntry(sha256, size), ...}`` from a manifest."""
-    return {name: FileEntry(sha256=entry["sha256"], size=entry["size"])
+    """``{"code/model_def.py": FileEntry(sha256, size, chunks), ...}`` from a manifest."""
+    return {name: FileEntry(sha256=entry["sha256"], size=entry["size"],
+                            chunks=tuple((sha256, size) for sha256, size
+                                         in entry.get("chunks", ())))
             for name, entry in manifest["files"].items()}

@@ -1,6 +1,10 @@
 """Content-addressed, crash-safe blob store for checkpoint files.
 
-Blobs live at ``<root>/objects/<sha256[:2]>/<sha256>``; identical bytes are stored once.
+Blobs live at ``<root>/objects/<sha256[:2]>/<sha256>``; identical bytes are stored once. A
+checkpoint file is cut into content-defined chunks (`localdet.checkpoints.chunking`), each a
+blob, so bytes shared by files (a frozen base in every checkpoint) are stored once too; its
+`FileEntry` lists them. A file stored whole (by localdet before chunking, or by a remote
+trial) is one blob named by its own hash: a file whose chunk list is itself, read as it is.
 
     store = Store("/var/lib/localdet/store")
     files = store.put_directory("/tmp/ckpt")   # {"code/model_def.py": FileEntry(...), ...}
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import io
 import os
@@ -25,9 +28,12 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator, Mapping, Protocol
+
+from localdet.checkpoints.chunking import NewBlobs, cut_file, fsync_dirs
+from localdet.checkpoints.locks import Lease
 
 CHUNK_SIZE = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -58,73 +64,24 @@ class MissingBlobError(StoreError):
                          f"{path}); the checkpoint cannot be exported")
 
 
+Blob = tuple[str, int]  # (sha256, size) of one stored blob
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    """Identity of one stored file: ``FileEntry(sha256="ab12...", size=1024)``."""
+    """Identity of one stored file: ``FileEntry(sha256="ab12...", size=1024)``. `chunks`
+    lists its content-defined chunks in order, ``(sha256, size)`` each; empty, the file is
+    the one blob named by its own sha256 (stored whole, or one chunk long). Two entries are
+    equal when their bytes are, however they are stored."""
 
     sha256: str
     size: int
-
-
-class Lease:
-    """An open lock file holding a shared or exclusive `flock`; `release()` (or leaving its
-    `with` block) lets it go. flock locks belong to the open file, so two leases conflict
-    even inside one process, and a process that dies releases its leases."""
-
-    _fd: int | None  # None once released
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd = path, fd
-
-    @classmethod
-    def take(cls, path: Path, *, exclusive: bool, wait: bool) -> "Lease | None":
-        """The lease, or None if it is not free and `wait` is False."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
-        try:
-            fcntl.flock(fd, flags)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(path, fd)
+    chunks: tuple[Blob, ...] = field(default=(), compare=False)
 
     @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def release(self, *, remove: bool = False) -> None:
-        """Let the lock go; with `remove` (an exclusive holder only), delete the lock file
-        first, for a checkpoint that no one can read any more."""
-        if self._fd is None:
-            return
-        if remove:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-        os.close(self._fd)  # closing the last descriptor releases the flock
-        self._fd = None
-
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _fsync_dirs(paths: set[Path]) -> None:
-    # A rename is only durable once the directory holding the new entry is fsynced;
-    # otherwise a crash can forget the blob even though its bytes reached disk.
-    if os.name != "posix":
-        return
-    for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):  # children first
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def blobs(self) -> tuple[Blob, ...]:
+        """The blobs that make up the file, in order."""
+        return self.chunks or ((self.sha256, self.size),)
 
 
 class _ReadsInto(Protocol):
@@ -196,8 +153,9 @@ class Store:
         assert store.read_bytes(entry.sha256) == b"hello"
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, chunked: bool = True) -> None:
         self.root = Path(root)
+        self.chunked = chunked  # False: put_directory stores files whole, as before chunking
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
         self.leases = self.root / "leases"
@@ -279,7 +237,7 @@ class Store:
         # fan-out folder may be new too, so its parent is synced as well.
         to_sync = {target.parent, self.objects}
         if dirty is None:
-            _fsync_dirs(to_sync)
+            fsync_dirs(to_sync)
         else:
             dirty |= to_sync
         return FileEntry(sha256, size)
@@ -326,12 +284,14 @@ class Store:
 
         Symlinks to files are followed; empty directories are ignored; symlinked
         directories and special files raise StoreError rather than being dropped silently.
-        With `consume`, regular files are moved into the store instead of copied (the
-        folder is left without them). Returns only after every blob and its directory
-        entry are durable."""
+        With `consume`, the folder's files are the store's to take: each is removed once
+        stored (stored whole, moved in without a copy). Returns only after every blob and
+        its directory entry are durable."""
         base = Path(directory)
         if not base.is_dir():
             raise StoreError(f"checkpoint folder '{base}' does not exist or is not a folder")
+        if self.chunked:
+            return self._put_directory_chunked(base, consume)
         dirty: set[Path] = set()
         result: dict[str, FileEntry] = {}
         for rel in sorted(walk_files(base)):
@@ -348,8 +308,58 @@ class Store:
                     result[str(rel)] = self._put_stream(src, dirty)
             except OSError as e:
                 raise StoreError(f"cannot store checkpoint file '{base / rel}': {e}") from e
-        _fsync_dirs(dirty)
+        fsync_dirs(dirty)
         return result
+
+    def _put_directory_chunked(self, base: Path, consume: bool) -> dict[str, FileEntry]:
+        new = NewBlobs(self.root, self.tmp, self.blob_path)
+        result: dict[str, FileEntry] = {}
+        try:
+            for rel in sorted(walk_files(base)):
+                path = base / rel
+                try:
+                    result[str(rel)] = self._put_chunks(path, new)
+                    if consume:  # at most one file's new chunks beside the folder on disk
+                        path.unlink()
+                except OSError as e:
+                    raise StoreError(f"cannot store checkpoint file '{path}': {e}") from e
+            new.settle()
+        except BaseException:
+            new.discard()
+            raise
+        return result
+
+    def _put_chunks(self, path: Path, new: NewBlobs) -> FileEntry:
+        """Cut the file into chunks and add those the store lacks to `new`."""
+        whole, chunks = hashlib.sha256(), []
+        for piece in cut_file(path):
+            sha256 = hashlib.sha256(piece).hexdigest()
+            new.add(sha256, piece)
+            whole.update(piece)
+            chunks.append((sha256, len(piece)))
+        if not chunks:  # an empty file: the blob of no bytes
+            new.add(whole.hexdigest(), b"")
+        return FileEntry(whole.hexdigest(), sum(size for _, size in chunks),
+                         tuple(chunks) if len(chunks) > 1 else ())
+
+    def rechunk(self, entry: FileEntry, name: str = "") -> FileEntry:
+        """Store a whole-file blob's chunks (durable on return; the caller holds
+        `writing()`) and return the file's chunked entry; the blob itself is left for the
+        collector. Its bytes are checked against their name first."""
+        new = NewBlobs(self.root, self.tmp, self.blob_path)
+        try:
+            try:
+                chunked = self._put_chunks(self.blob_path(entry.sha256), new)
+            except FileNotFoundError:
+                raise MissingBlobError(entry.sha256, self.blob_path(entry.sha256),
+                                       name) from None
+            if chunked.sha256 != entry.sha256:
+                raise CorruptBlobError(entry.sha256, chunked.sha256, name)
+            new.settle()
+        except BaseException:
+            new.discard()
+            raise
+        return chunked
 
     # -- reading ----------------------------------------------------------------------
     def _open_blob(self, sha256: str, name: str) -> io.FileIO:
@@ -387,6 +397,12 @@ class Store:
             for name, entry in files.items():
                 target = dest.joinpath(*PurePosixPath(name).parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if entry.chunks:
+                    with open(target, "xb", buffering=0) as out:
+                        actual = self._join_chunks(entry, name, out, verify)
+                    if actual != entry.sha256:
+                        raise CorruptBlobError(entry.sha256, actual, name)
+                    continue
                 actual = self._link(entry.sha256, name, target, verify) if link else None
                 if actual is None:
                     with self._open_blob(entry.sha256, name) as src, open(target, "xb") as out:
@@ -397,6 +413,21 @@ class Store:
             undo_export(dest, created)
             raise
         return dest
+
+    def _join_chunks(self, entry: FileEntry, name: str, out: BinaryIO, verify: bool) -> str:
+        """Write the file's chunks to `out`, each checked against its name with `verify`;
+        returns the sha256 of all the bytes (the expected one without `verify`)."""
+        whole = hashlib.sha256()
+        for sha256, _ in entry.chunks:
+            with self._open_blob(sha256, name) as src:
+                data = src.read()
+            if verify:
+                actual = hashlib.sha256(data).hexdigest()
+                if actual != sha256:
+                    raise CorruptBlobError(sha256, actual, name)
+                whole.update(data)
+            out.write(data)
+        return whole.hexdigest() if verify else entry.sha256
 
     def _link(self, sha256: str, name: str, target: Path, verify: bool) -> str | None:
         """Hard-link a blob to `target` and hash it (unless not asked to: then its expected
@@ -412,16 +443,26 @@ class Store:
         with open(target, "rb", buffering=0) as src:
             return _copy_hashing(src, None)[0]
 
-    def verify(self, files: Mapping[str, FileEntry]) -> list[str]:
-        """Names of files whose blob is missing or corrupt: ``assert not store.verify(files)``."""
+    def verify(self, files: Mapping[str, FileEntry], checked: set[str] | None = None
+               ) -> list[str]:
+        """Names of files a blob of which is missing or corrupt: ``assert not
+        store.verify(files)``. Blobs in `checked` are taken as sound; those found sound are
+        added to it (a caller checking many checkpoints reads a shared chunk once)."""
+        checked = set() if checked is None else checked
         bad: list[str] = []
         for name, entry in files.items():
-            try:
-                with self._open_blob(entry.sha256, name) as src:
-                    if _copy_hashing(src, None)[0] != entry.sha256:
-                        bad.append(name)
-            except StoreError:  # missing blob, or a digest that cannot name one
-                bad.append(name)
+            for sha256, _ in entry.blobs:
+                if sha256 in checked:
+                    continue
+                try:
+                    with self._open_blob(sha256, name) as src:
+                        sound = _copy_hashing(src, None)[0] == sha256
+                except StoreError:  # missing blob, or a digest that cannot name one
+                    sound = False
+                if not sound:
+                    bad.append(name)
+                    break
+                checked.add(sha256)
         return bad
 
     # -- garbage collection -------------------------------------------------------------

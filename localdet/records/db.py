@@ -557,10 +557,14 @@ class StateDB:
 
     def checkpoint_files(self, *, deleted: bool,
                          experiment_id: int | None = None) -> list[tuple[str, str, int]]:
-        """``[(uuid, sha256, size), ...]`` for every file of the live checkpoints (or, with
-        `deleted`, of the DELETED ones), optionally of one experiment."""
-        sql = ("SELECT c.uuid, json_extract(f.value, '$.sha256'), json_extract(f.value, '$.size') "
-               "FROM checkpoints c, json_each(c.manifest, '$.files') f WHERE c.state "
+        """``[(uuid, sha256, size), ...]`` for every blob of the live checkpoints (or, with
+        `deleted`, of the DELETED ones), optionally of one experiment: a file's chunks, or
+        the file itself where it has none (`localdet.checkpoints.store.FileEntry`)."""
+        sql = ("SELECT c.uuid, coalesce(json_extract(k.value, '$[0]'), "
+               "json_extract(f.value, '$.sha256')), coalesce(json_extract(k.value, '$[1]'), "
+               "json_extract(f.value, '$.size')) FROM checkpoints c "
+               "JOIN json_each(c.manifest, '$.files') f "
+               "LEFT JOIN json_each(f.value, '$.chunks') k WHERE c.state "
                + ("= ?" if deleted else "!= ?"))
         args: list[Any] = [CheckpointState.DELETED]
         if experiment_id is not None:
