@@ -23,6 +23,7 @@ iterator, on either side; see README.md). Both sides must print the same val_acc
     python scripts/bench/overhead.py --keras2         # Keras 2 (tf-keras): TF_USE_LEGACY_KERAS=1
     python scripts/bench/overhead.py --batches 2000 --repeats 5
     python scripts/bench/overhead.py --api fit        # New Keras API: context.fit
+    python scripts/bench/overhead.py --smoke          # seconds: tiny sizes, figures meaningless
 
 With `--remote` the localdet side reports over the network transport a trial on another
 machine uses: `HTTPReporter` against a `ReportServer` (localdet/reporting/report_server.py) on
@@ -71,8 +72,12 @@ parser.add_argument("--api", choices=("trial", "fit"), default="trial",
 parser.add_argument("--epochs", type=int, default=15, help="epochs per run with --api fit")
 parser.add_argument("--remote", action="store_true",
                     help="the trial reports over HTTP to a report server (HTTPReporter)")
+parser.add_argument("--smoke", action="store_true",
+                    help="a check that it runs (tests/test_scripts.py): 20 batches, 1 repeat")
 add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
+if args.smoke:
+    args.batches, args.repeats, args.warmup, args.epochs = 20, 1, 5, 1
 if args.remote and args.api == "fit":
     parser.error("--remote measures the trial API only; leave out --api fit")
 select_keras(args)

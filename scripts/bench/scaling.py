@@ -33,6 +33,7 @@ a max-pool choice now and then, and SGD carries it on): measured on CPU for ever
 
     python scripts/bench/scaling.py                 # 1 and 2 slots, every engine
     python scripts/bench/scaling.py --batches 400   # longer timed run
+    python scripts/bench/scaling.py --smoke         # seconds: the Keras 3 line, 5 batches
 
 Timings are printed, never asserted.
 """
@@ -65,7 +66,13 @@ parser.add_argument("--horovod-python", default=str(HOROVOD_PYTHON) if HOROVOD_P
                     f"{HOROVOD_PYTHON}, where it exists)")
 parser.add_argument("--trials", type=int, nargs=2, help=argparse.SUPPRESS)  # in a worker
 parser.add_argument("--out", help=argparse.SUPPRESS)
+parser.add_argument("--smoke", action="store_true",
+                    help="a check that it runs (tests/test_scripts.py): the Keras 3 line alone, "
+                    "5 timed batches")
 args = parser.parse_args()
+if args.smoke:
+    args.batches = 5
+WARM_UP_BATCHES = 2 if args.smoke else 20
 
 MODEL_DEF = '''
 import numpy as np
@@ -147,7 +154,7 @@ def run(layout: Layout, python: str, legacy_keras: str | None, engine: str, slot
 
     home = layout.home
     trials = [create_trial(layout, raw_config(name, batches), [home / "model_def.py"])[1]
-              for name, batches in (("warm-up", 20), ("timed", args.batches))]
+              for name, batches in (("warm-up", WARM_UP_BATCHES), ("timed", args.batches))]
     devices = ",".join(map(str, range(slots)))
     env = {**os.environ, "LOCALDET_HOME": str(home), "LOCALDET_ENGINE": engine,
            "LOCALDET_SLOTS": devices, "CUDA_VISIBLE_DEVICES": devices if gpus else "",
@@ -183,6 +190,8 @@ def main() -> None:
              ("Keras 2", sys.executable, "1", engines.MULTI_WORKER_MIRRORED)]
     if args.horovod_python:
         lines.append(("Horovod", args.horovod_python, None, engines.HOROVOD))
+    if args.smoke:  # each line is two or three more processes that import TensorFlow
+        lines = lines[:1]
     samples = args.batches * args.global_batch_size
     kind = (f"{gpus} GPU(s)" if gpus else
             f"CPU (the slots share {os.cpu_count()} cores: overhead and correctness only)")
@@ -202,7 +211,9 @@ def main() -> None:
                 print(f"  {label}  {engine:21}  1 slot {rate_one:6.0f}  {slots} slots "
                       f"{rate:6.0f} samples/s  efficiency {rate / (slots * rate_one):.2f}  "
                       f"max |weights - 1 slot| {difference:.1e}", flush=True)
-    if not args.horovod_python:
+    if args.smoke:
+        print("  Keras 2 and Horovod  skipped: --smoke runs the Keras 3 line alone")
+    elif not args.horovod_python:
         print(f"  Horovod  skipped: no --horovod-python, and {HOROVOD_PYTHON} does not exist "
               "(scripts/horovod-env makes it)")
 

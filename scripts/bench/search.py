@@ -72,6 +72,7 @@ time at most 1.2x Optuna's, first batch within 1 s of a warm process being assig
     python scripts/bench/search.py --warm 0         # passed to `localdet daemon --warm`
     python scripts/bench/search.py --both-warm      # localdet twice: warm default, --warm 0
     python scripts/bench/search.py --only localdet  # one tool (repeatable)
+    python scripts/bench/search.py --smoke          # seconds: 2 trials of 1 epoch, no settling
 
 Measured with --both-warm on the 2-vCPU test machine (TensorFlow 2.21, Keras 3.15, Optuna
 5.0, Keras Tuner 1.4.8, localdet at 4395d19), load average under 1.2 through each run;
@@ -137,9 +138,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run only this tool (repeatable)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temporary folders and print where they are")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a check that it runs (tests/test_scripts.py): 2 trials of 1 epoch, "
+                             "no settling")
     parser.add_argument("--worker", choices=("optuna", "kerastuner"), help=argparse.SUPPRESS)
     parser.add_argument("--min-resource", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.trials, args.epochs, args.settle = args.trials or 2, args.epochs or 1, 0.0
     args.trials = args.trials or (12 if args.searcher == "asha" else 8)
     args.epochs = args.epochs or (16 if args.searcher == "asha" else 2)
     if args.warm is not None and args.both_warm:
