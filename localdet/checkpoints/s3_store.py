@@ -1,8 +1,9 @@
 """The checkpoint store on S3 (or an S3-compatible server): `checkpoint_storage.type: s3`.
 
 The same content addressing as the local `Store`: a blob is the object
-``<prefix>/objects/<sha256[:2]>/<sha256>``, identical bytes are stored once, and every read
-checks the hash (a corrupted object is refused, naming the checkpoint file).
+``<prefix>/objects/<sha256[:2]>/<sha256>``, a checkpoint file is cut into content-defined
+chunks stored once each (a file stored whole is one blob), and every read checks the hash (a
+corrupted object is refused, naming the checkpoint file).
 
     store = S3Store("my-bucket", "experiments/", endpoint_url="http://127.0.0.1:9000")
     with store.writing():
@@ -38,11 +39,13 @@ import hashlib
 import io
 import os
 import secrets
+import tempfile
 import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
+from localdet.checkpoints.chunking import cut_file
 from localdet.checkpoints.store import (
     _LEASE_NAME_RE,
     _SHA256_RE,
@@ -122,14 +125,14 @@ class _WriteSession(S3Lease):
 
     def __init__(self, store: "S3Store") -> None:
         super().__init__(store, None)
-        self.reused: dict[str, Path] = {}
+        self.reused: dict[str, Callable[[], None]] = {}  # sha256 -> uploads it again
 
     def __exit__(self, exc_type: object = None, *exc: object) -> None:
         try:
             if exc_type is None:
-                for sha256, path in self.reused.items():
-                    if self._store._head(sha256) is None and path.is_file():
-                        self._store._upload(path, sha256)
+                for sha256, upload in self.reused.items():
+                    if self._store._head(sha256) is None:
+                        upload()
         finally:
             self._store._sessions.pop(threading.get_ident(), None)
             self.release()
@@ -277,8 +280,28 @@ class S3Store:
         except Exception as error:
             raise self._error("store", error) from None
 
+    def _reuse(self, sha256: str, size: int, upload: Callable[[], None]) -> bool:
+        """Refresh an object that is there (copying it onto itself refreshes LastModified:
+        gc spares it a while) and note it for the session's check; False if it is not."""
+        if self._head(sha256) is None or size > _COPY_LIMIT:
+            return False
+        try:
+            key = self.blob_key(sha256)
+            self._call("store", "copy_object", Key=key,
+                       CopySource={"Bucket": self.bucket, "Key": key},
+                       MetadataDirective="REPLACE", Metadata={"reused": str(int(time.time()))})
+        except Exception as error:
+            if not _missing(error):  # deleted since the look-up: upload it
+                raise
+            return False
+        session = self._sessions.get(threading.get_ident())
+        if session is not None:
+            session.reused[sha256] = upload
+        return True
+
     def put_file(self, path: str | os.PathLike[str]) -> FileEntry:
-        """Store one file; on return the object is in the bucket (refreshed if it was)."""
+        """Store one file whole, as one blob; on return the object is in the bucket
+        (refreshed if it was)."""
         path = Path(path)
         digest, size = hashlib.sha256(), 0
         with open(path, "rb", buffering=0) as src:
@@ -287,26 +310,57 @@ class S3Store:
                 size += len(chunk)
         sha256 = digest.hexdigest()
         try:
-            if self._head(sha256) is not None and size <= _COPY_LIMIT:
-                try:  # copying onto itself refreshes LastModified: gc spares it a while
-                    key = self.blob_key(sha256)
-                    self._call("store", "copy_object", Key=key,
-                               CopySource={"Bucket": self.bucket, "Key": key},
-                               MetadataDirective="REPLACE",
-                               Metadata={"reused": str(int(time.time()))})
-                    session = self._sessions.get(threading.get_ident())
-                    if session is not None:
-                        session.reused[sha256] = path
-                    return FileEntry(sha256, size)
-                except Exception as error:
-                    if not _missing(error):  # deleted since the look-up: upload it
-                        raise
-            self._upload(path, sha256)
+            if not self._reuse(sha256, size, lambda: self._upload(path, sha256)):
+                self._upload(path, sha256)
         except StoreError:
             raise
         except Exception as error:
             raise self._error("store", error) from None
         return FileEntry(sha256, size)
+
+    def _put_chunks(self, path: Path) -> FileEntry:
+        """Cut the file into chunks and upload those the bucket lacks."""
+        whole, chunks, offset, put = hashlib.sha256(), [], 0, set()
+        for piece in cut_file(path):
+            sha256 = hashlib.sha256(piece).hexdigest()
+            if sha256 not in put:
+                self._put_chunk(sha256, piece, path, offset)
+                put.add(sha256)
+            whole.update(piece)
+            chunks.append((sha256, len(piece)))
+            offset += len(piece)
+        if not chunks:  # an empty file: the blob of no bytes
+            return self.put_bytes(b"")
+        return FileEntry(whole.hexdigest(), offset, tuple(chunks) if len(chunks) > 1 else ())
+
+    def _put_chunk(self, sha256: str, piece: memoryview, path: Path, offset: int) -> None:
+        size = len(piece)
+
+        def upload() -> None:
+            with open(path, "rb") as src:
+                src.seek(offset)
+                self._call("store", "put_object", Key=self.blob_key(sha256),
+                           Body=src.read(size))
+
+        try:
+            if not self._reuse(sha256, size, upload):
+                self._call("store", "put_object", Key=self.blob_key(sha256), Body=bytes(piece))
+        except StoreError:
+            raise
+        except Exception as error:
+            raise self._error("store", error) from None
+
+    def rechunk(self, entry: FileEntry, name: str = "") -> FileEntry:
+        """Upload a whole-file blob's chunks (the caller holds `writing()`) and return the
+        file's chunked entry; the blob itself is left for the collector. Its bytes are
+        checked against their name first."""
+        with tempfile.TemporaryDirectory(prefix="localdet-rechunk-") as tmp:
+            path = Path(tmp) / "blob"
+            with open(path, "wb") as out:
+                actual = self._download(entry.sha256, name, out)
+            if actual != entry.sha256:
+                raise CorruptBlobError(entry.sha256, actual, name)
+            return self._put_chunks(path)
 
     def put_bytes(self, data: bytes) -> FileEntry:
         sha256 = hashlib.sha256(data).hexdigest()
@@ -323,7 +377,7 @@ class S3Store:
         result: dict[str, FileEntry] = {}
         for rel in sorted(walk_files(base)):
             try:
-                result[str(rel)] = self.put_file(base / rel)
+                result[str(rel)] = self._put_chunks(base / rel)
             except OSError as e:
                 raise StoreError(f"cannot store checkpoint file '{base / rel}': {e}") from e
         return result
@@ -371,27 +425,48 @@ class S3Store:
                 target = dest.joinpath(*PurePosixPath(name).parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with open(target, "xb") as out:
-                    actual = self._download(entry.sha256, name, out)
+                    actual = self._join(entry, name, out)
                 if actual != entry.sha256:
                     raise CorruptBlobError(entry.sha256, actual, name)
-                self._verified.add(entry.sha256)
         except BaseException:
             undo_export(dest, created)
             raise
         return dest
 
-    def verify(self, files: Mapping[str, FileEntry]) -> list[str]:
-        """Names of files whose blob is missing or corrupt. Blobs this object has already
-        checked while materialising are not downloaded again."""
+    def _join(self, entry: FileEntry, name: str, out: BinaryIO) -> str:
+        """Download the file's blobs into `out`, checking each; the sha256 of all."""
+        if not entry.chunks:
+            actual = self._download(entry.sha256, name, out)
+            if actual == entry.sha256:
+                self._verified.add(actual)
+            return actual
+        whole = hashlib.sha256()
+        for sha256, _ in entry.chunks:
+            data = self.read_bytes(sha256, name)
+            self._verified.add(sha256)
+            whole.update(data)
+            out.write(data)
+        return whole.hexdigest()
+
+    def verify(self, files: Mapping[str, FileEntry], checked: set[str] | None = None
+               ) -> list[str]:
+        """Names of files a blob of which is missing or corrupt. Blobs this object has
+        already checked while materialising, and those in `checked`, are not downloaded
+        again; those found sound are added to `checked`."""
+        checked = set() if checked is None else checked
         bad: list[str] = []
         for name, entry in files.items():
-            if entry.sha256 in self._verified:
-                continue
-            try:
-                if self._download(entry.sha256, name, None) != entry.sha256:
+            for sha256, _ in entry.blobs:
+                if sha256 in self._verified or sha256 in checked:
+                    continue
+                try:
+                    sound = self._download(sha256, name, None) == sha256
+                except StoreError:
+                    sound = False
+                if not sound:
                     bad.append(name)
-            except StoreError:
-                bad.append(name)
+                    break
+                checked.add(sha256)
         return bad
 
     # -- garbage collection -------------------------------------------------------------
