@@ -13,6 +13,7 @@ the baseline and whether it is within the target (0.25 s).
     python scripts/bench/cli.py --keep                # keeps the folder and says where
     python scripts/bench/cli.py --home FOLDER         # times a folder built before (--keep)
     python scripts/bench/cli.py --experiments 20 --trials 500 --repeats 3   # a quicker look
+    python scripts/bench/cli.py --smoke               # seconds: 10 experiments, 60 trials
 
 Commands that do not exist in this checkout yet (`det`, `det m list`) are skipped with a
 note. Timings are printed, never asserted.
@@ -45,6 +46,9 @@ parser.add_argument("--home", type=Path, help="time this state folder (built by 
 parser.add_argument("--keep", action="store_true", help="keep the state folder it builds")
 parser.add_argument("--experiment", type=int, default=7,
                     help="the experiment `status ID` and friends show (default 7)")
+parser.add_argument("--smoke", action="store_true",
+                    help="a check that it runs (tests/test_scripts.py): 10 experiments, "
+                    "60 trials, 1 repeat")
 
 
 def _config(searcher: str, trials: int, name: str) -> dict:
@@ -242,6 +246,8 @@ def best_of(argv: list[str], env: dict, repeats: int) -> tuple[float, float, str
 
 def main() -> None:
     args = parser.parse_args()
+    if args.smoke:
+        args.experiments, args.trials, args.repeats = 10, 60, 1
     home = args.home
     built = home is None
     if built:

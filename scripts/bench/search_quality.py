@@ -18,6 +18,7 @@ only cost time; tests/test_tpe.py runs a tpe search under a real daemon). Optuna
     python scripts/bench/search_quality.py                  # 40 trials, 10 seeds, both
     python scripts/bench/search_quality.py --trials 25 --only synthetic
     python scripts/bench/search_quality.py --concurrent 4   # localdet with 4 trials in flight
+    python scripts/bench/search_quality.py --smoke          # seconds; the verdicts mean nothing
 
 Per objective and searcher: the mean and standard deviation over the seeds of the best value
 after N trials (smaller is better), then whether localdet's tpe matches Optuna's (their means
@@ -217,7 +218,12 @@ def main() -> None:
                         help="localdet's max_concurrent_trials (Optuna's loop is sequential)")
     parser.add_argument("--grid", type=int, default=30, help="digits: grid points per axis")
     parser.add_argument("--only", choices=("synthetic", "digits"), action="append")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a check that it runs (tests/test_scripts.py): 12 trials, 2 seeds, "
+                             "a 4 x 4 grid")
     args = parser.parse_args()
+    if args.smoke:  # two seeds: the fewest a standard deviation takes
+        args.trials, args.seeds, args.grid = 12, 2, 4
     seeds = list(range(1, args.seeds + 1))
     only = args.only or ["synthetic", "digits"]
     output: list[str] = []
