@@ -51,7 +51,7 @@ def cut_file(path: str | os.PathLike[str]) -> Iterator[memoryview]:
             return
         mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
     try:
-        yield from cut_buffer(mapped)
+        yield from cut_buffer(memoryview(mapped))
     finally:
         with contextlib.suppress(BufferError):  # a view still held: unmapped once freed
             mapped.close()

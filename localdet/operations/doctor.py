@@ -4,7 +4,9 @@ damaged database replaced by its newest good backup.
     report = check(layout)            # report.lines(), report.healthy
     restored = restore(layout)        # restored.lines(); OperationError while a daemon runs
 
-The store keeps only blobs (a checkpoint's manifest lives in its database row), so what a
+Every chunk of every listed checkpoint's files is read and its hash checked (a chunk that
+several checkpoints share, once). The store keeps only blobs (a checkpoint's manifest lives in
+its database row, chunk list included), so what a
 restored copy does not know shows as stored files no record names: they are listed, not
 deleted; `localdet gc` collects them. Checkpoints that the damaged file still lets us read
 and the copy lacks are listed by uuid, so nothing is lost unsaid.
@@ -32,8 +34,8 @@ from localdet.records.db import DamagedDatabase, StateDB
 class BadCheckpoint:
     uuid: str
     experiment_id: int
-    missing: list[str]   # files whose blob is gone
-    corrupt: list[str]   # files whose blob's bytes no longer hash to its name
+    missing: list[str]   # files a blob (chunk) of which is gone
+    corrupt: list[str]   # files a blob (chunk) of which no longer hashes to its name
 
 
 @dataclass
@@ -83,15 +85,17 @@ def check(layout: Layout) -> Report:
     with StateDB.open(layout.db) as db:
         stores = _stores(layout, db, report)
         referenced = {sha for _, sha, _ in db.checkpoint_files(deleted=False)}
+        sound: dict[str, set[str]] = {}  # store -> chunks found sound: a shared one read once
         for checkpoint in db.checkpoints():
             store = stores.get(checkpoint.experiment_id)
             if store is None:
                 continue
             report.checkpoints += 1
-            bad = store.verify(files_of(checkpoint.manifest))
+            entries = files_of(checkpoint.manifest)
+            bad = store.verify(entries, sound.setdefault(store.location, set()))
             if bad:
-                entries = files_of(checkpoint.manifest)
-                missing = [name for name in bad if not store.has(entries[name].sha256)]
+                missing = [name for name in bad
+                           if not all(store.has(sha) for sha, _ in entries[name].blobs)]
                 report.bad.append(BadCheckpoint(
                     checkpoint.uuid, checkpoint.experiment_id, missing,
                     [name for name in bad if name not in missing]))

@@ -753,8 +753,13 @@ class _Handler(BaseHTTPRequestHandler):
                 checkpoint = self._db(reporter, lambda w: w.db.checkpoint(uuid), write=False)
             except NotFound as error:
                 raise _Refused(404, str(error)) from None
-            if sha256 not in {e.sha256 for e in files_of(checkpoint.manifest).values()}:
+            entry = next((e for e in files_of(checkpoint.manifest).values()
+                          if e.sha256 == sha256), None)
+            if entry is None:
                 raise _Refused(404, f"checkpoint {uuid} has no file with sha256 {sha256}")
+            if entry.chunks:  # its chunks, each checked, in order
+                self._send_chunks(store, uuid, entry)
+                return
             try:
                 blob = (open(store.blob_path(sha256), "rb") if isinstance(store, Store)
                         else io.BytesIO(store.read_bytes(sha256)))
@@ -769,6 +774,21 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", str(size))
                 self.end_headers()
                 shutil.copyfileobj(blob, self.wfile, wire.CHUNK)
+
+    def _send_chunks(self, store: Any, uuid: str, entry: FileEntry) -> None:
+        try:
+            first = store.read_bytes(entry.chunks[0][0])
+        except StoreError:
+            raise _Refused(404, f"a chunk of file {entry.sha256} of checkpoint {uuid} is "
+                                "missing or corrupt in the store; resume from an earlier "
+                                "checkpoint") from None
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(entry.size))
+        self.end_headers()
+        self.wfile.write(first)
+        for sha256, _ in entry.chunks[1:]:  # a bad one now cuts the body short: refused there
+            self.wfile.write(store.read_bytes(sha256))
 
 
 def _check_launch(db: StateDB, trial_id: int, launch: int, pgrp: str | None) -> None:

@@ -450,13 +450,18 @@ def import_(folder: Path) -> None:
 @cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
-def gc(experiment_id: int | None, dry_run: bool) -> None:
+@click.option("--rechunk", is_flag=True,
+              help="Also cut files stored whole (by an older localdet, or by remote trials) "
+                   "into content-defined chunks, and say how much space that saved.")
+def gc(experiment_id: int | None, dry_run: bool, rechunk: bool) -> None:
     """Delete the checkpoints that checkpoint_storage does not keep (of EXPERIMENT_ID, or of
     all experiments), and the stored files no kept checkpoint needs."""
     from localdet.checkpoints.gc import collect
     from localdet.checkpoints.store import StoreError
     from localdet.operations.deletion import finish_pending
 
+    if rechunk and (dry_run or experiment_id is not None):
+        _fail("--rechunk converts every store at once; leave out EXPERIMENT_ID and --dry-run")
     layout = Layout.from_environment()
     with _open_db(layout) as db:
         try:
@@ -474,6 +479,14 @@ def gc(experiment_id: int | None, dry_run: bool) -> None:
         for sha in report.blobs:
             click.echo(f"would delete blob {sha}")
     click.echo(report.summary())
+    if rechunk:
+        from localdet.checkpoints.rechunk import rechunk as rechunk_stores
+
+        with _open_db(layout) as db:
+            try:
+                click.echo(rechunk_stores(layout, db).summary())
+            except StoreError as error:
+                _fail(str(error))
 
 
 @cli.command()
