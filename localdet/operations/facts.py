@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,7 +37,8 @@ def trial_facts(db: StateDB, trial: Trial, experiment: Experiment,
                 launches: list[dict] | None = None,
                 validations: list[dict] | None = None) -> dict[str, Any]:
     """`launches`: the trial's launches, oldest first (`launches_by_trial`); `validations`:
-    its validation metrics, oldest first (`validations_by_trial`), read here if not given."""
+    its validation metrics, oldest first, read here if not given (or as few as say its best
+    and, last, its latest: `validation_summary`)."""
     from localdet.config import keras_choice  # (its rules' modules: only where trials are shown)
 
     if validations is None:
@@ -115,6 +117,10 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
     return {"progress": 1.0 if done else min(progress, 1.0), "rungs": method.rungs()}
 
 
+# The events an experiment's facts are made of (not every trial's state changes).
+_FACT_EVENTS = ("trial_launched", "script_run_started", "trial_first_batch", "config_warning")
+
+
 def launches_by_trial(events: list[dict]) -> dict[int, list[dict]]:
     """trial id -> its launches, oldest first: the payload of each `trial_launched` event
     (engine, slots, ...; a script run's `script_run_started`) with `launched_at` and
@@ -131,23 +137,80 @@ def launches_by_trial(events: list[dict]) -> dict[int, list[dict]]:
     return launches
 
 
-def validations_by_trial(db: StateDB, experiment_id: int) -> dict[int, list[dict]]:
-    """trial id -> its validation metrics, oldest first (as `db.metrics(trial, "validation")`
-    gives them): one query for the experiment's trials, not one a trial."""
-    validations: dict[int, list[dict]] = {}
-    for trial_id, text in db.db.execute(
-            "SELECT trial_id, metrics FROM metrics WHERE kind = 'validation' AND trial_id IN "
-            "(SELECT id FROM trials WHERE experiment_id = ?) ORDER BY trial_id, batches_trained",
-            [experiment_id]):
-        validations.setdefault(trial_id, []).append(json.loads(text))
-    return validations
+# StateDB -> the summary it last computed and what it was computed from: the dashboard and
+# `status` ask twice (facts, importances) over one connection that nothing wrote in between.
+_SUMMARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def validation_summary(db: StateDB, experiment: Experiment) -> dict[int, dict[str, Any]]:
+    """See `_validation_summary`; read again only when this connection, or another, has
+    written since (SQLite's data_version and the connection's own changes say)."""
+    key = (experiment.id, experiment.metric, bool(experiment.smaller_is_better),
+           db.db.execute("PRAGMA data_version").fetchone()[0], db.db.conn.total_changes)
+    cached = _SUMMARIES.get(db)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    summary = _validation_summary(db, experiment)
+    _SUMMARIES[db] = (key, summary)
+    return summary
+
+
+def _validation_summary(db: StateDB, experiment: Experiment) -> dict[int, dict[str, Any]]:
+    """trial id -> {"latest": its latest validation, "best": the one with its best finite
+    searcher metric (None if none), "counted": how many carry a finite searcher metric}, for
+    the experiment's trials with a validation. SQLite finds the rows in the validations'
+    index (migration 0012) and reads the metric out of each row's JSON; only the rows it
+    picks are parsed here (an experiment of 1,000 trials has 100,000 validations). A row
+    holding NaN or Infinity (Python's JSON, which SQLite refuses) is read here instead."""
+    trials = "(SELECT id FROM trials WHERE experiment_id = ?)"
+    rows = (f"FROM metrics INDEXED BY metrics_validations WHERE kind = 'validation' AND "
+            f"trial_id IN {trials}")
+    unreadable = "(metrics GLOB '*NaN*' OR metrics GLOB '*Infinity*')"  # (instr: twice as slow)
+    path = '$."' + experiment.metric.replace('"', "") + '"'
+    summary: dict[int, dict[str, Any]] = {}
+    for trial_id, text, _ in db.db.execute(  # the row with the largest batches (SQLite's
+            # bare column of max()), the first of them as in the index's order
+            f"SELECT trial_id, metrics, max(batches_trained) {rows} GROUP BY trial_id",
+            [experiment.id]):
+        summary[trial_id] = {"latest": json.loads(text), "best": None, "counted": 0}
+    pick = "min" if experiment.smaller_is_better else "max"
+    found: dict[int, list[tuple[float, int, str]]] = {}  # trial -> (value, batches, row)
+    for trial_id, text, batches, _, counted in db.db.execute(
+            f"SELECT trial_id, metrics, batches_trained, {pick}(metrics ->> ?), count(*) "
+            f"{rows} AND NOT {unreadable} AND json_type(metrics, ?) IN ('integer', 'real') "
+            "GROUP BY trial_id", [path, experiment.id, path]):
+        row = json.loads(text)
+        found.setdefault(trial_id, []).append((row[experiment.metric], batches, text))
+        summary[trial_id]["counted"] += counted
+    for trial_id, text, batches in db.db.execute(
+            f"SELECT trial_id, metrics, batches_trained {rows} AND {unreadable}",
+            [experiment.id]):
+        value = json.loads(text).get(experiment.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            found.setdefault(trial_id, []).append((value, batches, text))
+            summary[trial_id]["counted"] += 1
+    for trial_id, candidates in found.items():  # the best; the earliest of equals
+        best = min(candidates, key=lambda c: (c[0] if experiment.smaller_is_better else -c[0],
+                                              c[1]))
+        summary[trial_id]["best"] = json.loads(best[2])
+    return summary
 
 
 def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
-    events = db.events(experiment.id)
+    events = db.events(experiment.id, kinds=_FACT_EVENTS)
     launches = launches_by_trial(events)
-    validations = validations_by_trial(db, experiment.id)
-    trials = [trial_facts(db, t, experiment, launches.get(t.id), validations.get(t.id, []))
+    summary = validation_summary(db, experiment)
+
+    def validations(trial_id: int) -> list[dict]:
+        # All trial_facts needs of them: the best and, last, the latest.
+        found = summary.get(trial_id)
+        if not found:
+            return []
+        return [found["best"], found["latest"]] if found["best"] is not None \
+            else [found["latest"]]
+
+    trials = [trial_facts(db, t, experiment, launches.get(t.id), validations(t.id))
               for t in db.trials(experiment.id)]
     scored = [t for t in trials if t["best_validation"]]
     best = _best([t["best_validation"] for t in scored],

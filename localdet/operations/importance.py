@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from localdet.operations.facts import flat_hparams, validations_by_trial
+from localdet.operations.facts import flat_hparams, validation_summary
 from localdet.paths import Layout
 from localdet.records.db import Experiment, StateDB
 
@@ -71,16 +71,14 @@ def _finite(value: Any) -> bool:
 def scored_trials(db: StateDB, experiment: Experiment) -> tuple[list[dict[str, Any]], int]:
     """Each trial with a finite searcher metric: {"trial_id", "hparams" (dotted), "value"
     (its best)}; and how many validation rows carried that metric."""
-    validations = validations_by_trial(db, experiment.id)
-    better = min if experiment.smaller_is_better else max
+    summary = validation_summary(db, experiment)  # SQLite reads the values: no row parsed
     scored, counted = [], 0
     for trial in db.trials(experiment.id):
-        values = [row[experiment.metric] for row in validations.get(trial.id, [])
-                  if _finite(row.get(experiment.metric))]
-        counted += len(values)
-        if values:
+        found = summary.get(trial.id)
+        if found and found["best"] is not None:
+            counted += found["counted"]
             scored.append({"trial_id": trial.id, "hparams": flat_hparams(trial.hparams),
-                           "value": better(values)})
+                           "value": found["best"][experiment.metric]})
     return scored, counted
 
 

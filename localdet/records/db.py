@@ -127,8 +127,13 @@ def _filters(**columns: Any) -> tuple[str | None, list[Any] | None]:
     return (" AND ".join(clauses), args) if clauses else (None, None)
 
 
+@functools.lru_cache(maxsize=None)
+def _field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))  # (dataclasses.fields: ~25 us a call)
+
+
 def _from_row(cls, row: dict, json_fields: Iterable[str] = ()):
-    values = {f.name: row.get(f.name) for f in fields(cls)}
+    values = {name: row.get(name) for name in _field_names(cls)}
     for name in json_fields:
         text = values[name]
         if text is not None:

@@ -229,9 +229,12 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             facts = catalog.describe(layout, db, record.id)
             facts["importances"] = importances(layout, db, record.id)  # cached till it changes
             facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
+            drawn = figures.curve_trials(facts["trials"], record.metric,
+                                         record.smaller_is_better)
             facts["charts"] = {
-                "curves": figures.curves(db, [t["id"] for t in facts["trials"]],
-                                         facts["best_trial"]),
+                "curves": figures.curves(db, drawn, facts["best_trial"]),
+                "curves_drawn": _drawn(drawn, len(facts["trials"]),
+                                       f"/api/experiments/{record.id}/curves"),
                 "hyperparameters": figures.hyperparameters(record, facts["trials"]),
                 "importance": figures.importance(facts["importances"]),
                 "scatter": figures.scatter(record, facts["trials"]),
@@ -249,10 +252,33 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             facts["checkpoints"] = [  # with the model versions that register each
                 {**views.checkpoint_facts(c), "registered": registrations(db, c.uuid)}
                 for c in db.checkpoints(trial_id=record.id)]
-            facts["charts"] = {"curves": figures.curves(db, [record.id])}
+            facts["charts"] = {"curves": figures.curves(db, [record.id]),
+                               "curves_drawn": _drawn([record.id], 1,
+                                                      f"/api/trials/{record.id}/curves")}
             facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),
                                          LOG_TAIL_LINES)
             return facts
+
+    def experiment_curves(request: Request) -> dict:
+        """Every point (`?full=1`) of the trials the page draws, or of every trial
+        (`?trials=all`); without `full`, thinned as the page's."""
+        with database() as db:
+            record = db.experiment(int(request.path_params["id"]))
+            facts = views.experiment_facts(db, record)
+            chosen = [t["id"] for t in facts["trials"]] \
+                if request.query_params.get("trials") == "all" else \
+                figures.curve_trials(facts["trials"], record.metric, record.smaller_is_better)
+            return {"curves": figures.curves(db, chosen, facts["best_trial"],
+                                             full=_full(request)),
+                    "curves_drawn": _drawn(chosen, len(facts["trials"]), request.url.path,
+                                           _full(request))}
+
+    def trial_curves(request: Request) -> dict:
+        """Every point of one trial's series (`?full=1`), or thinned as its page's."""
+        with database() as db:
+            record = db.trial(int(request.path_params["id"]))
+            return {"curves": figures.curves(db, [record.id], full=_full(request)),
+                    "curves_drawn": _drawn([record.id], 1, request.url.path, _full(request))}
 
     def jobs(request: Request) -> list[dict]:
         if not layout.db.exists():
@@ -304,7 +330,9 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         *manage.routes(layout, database, api, page),
         *comparing.routes(database, api, page),
         Route("/api/experiments/{id:int}/{action:str}", api(act), methods=["POST"]),
+        Route("/api/experiments/{id:int}/curves", api(experiment_curves)),
         Route("/api/trials/{id:int}", api(trial)),
+        Route("/api/trials/{id:int}/curves", api(trial_curves)),
         Route("/api/trials/{id:int}/{action:str}", api(act), methods=["POST"]),
         Route("/api/jobs", api(jobs)),
         Route("/api/checkpoints/{uuid:str}.tar.gz", api(download)),
@@ -312,6 +340,18 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard, token=token, host=host)])
+
+
+def _full(request: Request) -> bool:
+    return request.query_params.get("full") in ("1", "true")
+
+
+def _drawn(trial_ids: list[int], of: int, path: str, full: bool = False) -> dict[str, Any]:
+    """What the curves chart holds: which trials of how many, how many points a series at
+    most (None: every point), and where every point of them is."""
+    return {"trials": trial_ids, "of": of,
+            "points_per_series": None if full else figures.series_points(len(trial_ids)),
+            "full": f"{path}?full=1", "all_trials": f"{path}?full=1&trials=all"}
 
 
 def _summary(facts: dict[str, Any]) -> dict[str, Any]:

@@ -22,30 +22,74 @@ from plotly.subplots import make_subplots
 from localdet.operations.importance import hparam_types
 from localdet.records.db import Experiment, StateDB
 from localdet.ui.views import flat_hparams
+from localdet.ui.web import downsample
 
 BEST = "#d62728"
 OTHERS = "#1f77b4"
 
 
-def _series(db: StateDB, trial_ids: list[int]) -> dict[str, dict[int, tuple[list, list]]]:
-    """metric name -> trial id -> (batches, values); validation names start with val_."""
+# How many trials the experiment page's learning curves draw, and how many points: Determined's
+# API drew an experiment's best 25 trials by default (TrialsSample's max_trials) and its web UI
+# asked for 1,000 to 1,500 points of a trial's series. A panel holds at most PANEL_POINTS
+# points (each series at least MIN_SERIES_POINTS); every point stays available on request.
+CURVE_TRIALS = 25
+PANEL_POINTS = 4000
+SERIES_POINTS = 1000
+MIN_SERIES_POINTS = 20
+
+
+def curve_trials(trials: list[dict], metric: str, smaller_is_better: bool,
+                 limit: int = CURVE_TRIALS) -> list[int]:
+    """The trials an experiment's page draws curves of (`trials`: their facts): the best
+    `limit` by their best searcher metric, best first, then those still running (at most
+    `limit` more) and, while fewer than `limit` have a metric, those without one."""
+    def score(t: dict) -> float | None:
+        return _score(t, metric)
+
+    scored = sorted((t for t in trials if score(t) is not None),
+                    key=lambda t: score(t) if smaller_is_better else -score(t))  # type: ignore
+    chosen = [t["id"] for t in scored[:limit]]
+    running = [t["id"] for t in trials if t["state"] == "RUNNING" and t["id"] not in chosen]
+    unscored = [t["id"] for t in trials if score(t) is None and t["id"] not in running]
+    return chosen + running[:limit] + unscored[:max(0, limit - len(chosen))]
+
+
+def series_points(trials: int) -> int:
+    """Points per series when `trials` trials share a panel."""
+    return max(MIN_SERIES_POINTS, min(SERIES_POINTS, PANEL_POINTS // max(1, trials)))
+
+
+def _series(db: StateDB, trial_ids: list[int], points: int | None
+            ) -> dict[str, dict[int, tuple[list, list]]]:
+    """metric name -> trial id -> (batches, values), each series thinned to `points`
+    (None: every point); validation names start with val_. One query for all the trials."""
     series: dict[str, dict[int, tuple[list, list]]] = {}
-    for trial_id in trial_ids:
-        for row in db.metrics(trial_id):
-            for name, value in row.metrics.items():
-                if not isinstance(value, (int, float)) or not math.isfinite(value):
-                    continue
-                key = name if row.kind == "validation" else f"training {name}"
-                xs, ys = series.setdefault(key, {}).setdefault(trial_id, ([], []))
-                xs.append(row.batches_trained)
-                ys.append(value)
+    for trial_id, kind, batches, text in db.db.execute(
+            "SELECT trial_id, kind, batches_trained, metrics FROM metrics WHERE trial_id IN "
+            "(SELECT value FROM json_each(?)) ORDER BY trial_id, batches_trained, kind",
+            [json.dumps(trial_ids)]):
+        for name, value in json.loads(text).items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            key = name if kind == "validation" else f"training {name}"
+            xs, ys = series.setdefault(key, {}).setdefault(trial_id, ([], []))
+            xs.append(batches)
+            ys.append(value)
+    if points is not None:
+        for by_trial in series.values():
+            for trial_id, (xs, ys) in by_trial.items():
+                xs, ys = downsample.min_max(xs, ys, points)
+                # Six digits draw the same line in a fraction of the bytes.
+                by_trial[trial_id] = (xs, [float(f"{y:.6g}") for y in ys])
     return series
 
 
 def curves(db: StateDB, trial_ids: list[int], best_trial: int | None = None,
-           title: str = "") -> dict[str, Any]:
-    """One panel per metric, one line per trial; the best trial drawn bold in red."""
-    series = _series(db, trial_ids)
+           title: str = "", full: bool = False) -> dict[str, Any]:
+    """One panel per metric, one line per trial; the best trial drawn bold in red. Each
+    series thinned to `series_points(len(trial_ids))` points (downsample.min_max), or every
+    point with `full`."""
+    series = _series(db, trial_ids, None if full else series_points(len(trial_ids)))
     names = sorted(series, key=lambda n: (n.startswith("training"), n))
     if not names:
         return _empty("no metrics recorded yet")
@@ -53,24 +97,32 @@ def curves(db: StateDB, trial_ids: list[int], best_trial: int | None = None,
     rows = math.ceil(len(names) / columns)
     figure = make_subplots(rows=rows, cols=columns, subplot_titles=names,
                            horizontal_spacing=0.08, vertical_spacing=0.12)
+    traces = []
     for index, name in enumerate(names):
         row, column = index // columns + 1, index % columns + 1
+        axis = "" if index == 0 else str(index + 1)  # make_subplots numbers them row by row
         # The best trial last, so that it is drawn on top.
         for trial_id in sorted(series[name], key=lambda t: t == best_trial):
             xs, ys = series[name][trial_id]
             best = trial_id == best_trial
-            figure.add_trace(go.Scatter(
-                x=xs, y=ys, mode="lines+markers" if len(xs) < 30 else "lines",
-                name=f"trial {trial_id}" + (" (best)" if best else ""),
-                legendgroup=str(trial_id), showlegend=index == 0,
-                line={"color": BEST if best else OTHERS, "width": 3 if best else 1.2},
-                opacity=1.0 if best or best_trial is None else 0.55,
-                hovertemplate=f"trial {trial_id}<br>batches %{{x}}<br>{name} %{{y:.4g}}"
-                              "<extra></extra>"), row=row, col=column)
+            # Plain data, as plotly's Scatter would write it: its checks of every point took
+            # most of the page's time for thousands of points.
+            traces.append({
+                "type": "scatter", "x": xs, "y": ys,
+                "mode": "lines+markers" if len(xs) < 30 else "lines",
+                "name": f"trial {trial_id}" + (" (best)" if best else ""),
+                "legendgroup": str(trial_id), "showlegend": index == 0,
+                "line": {"color": BEST if best else OTHERS, "width": 3 if best else 1.2},
+                "opacity": 1.0 if best or best_trial is None else 0.55,
+                "hovertemplate": f"trial {trial_id}<br>batches %{{x}}<br>{name} %{{y:.4g}}"
+                                 "<extra></extra>",
+                "xaxis": f"x{axis}", "yaxis": f"y{axis}"})
         figure.update_xaxes(title_text="batches", row=row, col=column)
     figure.update_layout(title=title or None, height=300 * rows + 80, margin=_MARGIN,
                          uirevision="keep", legend={"orientation": "h", "y": -0.12})
-    return _plain(figure)
+    plain = _plain(figure)
+    plain["data"] = traces
+    return plain
 
 
 def hyperparameters(experiment: Experiment, trials: list[dict]) -> dict[str, Any]:
