@@ -31,7 +31,9 @@ _JUSTIFIED = ("left", "center", "right")  # what Lines.justify does as Text's re
 
 
 class FastTable(Table):
-    _texts: dict[int, list[Text]] | None = None  # column -> header and cells, while measuring
+    # column -> its header's and cells' (least, most) widths as Text measures them, while
+    # measuring
+    _texts: dict[int, list[tuple[int, int]]] | None = None
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines = self._drawn(console, options)
@@ -66,16 +68,20 @@ class FastTable(Table):
         if max_width < 1:
             return Measurement(0, 0)
         smallest, largest = [], []
-        for text in texts:
-            if max_width - 2 < 1:  # Padding.__rich_measure__
-                cell = Measurement(max_width, max_width)
+        for low, high in texts:
+            # Measurement.get of the Padding around the Text, in plain numbers (rich's objects
+            # took most of a 1,000-row table's time). A text's measure is already normal
+            # (0 <= longest word <= longest line), so normalizing changes nothing: capped, an
+            # empty one measures nothing, then two more for the padding, capped again.
+            if max_width < 3:  # Padding.__rich_measure__ (and a width of 0: nothing)
+                low = high = max(0, max_width)
             else:
-                inner = Measurement.get(console, options, text)
-                cell = Measurement(inner.minimum + 2, inner.maximum + 2).with_maximum(max_width)
-            cell = cell.normalize().with_maximum(max_width)  # Measurement.get
-            cell = Measurement(0, 0) if cell.maximum < 1 else cell.normalize()
-            smallest.append(cell.minimum)
-            largest.append(cell.maximum)
+                if high < 1:
+                    low = high = 0
+                low, high = min(min(low, max_width) + 2, max_width), \
+                    min(min(high, max_width) + 2, max_width)
+            smallest.append(low)
+            largest.append(high)
         return Measurement(max(smallest) if smallest else 1,
                            max(largest) if largest else max_width).with_maximum(max_width)
 
@@ -89,13 +95,17 @@ class FastTable(Table):
                      if isinstance(cell, str) and "\t" not in cell]
             if len(cells) != len(column._cells) + 1:
                 return None  # a renderable in a cell, or a tab
-            texts[index] = [console.render_str(cell, highlight=False) for cell in cells]
+            # A cell without markup or an emoji code is its own Text: what render_str makes
+            # of it, without its parse (most cells; a third of a 1,000-row table's time).
+            texts[index] = [Text(cell) if "[" not in cell and ":" not in cell
+                            else console.render_str(cell, highlight=False) for cell in cells]
         # Each column as wide as its widest line, as rich makes it when the table fits;
         # else rich's shrinking, over measurements of these texts.
         widths = [max(max((cell_len(line) for line in text.plain.splitlines()), default=0)
                       for text in column) + 2 for column in texts.values()]
         if sum(widths) + self._extra_width > options.max_width:
-            self._texts = texts
+            self._texts = {index: [_measure(text) for text in column]
+                           for index, column in texts.items()}
             try:
                 widths = self._calculate_column_widths(
                     console, options.update_width(options.max_width - self._extra_width))
@@ -159,8 +169,20 @@ class FastTable(Table):
         if inner < 1:
             return []  # rich renders nothing in no width
         pad = Segment(" ", Style.null())
-        if (text.cell_len <= inner and "\n" not in text.plain and column.justify in _JUSTIFIED
-                and text.justify is None):
+        plain = text.plain
+        fits = text.cell_len <= inner and "\n" not in plain and text.justify is None
+        if fits and not text.spans and column.justify in _JUSTIFIED:
+            # What Lines.justify and Text.render make of a text without styles, as one string
+            # (a Text without spans renders as one unstyled segment).
+            if column.justify == "left":
+                content = plain + " " * (inner - text.cell_len)
+            else:
+                stripped = plain.rstrip()
+                spare = inner - cell_len(stripped)
+                left = spare // 2 if column.justify == "center" else spare
+                content = " " * left + stripped + " " * (spare - left)
+            return [list(Segment.apply_style([pad, Segment(content), pad], style))]
+        if fits and column.justify in _JUSTIFIED:
             line = text.copy()
             line.end = ""
             Lines([line]).justify(console, inner, justify=column.justify,
@@ -181,3 +203,13 @@ class FastTable(Table):
         shown = console.render_str(text, style=style, highlight=False) \
             if isinstance(text, str) else text
         return list(console.render(shown, options.update(justify=justify)))
+
+
+def _measure(text: Text) -> tuple[int, int]:
+    """Text.__rich_measure__: its longest word, its longest line."""
+    plain = text.plain
+    lines = plain.splitlines()
+    most = max(cell_len(line) for line in lines) if lines else 0
+    words = plain.split()
+    return (max(cell_len(word) for word in words) if words else most), most
+

@@ -215,9 +215,21 @@ def keras_lines(trials: list[dict]) -> list[str]:
     lines = []
     for (line, why), ids in chosen.items():
         name = {"keras2": "Keras 2", "keras3": "Keras 3"}.get(line, line)
-        which = f"trial {ids[0]}" if len(ids) == 1 else f"trials {', '.join(map(str, ids))}"
+        which = f"trial {ids[0]}" if len(ids) == 1 else f"trials {id_runs(ids)}"
         lines.append(f"{name} ({which}): {why}" if why else f"{name} ({which})")
     return lines
+
+
+def id_runs(ids: list[int]) -> str:
+    """`1, 3, 7-12`: a run of three or more consecutive ids as its ends (a caption naming
+    each of 1,000 trials ran to 6,000 characters)."""
+    parts, start = [], 0
+    for index in range(1, len(ids) + 1):
+        if index == len(ids) or ids[index] != ids[index - 1] + 1:
+            run = ids[start:index]
+            parts.extend([f"{run[0]}-{run[-1]}"] if len(run) >= 3 else map(str, run))
+            start = index
+    return ", ".join(parts)
 
 
 def checkpoints_table(facts: list[dict], experiment_id: int, show_state: bool = False) -> Table:
