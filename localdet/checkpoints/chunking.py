@@ -19,9 +19,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import mmap
 import os
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -55,6 +57,30 @@ def cut_file(path: str | os.PathLike[str]) -> Iterator[memoryview]:
     finally:
         with contextlib.suppress(BufferError):  # a view still held: unmapped once freed
             mapped.close()
+
+
+# Files at least this big are hashed whole in a second thread, beside the chunking
+# (hashlib lets go of the GIL): the two hashes of every byte then cost one's wall time.
+HASH_BESIDE_BYTES = 4 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _hasher() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="localdet-hash")
+
+
+def _sha256_of_file(path: str | os.PathLike[str]) -> str:
+    digest, buf = hashlib.sha256(), bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def sha256_beside(path: str | os.PathLike[str]) -> Future[str]:
+    """The sha256 of the whole file, computed in a background thread."""
+    return _hasher().submit(_sha256_of_file, path)
 
 
 @functools.lru_cache(maxsize=1)

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator, Mapping, Protocol
 
-from localdet.checkpoints.chunking import NewBlobs, cut_file, fsync_dirs
+from localdet.checkpoints.chunking import (
+    HASH_BESIDE_BYTES,
+    NewBlobs,
+    cut_file,
+    fsync_dirs,
+    sha256_beside,
+)
 from localdet.checkpoints.locks import Lease
 
 CHUNK_SIZE = 1 << 20
@@ -331,15 +337,20 @@ class Store:
 
     def _put_chunks(self, path: Path, new: NewBlobs) -> FileEntry:
         """Cut the file into chunks and add those the store lacks to `new`."""
+        beside = sha256_beside(path) if path.stat().st_size >= HASH_BESIDE_BYTES else None
         whole, chunks = hashlib.sha256(), []
         for piece in cut_file(path):
             sha256 = hashlib.sha256(piece).hexdigest()
             new.add(sha256, piece)
-            whole.update(piece)
+            if beside is None:
+                whole.update(piece)
             chunks.append((sha256, len(piece)))
         if not chunks:  # an empty file: the blob of no bytes
             new.add(whole.hexdigest(), b"")
-        return FileEntry(whole.hexdigest(), sum(size for _, size in chunks),
+        digest = beside.result() if beside is not None else whole.hexdigest()
+        if beside is not None and len(chunks) == 1 and digest != chunks[0][0]:
+            raise StoreError(f"checkpoint file '{path}' changed while it was being stored")
+        return FileEntry(digest, sum(size for _, size in chunks),
                          tuple(chunks) if len(chunks) > 1 else ())
 
     def rechunk(self, entry: FileEntry, name: str = "") -> FileEntry:
