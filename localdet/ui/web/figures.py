@@ -60,10 +60,12 @@ def series_points(trials: int) -> int:
 
 
 def _series(db: StateDB, trial_ids: list[int], points: int | None
-            ) -> dict[str, dict[int, tuple[list, list]]]:
+            ) -> tuple[dict[str, dict[int, tuple[list, list]]], bool]:
     """metric name -> trial id -> (batches, values), each series thinned to `points`
-    (None: every point); validation names start with val_. One query for all the trials."""
+    (None: every point), and whether one was; validation names start with val_. One query
+    for all the trials."""
     series: dict[str, dict[int, tuple[list, list]]] = {}
+    thinned = False
     for trial_id, kind, batches, text in db.db.execute(
             "SELECT trial_id, kind, batches_trained, metrics FROM metrics WHERE trial_id IN "
             "(SELECT value FROM json_each(?)) ORDER BY trial_id, batches_trained, kind",
@@ -78,18 +80,19 @@ def _series(db: StateDB, trial_ids: list[int], points: int | None
     if points is not None:
         for by_trial in series.values():
             for trial_id, (xs, ys) in by_trial.items():
+                thinned = thinned or len(xs) > points
                 xs, ys = downsample.min_max(xs, ys, points)
                 # Six digits draw the same line in a fraction of the bytes.
                 by_trial[trial_id] = (xs, [float(f"{y:.6g}") for y in ys])
-    return series
+    return series, thinned
 
 
 def curves(db: StateDB, trial_ids: list[int], best_trial: int | None = None,
            title: str = "", full: bool = False) -> dict[str, Any]:
     """One panel per metric, one line per trial; the best trial drawn bold in red. Each
     series thinned to `series_points(len(trial_ids))` points (downsample.min_max), or every
-    point with `full`."""
-    series = _series(db, trial_ids, None if full else series_points(len(trial_ids)))
+    point with `full`; `thinned` says whether a series was."""
+    series, thinned = _series(db, trial_ids, None if full else series_points(len(trial_ids)))
     names = sorted(series, key=lambda n: (n.startswith("training"), n))
     if not names:
         return _empty("no metrics recorded yet")
@@ -122,6 +125,7 @@ def curves(db: StateDB, trial_ids: list[int], best_trial: int | None = None,
                          uirevision="keep", legend={"orientation": "h", "y": -0.12})
     plain = _plain(figure)
     plain["data"] = traces
+    plain["thinned"] = thinned  # (beside plotly's data and layout: the page says so)
     return plain
 
 

@@ -93,6 +93,39 @@ function chart(id, figure) {
   if (element && figure) Plotly.react(element, figure.data || [], figure.layout || {}, {responsive: true, displaylogo: false});
 }
 
+// The learning curves as the server thinned them for drawing (a bounded number of points per
+// series, the best trials of a large search), or every point of them once asked: then the
+// page's refreshes leave that chart alone until asked back.
+const everyPoint = new Set();  // page paths whose curves show every point
+
+function curves(drawn, figure) {
+  const path = location.pathname;
+  if (!everyPoint.has(path)) chart("curves", figure);
+  const note = document.getElementById("curves-note");
+  if (!note || !drawn) return;
+  const which = drawn.of > drawn.trials.length ? `${drawn.trials.length} of ${drawn.of} trials drawn ` +
+    "(the best by the searcher metric, and those running)" : "";
+  const thinned = figure && figure.thinned ? `each series thinned to at most ${drawn.points_per_series} points (the lowest and highest of each stretch kept)` : "";
+  note.innerHTML = everyPoint.has(path)
+    ? `Every point drawn. <a href="#" id="curves-thinned">Back to the thinned curves</a>`
+    : `${esc([which, thinned].filter(Boolean).join("; "))}
+       ${thinned ? `<a href="#" id="curves-full" data-url="${esc(drawn.full)}">Draw every point</a>` : ""}
+       ${drawn.of > drawn.trials.length ? ` · <a href="${esc(drawn.all_trials)}" id="curves-all">every trial's points (JSON)</a>` : ""}`;
+}
+
+document.addEventListener("click", async (event) => {
+  const full = event.target.closest("#curves-full"), thinned = event.target.closest("#curves-thinned");
+  if (!full && !thinned) return;
+  event.preventDefault();
+  if (thinned) { everyPoint.delete(location.pathname); refresh(); return; }
+  const path = location.pathname;
+  const body = await getJSON(full.dataset.url);
+  if (location.pathname !== path) return;
+  everyPoint.add(path);
+  chart("curves", body.curves);
+  curves(body.curves_drawn, null);
+});
+
 // -- pages ----------------------------------------------------------------------------------
 async function experimentsPage() {
   const params = new URLSearchParams(location.search);
@@ -186,7 +219,7 @@ async function experimentPage(id) {
     {key: "reached", label: "Reached"}, {key: "promoted", label: "Promoted"}], e.rungs) : "";
   const fresh = frame(`<div id="head"></div><span id="message"></span>
     <div id="manage"></div>
-    <h2>Learning curves</h2><div class="card"><div id="curves"></div></div>
+    <h2>Learning curves</h2><div class="card"><div id="curves"></div><p id="curves-note" class="muted"></p></div>
     <h2>Hyperparameters and <span id="metric"></span></h2><div class="card"><div id="hparams"></div></div>
     <h2>Which hyperparameters mattered</h2><div class="card"><div id="importance"></div></div>
     <h2><span class="metric-name"></span> against each hyperparameter</h2><div class="card"><div id="scatter"></div></div>
@@ -209,7 +242,7 @@ async function experimentPage(id) {
   fill("rest", `${rungs}<h2>Trials</h2>
     ${table("trials", columns, e.trials, (t) => `class="link${t.id === e.best_trial ? " best" : ""}" data-href="/trials/${t.id}"`)}`);
   fill("config-text", esc(e.config));
-  chart("curves", e.charts.curves);
+  curves(e.charts.curves_drawn, e.charts.curves);
   chart("hparams", e.charts.hyperparameters);
   chart("importance", e.charts.importance);
   chart("scatter", e.charts.scatter);
@@ -244,7 +277,7 @@ async function trialPage(id) {
     {key: "download", label: "", html: (c) => `<a href="/api/checkpoints/${esc(c.uuid)}.tar.gz" download>download .tar.gz</a>`},
   ], t.checkpoints);
   frame(`<div id="head"></div><span id="message"></span>
-    <h2>Learning curves</h2><div class="card"><div id="curves"></div></div>
+    <h2>Learning curves</h2><div class="card"><div id="curves"></div><p id="curves-note" class="muted"></p></div>
     <div id="rest"></div>`);
   fill("head", `
     <h1>Trial ${t.id} <span id="state">${state(t.state)}</span>
@@ -258,7 +291,7 @@ async function trialPage(id) {
     <h2>Log</h2><pre id="log">${esc(t.log_tail || "(empty)")}</pre>`);
   const log = document.getElementById("log");
   log.scrollTop = log.scrollHeight;  // the latest lines in view
-  chart("curves", t.charts.curves);
+  curves(t.charts.curves_drawn, t.charts.curves);
 }
 
 async function jobsPage() {
