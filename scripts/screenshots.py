@@ -62,7 +62,9 @@ def main() -> None:
             if experiments and all(e["state"] != "ACTIVE" for e in experiments):
                 break
             time.sleep(5)
-        experiment = max(experiments, key=lambda e: e["id"])
+        newest = max(experiments, key=lambda e: e["id"])
+        # The list gives no best trial; the experiment's own facts do.
+        experiment = json.load(urllib.request.urlopen(f"{base}/api/experiments/{newest['id']}"))
         photograph(base, experiment, args.out)
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)

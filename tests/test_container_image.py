@@ -112,12 +112,14 @@ def run_as_container(image: str, state: Path) -> None:
     podman("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8090",
            "-v", f"{state}:/localdet", image)
     try:
+        def logs() -> str:
+            done = podman("logs", name, check=False)
+            return done.stdout + done.stderr
+
         def address() -> str | None:
-            found = re.search(r"dashboard at http://[^/]+/(\?token=[\w-]+)",
-                              podman("logs", name).stderr)
+            found = re.search(r"dashboard at http://[^/]+/(\?token=[\w-]+)", logs())
             return found and f"http://127.0.0.1:{port}/{found.group(1)}"
 
-        logs = lambda: podman("logs", name, check=False).stderr  # noqa: E731
         url = wait_for("the daemon's dashboard address", address, 120, logs)
         wait_for("the dashboard", lambda: ask(url) == 200, 60, logs)
         podman("exec", name, "localdet", "submit", *EXAMPLE)
@@ -128,7 +130,7 @@ def run_as_container(image: str, state: Path) -> None:
             "exec", name, "localdet", "status", check=False).stdout, 120, logs)
         assert "digits-const" in host_status(state)
     finally:
-        podman("rm", "-f", name, check=False)
+        podman("rm", "-f", "--volumes", name, check=False)
 
 
 # -- inside the mounted image, with chroot ------------------------------------------------------
@@ -142,7 +144,7 @@ def mounted(image: str) -> Iterator[Path]:
         yield Path(podman("mount", name).stdout.strip())
     finally:
         podman("umount", name, check=False)
-        podman("rm", "-f", name, check=False)
+        podman("rm", "-f", "--volumes", name, check=False)
 
 
 def chrooted(root: Path, state: Path, image: str, argv: list[str]) -> list[str]:
