@@ -3,23 +3,26 @@ over an experiment of 1,000 trials with 1.1 million metric rows.
 
 Builds a state folder (a temporary LOCALDET_HOME): `--others` experiments (200) as
 `scripts/bench/cli.py` builds them (its `build`: the real search driver, records API), then
-one random search of `--trials` trials (1,000), each launched, with `--rows` training rows
-(1,000, every 100 batches) and `--validations` validation rows (100) recorded in bulk
-(`fill_experiment`, also used by tests/test_records_scale.py), one checkpoint each; all but
-its last four trials completed, those four RUNNING half-way (the search is still ACTIVE).
-Then times, each the fastest of `--repeats` runs (the first run too, where it differs):
+one random search of `--trials` trials (1,000) created by the real search driver 16 at a
+time, each launched, with `--rows` training rows (1,000, every 100 batches) and
+`--validations` validation rows (100) recorded in bulk, the rows of trials running together
+interleaved as a daemon records them (`fill_experiment`, also used by
+tests/test_records_scale.py), one checkpoint each; all but its last four trials completed,
+those four RUNNING half-way (the search is still ACTIVE). Then times, each the fastest of
+`--repeats` runs (the first run too, where it differs):
 
 - the experiment page's data: what the page's script requests, from the real dashboard
   (`localdet web`, its own process, with its token), as the browser requests it
-  (`/api/experiments/ID`, `/api/daemon`), seconds and bytes; target <= 0.5 s and < 2 MB;
+  (`/api/experiments/ID`, `/api/daemon`), seconds and bytes; target <= 0.5 s and < 2 MB.
+  The first view also computes the importances (importing Optuna) and caches them;
 - one trial's page's data (`/api/trials/ID`, `/api/daemon`); the same targets;
-- the full series of the curves on request (`/api/experiments/ID/curves?full=1`), no target;
-- `localdet status ID` (a subprocess, as typed); target <= 0.5 s;
+- every point of the drawn trials' curves, on request (`/api/experiments/ID/curves?full=1`);
+- `localdet status ID` (a subprocess, as typed); target <= 0.5 s (its CPU seconds beside);
 - `localdet metrics ID --csv` (every row; no target);
-- the daemon's pass (`Daemon.step` on this database, no trial launched), no target here:
-  helper figures for scripts/bench/cluster.py's question (independent of finished trials).
+- the daemon's pass (`Daemon.step` over this database, one slot, nothing to launch); no
+  target here: scripts/bench/cluster.py measures how it grows with finished trials.
 
-    python scripts/bench/records.py            # builds (a few minutes), times, removes
+    python scripts/bench/records.py            # builds (~40 s), times, removes
     python scripts/bench/records.py --keep     # keeps the folder and says where
     python scripts/bench/records.py --home F   # times a folder kept before
     python scripts/bench/records.py --smoke    # 20 trials x 50 rows, 3 others: seconds
@@ -52,10 +55,11 @@ BIG_NAME = "thousand-trials"
 def fill_experiment(db, trials: int, rows: int, validations: int, *, running: int = 4,
                     name: str = BIG_NAME, seed: int = 0) -> int:
     """One random search of `trials` trials recorded as the daemon and the trial processes
-    would have left it (created by the real search driver, launched, a checkpoint each),
-    with `rows` training rows (every 100 batches) and `validations` validation rows a trial,
-    inserted in bulk; the last `running` trials RUNNING with half their rows, the rest
-    completed. Returns the experiment's id."""
+    would have left it (created by the real search driver, 16 at a time, launched, a
+    checkpoint each), with `rows` training rows (every 100 batches) and `validations`
+    validation rows a trial, inserted in bulk, the rows of the trials running together
+    interleaved; the last `running` trials RUNNING with half their rows, the rest completed.
+    Returns the experiment's id."""
     from localdet.checkpoints.manifest import build_manifest
     from localdet.checkpoints.store import FileEntry
     from localdet.config.experiment import parse_config
@@ -88,51 +92,59 @@ def fill_experiment(db, trials: int, rows: int, validations: int, *, running: in
         experiment = db.experiment(experiment_id)
         search.start(experiment)
     made = 0
-    while True:
+    while made < trials:
+        # The trials queued together train together: their rows interleave in the table,
+        # as a daemon running them side by side records them.
         queued = db.trials(experiment_id, states=(TrialState.QUEUED,))
         if not queued:
             break
-        for trial in queued:
-            made += 1
-            last = made > trials - running
-            with db.atomic():
-                at = now()
-                db.update_trial(trial.id, state=TrialState.RUNNING, pid=rng.randrange(2, 99999),
-                                started_at=at, slots=json.dumps([made % 8]))
-                db.log_event("trial_launched", experiment_id=experiment_id, trial_id=trial.id,
-                             pid=1, slots=[made % 8], keras_line="keras3",
+        rows_of, best_of, ends = [], {}, {}
+        with db.atomic():
+            at = now()
+            for trial in queued:
+                made += 1
+                db.update_trial(trial.id, state=TrialState.RUNNING,
+                                pid=rng.randrange(2, 99999), started_at=at,
+                                slots=json.dumps([made % 8]))
+                db.log_event("trial_launched", experiment_id=experiment_id,
+                             trial_id=trial.id, pid=1, slots=[made % 8], keras_line="keras3",
                              keras_line_reason="rule default, decided by TensorFlow 2.21 "
                                                "(Keras 3)", engine="single", log_offset=0,
                              warm=True)
                 db.log_event("trial_first_batch", experiment_id=experiment_id,
                              trial_id=trial.id, seconds=round(rng.uniform(0.8, 3.5), 2))
-                end = length // 2 if last else length
-                loss, metrics, best = rng.uniform(0.5, 2.5), [], float("inf")
-                for batches in range(TRAIN_EVERY, end + 1, TRAIN_EVERY):
+                ends[trial.id] = length // 2 if made > trials - running else length
+                loss, best = rng.uniform(0.5, 2.5), float("inf")
+                for batches in range(TRAIN_EVERY, ends[trial.id] + 1, TRAIN_EVERY):
                     loss *= rng.uniform(0.995, 1.0)
                     noisy = loss * rng.uniform(0.97, 1.03)
-                    metrics.append((trial.id, "training", batches, json.dumps(
-                        {"loss": noisy, "accuracy": 1 - noisy / 3}), at))
+                    rows_of.append((batches, trial.id, "training", json.dumps(
+                        {"loss": noisy, "accuracy": 1 - noisy / 3})))
                     if batches % validate_every == 0:
                         best = min(best, loss * 1.1)
-                        metrics.append((trial.id, "validation", batches, json.dumps(
-                            {"val_loss": loss * 1.1, "val_accuracy": 1 - loss / 3}), at))
-                db.db.conn.executemany(
-                    "INSERT INTO metrics (trial_id, kind, batches_trained, metrics, recorded_at)"
-                    " VALUES (?, ?, ?, ?, ?)", metrics)
+                        rows_of.append((batches, trial.id, "validation", json.dumps(
+                            {"val_loss": loss * 1.1, "val_accuracy": 1 - loss / 3})))
+                best_of[trial.id] = best
+            rows_of.sort(key=lambda row: row[0])  # stable: each batch's rows, trial by trial
+            db.db.conn.executemany(
+                "INSERT INTO metrics (trial_id, kind, batches_trained, metrics, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(trial_id, kind, batches, text, at) for batches, trial_id, kind, text in rows_of])
+            for trial in queued:
+                end = ends[trial.id]
                 db.db.execute("UPDATE trials SET batches_trained = ? WHERE id = ?",
                               [end, trial.id])
-                files = {"determined-keras-model.h5": FileEntry(f"{rng.getrandbits(256):064x}",
-                                                                2_400_000),
+                files = {"determined-keras-model.h5": FileEntry(
+                             f"{rng.getrandbits(256):064x}", 2_400_000),
                          "trial_state.json": FileEntry(f"{rng.getrandbits(256):064x}", 300)}
                 db.add_checkpoint(build_manifest(
-                    uuid=str(uuidlib.UUID(int=rng.getrandbits(128))), experiment_id=experiment_id,
-                    trial_id=trial.id, batches_trained=end, files=files,
-                    metadata={"framework": "tensorflow", "steps_completed": end}))
-            if not last:
-                search.validation_completed(experiment, db.trial(trial.id), metric=best)
-        if made >= trials:
-            break
+                    uuid=str(uuidlib.UUID(int=rng.getrandbits(128))),
+                    experiment_id=experiment_id, trial_id=trial.id, batches_trained=end,
+                    files=files, metadata={"framework": "tensorflow", "steps_completed": end}))
+        for trial in queued:
+            if ends[trial.id] == length:  # the rest stay RUNNING, part-way
+                search.validation_completed(experiment, db.trial(trial.id),
+                                            metric=best_of[trial.id])
     return experiment_id
 
 
@@ -270,10 +282,11 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
             print(f"{'full curves on request':<44} not served here: {error}")
     finally:
         dashboard.close()
-    seconds, _, failure = best_of([*_localdet(), "status", str(experiment_id)], env, repeats)
+    seconds, cpu, failure = best_of([*_localdet(), "status", str(experiment_id)], env,
+                                    repeats)
     print(f"{f'localdet status {experiment_id}':<44} {'':>8} {seconds:8.3f} {'':>10}  "
           + (f"FAILED: {failure}" if failure else
-             f"{_verdict(seconds, STATUS_SECONDS)} (<= {STATUS_SECONDS} s)"))
+             f"{_verdict(seconds, STATUS_SECONDS)} (<= {STATUS_SECONDS} s; CPU {cpu:.3f} s)"))
     start = time.perf_counter()
     done = subprocess.run([*_localdet(), "metrics", str(experiment_id), "--csv"], env=env,
                           capture_output=True)
