@@ -75,7 +75,10 @@ def evaluate_in(line: str, folders: list[Path], data: Path) -> list[dict]:
 @pytest.mark.slow
 def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home, tmp_path,
                                                                            daemons):
-    daemon = daemons(home, "--slots", "2")
+    # Two warm processes, one per Keras line: the 19 trials (all single-slot trial classes)
+    # fork from a process that imported TensorFlow once, instead of each importing it (some
+    # 4 CPU seconds a trial on a 2-core machine). Cold launches are covered elsewhere.
+    daemon = daemons(home, "--slots", "2", "--warm", "2")
     custom = {line: submit(home, tmp_path, COMPAT / "custom_objects", "const.yaml", line)
               for line in ("keras3", "keras2")}
     forms = {line: submit(home, tmp_path, COMPAT / "data_forms", "grid.yaml", line)
@@ -88,6 +91,7 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
     for facts in ended.values():
         assert facts["state"] == "COMPLETED", facts
         assert all(t["state"] == "COMPLETED" for t in facts["trials"]), facts["trials"]
+    assert "warm trial processes: 2 (--warm)" in daemon.log_path.read_text()
 
     # Every data form trained and validated, under each line.
     forms_listed = yaml.safe_load((COMPAT / "data_forms" / "grid.yaml").read_text())[
