@@ -69,6 +69,10 @@ def _hasher() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="localdet-hash")
 
 
+# A forked child has none of the parent's threads: it makes its own pool.
+os.register_at_fork(after_in_child=_hasher.cache_clear)
+
+
 def _sha256_of_file(path: str | os.PathLike[str]) -> str:
     digest, buf = hashlib.sha256(), bytearray(1 << 20)
     view = memoryview(buf)
