@@ -108,32 +108,53 @@ def trial(home, experiment_id) -> dict:
     return home.experiment(experiment_id)["trials"][0]
 
 
+def request(home, action: str, experiment_id: int) -> None:
+    """`localdet pause|resume ID`'s request, recorded from this process: it lands at once,
+    where a command's start takes seconds on a loaded machine."""
+    from localdet.paths import Layout
+    from localdet.records.actions import request as record
+    from localdet.records.db import StateDB
+
+    db = StateDB.open(home.path / "localdet.db")
+    try:
+        record(Layout(home.path), db, action, experiment_id=experiment_id)
+    finally:
+        db.close()
+
+
 def pause_and_resume(home, experiment_ids, after_batches):
-    """Pause the experiments once each has trained `after_batches[id]` batches, then resume
-    them; returns where each stopped."""
-    stopped = {}
+    """Pause each experiment the moment it has trained `after_batches[id]` batches (all
+    watched at once, so that one starting first cannot run to its end while another is
+    awaited), then resume them; returns where each stopped."""
+    asked: set[int] = set()
+
+    def ask_when_due() -> bool:
+        for experiment_id in experiment_ids:
+            if experiment_id not in asked and home.first_trial(experiment_id).get(
+                    "batches_trained", 0) >= after_batches[experiment_id]:
+                request(home, "pause", experiment_id)
+                asked.add(experiment_id)
+        return len(asked) == len(experiment_ids)
+
     # (The waits read the database: polling `localdet status` would take a core.)
-    for experiment_id in experiment_ids:
-        wait_for(lambda experiment_id=experiment_id:
-                 home.first_trial(experiment_id).get("batches_trained", 0)
-                 >= after_batches[experiment_id], 300,
-                 f"experiment {experiment_id} to train {after_batches[experiment_id]} batches",
-                 0.1)
-        home.cli("pause", experiment_id)
+    wait_for(ask_when_due, 300, f"experiments {experiment_ids} to train {after_batches}", 0.05)
+    stopped = {}
     for experiment_id in experiment_ids:
         wait_for(lambda experiment_id=experiment_id:
                  home.first_trial(experiment_id)["state"] == "PAUSED", 120,
-                 f"experiment {experiment_id} to pause", 0.1)
+                 f"experiment {experiment_id} to pause", 0.05)
         stopped[experiment_id] = trial(home, experiment_id)["batches_trained"]
-        home.cli("resume", experiment_id)
+        request(home, "resume", experiment_id)
     return stopped
 
 
 @pytest.mark.slow
 def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp_path, daemons):
-    daemon = daemons(home, "--slots", "2")
+    # A warm process per Keras line: the eight launches fork from a process that imported
+    # TensorFlow once (the contract is the same in a forked process: test_warm.py).
+    daemon = daemons(home, "--slots", "2", "--warm", "2")
     paused = {line: submit(home, tmp_path, f"paused-{line}", line == "keras2",
-                           batch_sleep=1.0) for line in ("keras3", "keras2")}
+                           batch_sleep=0.3) for line in ("keras3", "keras2")}
     straight = {line: submit(home, tmp_path, f"straight-{line}", line == "keras2")
                 for line in ("keras3", "keras2")}
     ids = list(paused.values())
