@@ -18,7 +18,7 @@ cells) is drawn by rich as before. tests/test_fast_table.py compares the two.
 
 from __future__ import annotations
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.containers import Lines
 from rich.measure import Measurement
@@ -182,6 +182,23 @@ class FastTable(Table):
                 left = spare // 2 if column.justify == "center" else spare
                 content = " " * left + stripped + " " * (spare - left)
             return [list(Segment.apply_style([pad, Segment(content), pad], style))]
+        if not fits and not text.spans:
+            # What render_lines makes of a text without styles that wraps: rich's own wrap,
+            # then each line padded to the cell (its Segment machinery left out).
+            wrapped = text.wrap(
+                console, inner, justify=text.justify or column.justify or "default",
+                overflow=text.overflow or column.overflow or "fold",
+                tab_size=(console.tab_size if text.tab_size is None else text.tab_size) or 8,
+                no_wrap=text.no_wrap if text.no_wrap is not None else bool(column.no_wrap))
+            lines = []
+            for line in wrapped:
+                content = line.plain
+                size = cell_len(content)
+                if size > inner:
+                    content = set_cell_size(content, inner)
+                lines.append([pad, Segment(content), Segment(" " * (inner - size), Style.null()),
+                              pad] if size < inner else [pad, Segment(content), pad])
+            return [list(Segment.apply_style(line, style)) for line in lines]
         if fits and column.justify in _JUSTIFIED:
             line = text.copy()
             line.end = ""
