@@ -198,6 +198,40 @@ def test_gc_collect_applies_retention_to_an_s3_experiment(s3_endpoint, layout, d
     assert not [p for p in (layout.store / "objects").rglob("*") if p.is_file()]  # untouched
 
 
+def test_a_whole_file_in_s3_is_rechunked_and_read(s3_endpoint, layout, db, tmp_path):
+    """`localdet gc --rechunk` on an S3 experiment: the file stored whole (as a remote trial
+    uploads it) gets chunks and reads back; the whole object waits out the grace period."""
+    from localdet.checkpoints.manifest import files_of
+    from localdet.checkpoints.rechunk import rechunk
+    from localdet.checkpoints.storage import open_store
+
+    config = parse_config({
+        "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 300}},
+        "checkpoint_storage": s3_config(s3_endpoint, f"rc-{uuidlib.uuid4().hex[:8]}"),
+    }).config
+    experiment_id = db.create_experiment(
+        name="s3", description="", config=config, original_config="", searcher="single",
+        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="/nowhere")
+    trial_id = db.create_trial(experiment_id=experiment_id, request_id=1,
+                               hparams={"global_batch_size": 8}, seed=1, target_batches=300)
+    store = open_store(layout, config)
+    folder = checkpoint_folder(tmp_path / "c", os.urandom(700_000))
+    uuid = str(uuidlib.uuid4())
+    with store.writing():
+        files = {name: store.put_file(folder / name) for name in tree(folder)}
+        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
+                                         trial_id=trial_id, batches_trained=100, files=files,
+                                         metadata={}))
+    report = rechunk(layout, db)
+    assert (report.files, report.checkpoints) == (1, 1)
+    entry = files_of(db.checkpoint(uuid).manifest)[WEIGHTS]
+    assert len(entry.chunks) > 1 and all(store.has(sha) for sha, _ in entry.chunks)
+    assert store.has(entry.sha256)  # younger than the grace period: kept for now
+    out = store.materialize(files_of(db.checkpoint(uuid).manifest), tmp_path / "export")
+    assert tree(out) == tree(folder)
+
+
 def test_without_boto3_s3_asks_for_the_extra(monkeypatch):
     from localdet.checkpoints.s3_store import S3Store
 
