@@ -212,6 +212,29 @@ def test_checkpoints_upload_only_new_blobs_commit_once_and_restore_bit_identical
     assert db.checkpoint(second).metadata == {"n": 2}
 
 
+def test_a_checkpoint_stored_in_chunks_restores_over_http(served, tmp_path):
+    """A checkpoint the daemon's store holds as content-defined chunks is sent to a remote
+    trial as its files, each chunk checked."""
+    from localdet.checkpoints.manifest import build_manifest
+    from localdet.checkpoints.store import Store
+
+    db, trial_id, layout, server = served
+    weights = os.urandom(1 << 20)
+    store = Store(layout.store)
+    with store.writing():
+        files = store.put_directory(checkpoint_folder(tmp_path / "c", weights))
+        db.add_checkpoint(build_manifest(uuid="0b6f0c55-0000-4000-8000-000000000001",
+                                         experiment_id=db.trial(trial_id).experiment_id,
+                                         trial_id=trial_id, batches_trained=10, files=files,
+                                         metadata={}))
+    assert len(files["determined-keras-model.h5"].chunks) > 1
+    reporter = reporter_for(layout, trial_id, server.port, tmp_path)
+    restored = reporter.restore_checkpoint("0b6f0c55-0000-4000-8000-000000000001",
+                                           tmp_path / "restored")
+    reporter.verify_restored_checkpoint()
+    assert (restored / "determined-keras-model.h5").read_bytes() == weights
+
+
 def test_should_pause_acknowledges_a_pause_once_even_when_retried(served, tmp_path):
     db, trial_id, layout, server = served
     proxy = DroppingProxy(server.port, drop="/should_pause")
