@@ -143,12 +143,14 @@ class FastTable(Table):
             for cell, width, style in zip(row, widths, styles, strict=True):
                 cell += [[Segment(" " * width, style)]] * (height - len(cell))  # rich's align_top
             for line in range(height):
-                drawn.append(Segment(left, border))
+                segments = [Segment(left, border)]
                 for number, cell in enumerate(row):
                     if number:
-                        drawn.append(Segment(vertical, border))
-                    drawn += cell[line]
-                drawn += [Segment(right, border), Segment.line()]
+                        segments.append(Segment(vertical, border))
+                    segments += cell[line]
+                segments.append(Segment(right, border))
+                drawn += _joined(segments)
+                drawn.append(Segment.line())
             if index == 0:
                 drawn += [Segment(box.get_row(widths, "head", edge=True), border),
                           Segment.line()]
@@ -230,3 +232,21 @@ def _measure(text: Text) -> tuple[int, int]:
     words = plain.split()
     return (max(cell_len(word) for word in words) if words else most), most
 
+
+def _joined(segments: list[Segment]) -> list[Segment]:
+    """The segments with each run of unstyled ones (no style, or the null style: neither
+    writes a code) as one: the same characters and codes, in a few segments where a row
+    had dozens, each of which the console measures and crops again."""
+    joined: list[Segment] = []
+    run: list[str] = []
+    for segment in segments:
+        if segment.style or segment.control:
+            if run:
+                joined.append(Segment("".join(run)))
+                run = []
+            joined.append(segment)
+        else:
+            run.append(segment.text)
+    if run:
+        joined.append(Segment("".join(run)))
+    return joined
