@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection
 
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
 from localdet.checkpoints.storage import CheckpointStore, open_store
@@ -103,12 +103,19 @@ class GcReport:
 
 def collect(layout: Layout, db: StateDB, experiment_id: int | None = None,
             dry_run: bool = False, *, grace_seconds: float = GRACE_SECONDS,
-            writer_wait_seconds: float = 0.0) -> GcReport:
+            writer_wait_seconds: float = 0.0, trial_ids: Collection[int] | None = None,
+            free_blobs: bool = True) -> GcReport:
     """Apply retention to one experiment (or all), then delete unreferenced blobs.
 
     Never waits for a reader; waits up to `writer_wait_seconds` for checkpoint writers to
     finish before deleting blobs (0: defer at once). With `dry_run`, changes nothing and
-    reports what it would delete. Must not be called inside a transaction of `db`."""
+    reports what it would delete. Must not be called inside a transaction of `db`.
+
+    `trial_ids` (with `experiment_id`): retention looks only at these trials' checkpoints,
+    in time proportional to them (the daemon's, after they exit: a trial's own rules depend
+    only on its checkpoints and state, so the others' are decided already), unless the
+    experiment keeps its best (`save_experiment_best`), which depends on every trial.
+    `free_blobs` False leaves the blobs of what it deleted to a later collection."""
     if db.db.conn.in_transaction:
         raise RuntimeError("gc.collect() must not run inside a database transaction: it "
                            "commits before releasing its leases")
@@ -124,8 +131,8 @@ def collect(layout: Layout, db: StateDB, experiment_id: int | None = None,
         stores.setdefault(store.location, (store, []))[1].append(experiment.id)
     for store, ids in stores.values():
         for eid in ids:
-            _retain(db, store, eid, dry_run, report)
-    for store, ids in stores.values():
+            _retain(db, store, eid, dry_run, report, trial_ids)
+    for store, ids in stores.values() if free_blobs else ():
         _free_blobs(db, store, ids, experiment_id is None, dry_run, grace_seconds,
                     writer_wait_seconds, report)
     return report
@@ -133,38 +140,52 @@ def collect(layout: Layout, db: StateDB, experiment_id: int | None = None,
 
 # -- retention ----------------------------------------------------------------------------
 
-def _doomed(db: StateDB, experiment_id: int) -> tuple[list[CheckpointRef], str]:
-    """The live checkpoints of the experiment that retention does not keep, oldest first,
-    and the settings that decided it."""
+def _doomed(db: StateDB, experiment_id: int, trial_ids: Collection[int] | None = None
+            ) -> tuple[list[CheckpointRef], str]:
+    """The live checkpoints of the experiment (of these trials only, when given and the
+    experiment's best is not kept) that retention does not keep, oldest first, and the
+    settings that decided it."""
+    experiment = db.experiment(experiment_id)
+    only, args = "", []
+    if trial_ids is not None and not CheckpointStorage.of(experiment.config).save_experiment_best:
+        args = sorted(set(trial_ids))
+        only = f" AND trial_id IN ({', '.join('?' for _ in args)})"
     live = [CheckpointRef(*row) for row in db.db.execute(
         "SELECT uuid, trial_id, batches_trained FROM checkpoints "
-        "WHERE experiment_id = ? AND state = ?",
-        [experiment_id, CheckpointState.COMPLETED]).fetchall()]
+        "WHERE experiment_id = ? AND state = ?" + only,
+        [experiment_id, CheckpointState.COMPLETED, *args]).fetchall()]
     if not live:
         return [], ""
-    experiment = db.experiment(experiment_id)
     trials = db.db.execute("SELECT id, state, latest_checkpoint FROM trials "
-                           "WHERE experiment_id = ?", [experiment_id]).fetchall()
+                           "WHERE experiment_id = ?" + only.replace("trial_id", "id"),
+                           [experiment_id, *args]).fetchall()
     validations = {(trial_id, batches): json.loads(metrics) for trial_id, batches, metrics in
                    db.db.execute(
                        "SELECT m.trial_id, m.batches_trained, m.metrics FROM metrics m "
                        "JOIN checkpoints c ON c.trial_id = m.trial_id "
                        "AND c.batches_trained = m.batches_trained "
-                       "WHERE c.experiment_id = ? AND c.state = ? AND m.kind = 'validation'",
-                       [experiment_id, CheckpointState.COMPLETED]).fetchall()}
+                       "WHERE c.experiment_id = ? AND c.state = ? AND m.kind = 'validation'"
+                       + only.replace("trial_id", "c.trial_id"),
+                       [experiment_id, CheckpointState.COMPLETED, *args]).fetchall()}
     keep = checkpoints_to_keep(
         experiment.config, experiment.metric, experiment.smaller_is_better, live, validations,
         trial_states={t[0]: t[1] for t in trials}, resume_from={t[0]: t[2] for t in trials})
     keep |= warm_start_sources(db)  # a running experiment's trials may still start from one
-    keep |= registered_checkpoints(db, experiment_id)  # until its model version is deleted
+    if only:  # until its model version is deleted
+        uuids = [c.uuid for c in live]
+        keep |= {uuid for (uuid,) in db.db.execute(
+            "SELECT checkpoint_uuid FROM model_versions WHERE checkpoint_uuid IN "
+            f"({', '.join('?' for _ in uuids)})", uuids).fetchall()}
+    else:
+        keep |= registered_checkpoints(db, experiment_id)
     doomed = sorted((c for c in live if c.uuid not in keep),
                     key=lambda c: (c.trial_id, c.batches_trained, c.uuid))
     return doomed, CheckpointStorage.of(experiment.config).describe()
 
 
 def _retain(db: StateDB, store: CheckpointStore, experiment_id: int, dry_run: bool,
-            report: GcReport) -> None:
-    doomed, _ = _doomed(db, experiment_id)  # read-only first: most calls end here
+            report: GcReport, trial_ids: Collection[int] | None = None) -> None:
+    doomed, _ = _doomed(db, experiment_id, trial_ids)  # read-only first: most calls end here
     if not doomed:
         return
     if dry_run:
@@ -181,7 +202,7 @@ def _retain(db: StateDB, store: CheckpointStore, experiment_id: int, dry_run: bo
     committed = False
     try:
         with db.atomic():
-            doomed, settings = _doomed(db, experiment_id)  # again, under the write lock
+            doomed, settings = _doomed(db, experiment_id, trial_ids)  # again, under the lock
             for c in doomed:
                 lease = store.try_exclusive(c.uuid)
                 if lease is None:

@@ -35,7 +35,7 @@ from watchdog.observers import Observer
 
 from localdet.checkpoints import disk_space, gc
 from localdet.config import engines, keras_choice
-from localdet.config.typed import ExperimentConfig, Resources
+from localdet.config.typed import CheckpointStorage, ExperimentConfig, Resources
 from localdet.daemon.submissions import Intake
 from localdet.paths import Layout
 from localdet.pids import DaemonLock, alive, exit_description, process_start
@@ -135,8 +135,10 @@ class Daemon:
     _adopted: dict = field(default_factory=dict)       # trial id -> pid (a former daemon's)
     _tearing_down: dict = field(default_factory=dict)  # trial id -> Popen, its work recorded
     _slots_of: dict = field(default_factory=dict)      # trial id -> slots
-    _to_collect: set = field(default_factory=set)      # experiments with exits to retain after
-    _collect_due: dict = field(default_factory=dict)   # experiment id -> next retention from
+    _to_collect: dict = field(default_factory=dict)    # experiment id -> trials exited: retain
+    _to_sweep: set = field(default_factory=set)        # experiments due a whole collection
+    _collect_due: dict = field(default_factory=dict)   # experiment id -> next whole one from
+    _keeps_best: dict = field(default_factory=dict)    # experiment id -> save_experiment_best
     _spanning: dict = field(default_factory=dict)      # experiment id -> ranks may span nodes
     _resources: dict = field(default_factory=dict)  # experiment id -> (section, typed)
     _short: disk_space.Shortage | None = None  # launches held until space returns
@@ -637,23 +639,43 @@ class Daemon:
             self._collect_exited()
 
     def _collect_exited(self) -> None:
-        """Retention for the experiments whose trials stopped, before the pass launches
-        anything: once a pass, not once an exit, since it reads all of an experiment's
-        checkpoints, trials and validations. While an experiment has trials queued or
-        running (exits to come, each asking again), it waits after each collection nine
-        times as long as that took, so that retention takes at most a tenth of the loop
-        however large the experiment; with none left it runs at once."""
-        for experiment_id in list(self._to_collect):
-            if time.monotonic() < self._collect_due.get(experiment_id, 0.0) and \
-                    self.db.db.execute(
-                        "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?) "
-                        "LIMIT 1", [experiment_id, TrialState.QUEUED, TrialState.RUNNING]
-                    ).fetchone():
+        """Retention for the trials that stopped this pass, before it launches anything: it
+        reads only their checkpoints, trials and validations (a trial's own retention rules
+        depend on nothing else), so a pass costs the same however many trials the
+        experiment has finished. What that leaves to a whole collection of the experiment
+        (the blobs of the checkpoints it deleted; an experiment that keeps its best
+        checkpoints, `save_experiment_best`, which every exit can change; and the final
+        collection once nothing is queued or running) waits after each whole collection
+        nine times as long as that took, so that it takes at most a tenth of the loop
+        however large the experiment; with nothing queued or running it runs at once."""
+        for experiment_id, trial_ids in list(self._to_collect.items()):
+            del self._to_collect[experiment_id]
+            if self._keeps_experiment_best(experiment_id):
+                self._to_sweep.add(experiment_id)
                 continue
-            self._to_collect.discard(experiment_id)
+            report = self._collect(experiment_id, trial_ids)
+            if report is None or report.deleted or not self._live(experiment_id):
+                self._to_sweep.add(experiment_id)
+        for experiment_id in list(self._to_sweep):
+            if time.monotonic() < self._collect_due.get(experiment_id, 0.0) and \
+                    self._live(experiment_id):
+                continue
+            self._to_sweep.discard(experiment_id)
             begun = time.monotonic()
             self._collect(experiment_id)
             self._collect_due[experiment_id] = time.monotonic() + 9 * (time.monotonic() - begun)
+
+    def _live(self, experiment_id: int) -> bool:
+        """Whether the experiment has a trial QUEUED or RUNNING (an index lookup)."""
+        return self.db.db.execute(
+            "SELECT 1 FROM trials WHERE experiment_id = ? AND state IN (?, ?) LIMIT 1",
+            [experiment_id, TrialState.QUEUED, TrialState.RUNNING]).fetchone() is not None
+
+    def _keeps_experiment_best(self, experiment_id: int) -> bool:
+        if experiment_id not in self._keeps_best:
+            self._keeps_best[experiment_id] = bool(CheckpointStorage.of(
+                self.db.experiment(experiment_id).config).save_experiment_best)
+        return self._keeps_best[experiment_id]
 
     def _reap_exits(self) -> None:
         trained = self._trained_to_length(list(self._processes))
@@ -754,7 +776,8 @@ class Daemon:
                 else:
                     self._failed(trial, experiment, returncode, outcome.restart_to)
             self._settle_experiment(experiment.id)
-        self._to_collect.add(experiment.id)  # retention: at the end of this pass's exits
+        # Retention: at the end of this pass's exits.
+        self._to_collect.setdefault(experiment.id, set()).add(trial_id)
 
     def _node_lost(self, trial: Trial, experiment: Experiment, process,
                    restart_to: str) -> None:
@@ -767,16 +790,20 @@ class Daemon:
         self.log(f"trial {trial.id}: Ray node {node} was lost; the trial starts again from its "
                  "latest checkpoint on another node (not counted against max_restarts)")
 
-    def _collect(self, experiment_id: int) -> None:
+    def _collect(self, experiment_id: int,
+                 trial_ids: set[int] | None = None) -> gc.GcReport | None:
         """Apply checkpoint retention once a trial has stopped (never inside a transaction:
-        gc commits before it lets go of its locks)."""
+        gc commits before it lets go of its locks): to these trials' checkpoints only, their
+        blobs left to the next whole collection, or to the whole experiment. None: it failed."""
         try:
-            report = gc.collect(self.layout, self.db, experiment_id)
+            report = gc.collect(self.layout, self.db, experiment_id, trial_ids=trial_ids,
+                                free_blobs=trial_ids is None)
         except Exception as error:  # retention can wait for the next trial; training cannot
             self.log(f"checkpoint retention for experiment {experiment_id} failed: {error}")
-            return
+            return None
         if report.deleted or report.blobs_deleted:
             self.log(f"experiment {experiment_id}: {report.summary()}")
+        return report
 
     def _failed(self, trial: Trial, experiment: Experiment, returncode: int | None,
                 restart_to: str = TrialState.QUEUED) -> None:

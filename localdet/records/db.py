@@ -455,7 +455,19 @@ class StateDB:
                 self.log_event("trial_state", experiment_id=trial.experiment_id,
                                trial_id=trial_id, state=changes["state"],
                                error=changes.get("error"))
-            self.db.table("trials").update(trial_id, changes)
+            # One statement: sqlite_utils' update reads the table's columns and the row first.
+            unknown = set(changes) - set(_field_names(Trial))
+            if unknown:
+                raise ValueError(f"trials have no column {', '.join(sorted(unknown))}")
+            if changes:
+                values = [json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+                          for v in changes.values()]
+                updated = self.db.execute(
+                    f"UPDATE trials SET {', '.join(f'{name} = ?' for name in changes)} "
+                    "WHERE id = ?", [*values, trial_id]).rowcount
+                if not updated:
+                    raise NotFound(f"there is no trial {trial_id}; `localdet status "
+                                   "EXPERIMENT` lists them")
 
     # -- searcher events -----------------------------------------------------------------
     def add_searcher_event(self, experiment_id: int, kind: str, request_id: int | None = None,
@@ -522,12 +534,15 @@ class StateDB:
         """The live checkpoint with this uuid (or unique prefix); NotFound, or its subclass
         CheckpointDeleted (one sentence naming the retention settings) if retention deleted
         the only match."""
-        where = "substr(uuid, 1, length(:prefix)) = :prefix AND state = :state"
+        # A range of the primary key (the uuids starting with the prefix), not a scan: the
+        # daemon and the report server look checkpoints up by uuid as trials finish.
+        where = "uuid >= :prefix AND uuid < :end AND state = :state"
+        span = {"prefix": uuid_or_prefix, "end": uuid_or_prefix + "\U0010ffff"}
         rows = list(self.db.table("checkpoints").rows_where(
-            where, {"prefix": uuid_or_prefix, "state": CheckpointState.COMPLETED}, limit=2))
+            where, {**span, "state": CheckpointState.COMPLETED}, limit=2))
         if not rows:
             deleted = list(self.db.table("checkpoints").rows_where(
-                where, {"prefix": uuid_or_prefix, "state": CheckpointState.DELETED}, limit=2))
+                where, {**span, "state": CheckpointState.DELETED}, limit=2))
             if len(deleted) == 1:
                 raise CheckpointDeleted(self._deleted_message(Checkpoint.from_row(deleted[0])))
         if len(rows) != 1:
