@@ -223,7 +223,8 @@ def keras_lines(trials: list[dict]) -> list[str]:
 def id_runs(ids: list[int]) -> str:
     """`1, 3, 7-12`: a run of three or more consecutive ids as its ends (a caption naming
     each of 1,000 trials ran to 6,000 characters)."""
-    parts, start = [], 0
+    parts: list[str] = []
+    start = 0
     for index in range(1, len(ids) + 1):
         if index == len(ids) or ids[index] != ids[index - 1] + 1:
             run = ids[start:index]

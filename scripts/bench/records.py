@@ -208,20 +208,29 @@ class Dashboard:
             body = response.read()
         return time.perf_counter() - start, len(body), body
 
+    def cpu(self) -> float:
+        """The server process's CPU seconds so far (user and system, all its threads)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(30)
 
 
-def time_page(dashboard: Dashboard, paths: list[str], repeats: int) -> tuple[float, float, int]:
+def time_page(dashboard: Dashboard, paths: list[str],
+              repeats: int) -> tuple[float, float, int, float]:
     """(first, fastest) seconds for all of a page's data requests one after another, as
-    the page's script makes them, and their bytes."""
-    totals, size = [], 0
+    the page's script makes them, their bytes, and the least CPU seconds the dashboard's
+    process spent on them (a measure that others' work on the machine moves less)."""
+    totals, cpu, size = [], [], 0
     for _ in range(repeats):
+        before = dashboard.cpu()
         results = [dashboard.get(path) for path in paths]
+        cpu.append(dashboard.cpu() - before)
         totals.append(sum(r[0] for r in results))
         size = sum(r[1] for r in results)
-    return totals[0], min(totals), size
+    return totals[0], min(totals), size, min(cpu)
 
 
 def _verdict(seconds: float, target: float, size: int | None = None) -> str:
@@ -270,12 +279,13 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
                 (f"experiment page data ({experiment_id})",
                  [f"/api/experiments/{experiment_id}", "/api/daemon"]),
                 (f"trial page data ({trial_id})", [f"/api/trials/{trial_id}", "/api/daemon"])):
-            first, best, size = time_page(dashboard, paths, repeats)
+            first, best, size, cpu = time_page(dashboard, paths, repeats)
             print(f"{label:<44} {first:8.3f} {best:8.3f} {size:10d}  "
-                  f"{_verdict(best, PAGE_SECONDS, size)} (<= {PAGE_SECONDS} s, < 2 MB)")
+                  f"{_verdict(best, PAGE_SECONDS, size)} (<= {PAGE_SECONDS} s, < 2 MB; "
+                  f"server CPU {cpu:.3f} s)")
         full = f"/api/experiments/{experiment_id}/curves?full=1"
         try:
-            first, best, size = time_page(dashboard, [full], 1)
+            first, best, size, _ = time_page(dashboard, [full], 1)
             print(f"{'full curves on request':<44} {first:8.3f} {best:8.3f} {size:10d}  "
                   "(no target)")
         except OSError as error:
