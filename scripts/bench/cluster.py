@@ -38,9 +38,9 @@ launch that filled the last slot to the last launch, before the queue runs dry):
                    average at the end: the machine is shared
 
 and where the daemon's main loop spent its time (perf_counter around each part of `step`).
-`--profile` adds a cProfile of the daemon's thread, `--profile-server` one of every report
-server thread by CPU time. With no `--slots`, the run is made for 32, 64 and 256 slots, and
-ratios to the 32-slot figures are printed.
+`--profile` adds a cProfile of the daemon's thread by CPU time, `--profile-server` one of
+every report server thread by CPU time. With no `--slots`, the run is made for 32, 64 and
+256 slots, and ratios to the 32-slot figures are printed.
 
     python scripts/bench/cluster.py                    # 32, 64, 256 slots (about 6 minutes)
     python scripts/bench/cluster.py --slots 256 --nodes 32 --trial-seconds 8
@@ -389,18 +389,19 @@ class Sections:
         self.totals = {name: 0.0 for name in self.PARTS}
         self.calls = {name: 0 for name in self.PARTS}
         self.passes = 0
-        self.pass_seconds: list[float] = []  # each pass of step, in order
+        self.pass_times: list[tuple[float, float, float]] = []  # (time, wall s, CPU s)
         for name in self.PARTS[1:]:
             setattr(daemon, name, self._timed(name, getattr(daemon, name)))
         step = daemon.step
 
         def counted_step():
             self.passes += 1
-            begun = time.perf_counter()
+            at, begun, cpu = time.time(), time.perf_counter(), time.thread_time()
             try:
                 step()
             finally:
-                self.pass_seconds.append(time.perf_counter() - begun)
+                self.pass_times.append((at, time.perf_counter() - begun,
+                                        time.thread_time() - cpu))
 
         daemon.step = counted_step
 
@@ -541,7 +542,8 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
-    profile = cProfile.Profile() if args.profile else None
+    # By the thread's CPU time: under load, wall time is mostly waiting for the GIL.
+    profile = cProfile.Profile(time.thread_time) if args.profile else None
     begun_commits = commits.count
     cpu = _cpu()
     if profile:
@@ -663,7 +665,8 @@ def measure(cluster: SimulatedCluster, slots: int, commit_count: int) -> dict:
         "commits_per_s": commit_count / wall, "commits": commit_count,
         "utilisation": busy_between(first, last) / (slots * wall),
         "steady_utilisation": busy_between(steady_from, steady_to) / (slots * steady),
-        "steady_seconds": steady,
+        "steady_seconds": steady, "steady_from": steady_from, "steady_to": steady_to,
+        "steady_decisions": events_in,
         "latency_median": statistics.median(latency) if latency else float("nan"),
         "latency_p95": (statistics.quantiles(latency, n=20)[-1] if len(latency) >= 20
                         else max(latency, default=float("nan"))),
@@ -704,14 +707,20 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
           f"({loop / max(r['wall'], 1e-9):.0%} of the wall): " + ", ".join(
               f"{name.strip('_')} {sections.totals[name]:.1f} s"
               for name in sections.PARTS if sections.totals[name] >= 0.05))
-    passes = sorted(sections.pass_seconds)
-    if passes:
-        decisions = r["launches"] + r["exits"]
-        print(f"  pass cost          median {statistics.median(passes) * 1000:.1f} ms, p95 "
-              f"{passes[int(0.95 * (len(passes) - 1))] * 1000:.1f} ms, mean "
-              f"{statistics.fmean(passes) * 1000:.1f} ms; {sum(passes) / max(decisions, 1) * 1000:.2f}"
-              f" ms of step a decision ({args.recorded} finished trials recorded before"
-              + (f", in {r['prefilled']:.0f} s)" if r.get("prefilled") else ")"))
+    steady = [(wall, cpu) for at, wall, cpu in sections.pass_times
+              if r["steady_from"] <= at <= r["steady_to"]]
+    if steady:
+        walls, cpus = sorted(w for w, _ in steady), sorted(c for _, c in steady)
+        print(f"  pass cost, steady  {len(steady)} passes: median "
+              f"{statistics.median(walls) * 1e3:.1f} ms "
+              f"({statistics.median(cpus) * 1e3:.1f} ms CPU), p95 "
+              f"{walls[int(0.95 * (len(walls) - 1))] * 1e3:.0f} ms, mean "
+              f"{statistics.fmean(walls) * 1e3:.1f} ms ({statistics.fmean(cpus) * 1e3:.1f} ms "
+              f"CPU); {sum(cpus) / max(r['steady_decisions'], 1) * 1e3:.2f} ms CPU a decision;"
+              f" {args.recorded} finished trials recorded before"
+              + (f" (in {r['prefilled']:.0f} s)" if r.get("prefilled") else ""))
+    if r["profile"] is not None and args.profile_out:
+        r["profile"].dump_stats(args.profile_out)
     if r["profile"] is not None:
         text = io.StringIO()
         stats = pstats.Stats(r["profile"], stream=text)
@@ -746,7 +755,8 @@ def main() -> None:
                         help="processes hosting the trial threads (default 1)")
     parser.add_argument("--checkpoint-kb", type=int, default=64)
     parser.add_argument("--profile", action="store_true",
-                        help="cProfile the daemon's thread (slows it down)")
+                        help="cProfile the daemon's thread by CPU time (slows it down)")
+    parser.add_argument("--profile-out", help="also write --profile's stats to this file")
     parser.add_argument("--profile-server", action="store_true",
                         help="cProfile the report server's threads by CPU time")
     parser.add_argument("--recorded", type=int, default=0,
