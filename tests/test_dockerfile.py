@@ -44,3 +44,17 @@ def test_it_installs_every_dependency_pyproject_names():
                                                          DOCKERFILE)}
     missing = wanted - FROM_THE_CONTAINER - installed
     assert not missing, f"the Dockerfile's pip install lacks {sorted(missing)}"
+
+
+def test_the_cpu_variant_passes_only_what_the_dockerfile_declares():
+    """scripts/cpu-image builds the CPU variant from this Dockerfile: its build arguments must
+    be ARGs here, and the TensorFlow it installs must be what NVIDIA's container provides."""
+    script = (REPO / "scripts" / "cpu-image").read_text()
+    declared = set(re.findall(r"^ARG (\w+)", DOCKERFILE, re.MULTILINE))
+    passed = set(re.findall(r"--build-arg (\w+)=", script))
+    assert {"BASE", "TENSORFLOW", "HOROVOD"} <= passed, passed
+    assert passed <= declared, f"scripts/cpu-image passes {sorted(passed - declared)}, " \
+                               "which the Dockerfile does not declare"
+    installed = re.search(r"names = \{([^}]*)\}", script)
+    assert installed, "scripts/cpu-image no longer names the TensorFlow packages it installs"
+    assert set(re.findall(r'"([\w-]+)"', installed.group(1))) == FROM_THE_CONTAINER
