@@ -10,6 +10,7 @@ learning curves.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ class MetricsError(Exception):
     """The user asked for metrics that are not there (one sentence)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     trial_id: int
     kind: str  # training or validation
@@ -68,8 +69,12 @@ def collect(db: StateDB, experiment: Experiment, trial_id: int | None = None,
             raise MetricsError(f"experiment {experiment.id} has no trial {trial_id} "
                                f"(its trials: {listed})")
         trials = [t for t in trials if t.id == trial_id]
-    rows = [Row(r.trial_id, r.kind, r.batches_trained, r.metrics)
-            for t in trials for r in db.metrics(t.id) if r.kind in KINDS]
+    rows = []
+    for t in trials:  # as db.metrics(t.id) orders them, read plainly: 1.1 million rows
+        rows.extend(Row(t.id, kind, batches, json.loads(text)) for kind, batches, text in
+                    db.db.execute("SELECT kind, batches_trained, metrics FROM metrics WHERE "
+                                  "trial_id = ? ORDER BY batches_trained, kind", [t.id])
+                    if kind in KINDS)
     what = f"trial {trial_id}" if trial_id is not None else f"experiment {experiment.id}"
     if not rows:
         raise MetricsError(f"{what} has no metrics recorded yet")
