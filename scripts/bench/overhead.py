@@ -66,18 +66,20 @@ from _trial_setup import add_keras2_flag, create_trial, searcher_trial, select_k
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batches", type=int, default=600, help="batches to train per run")
 parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
-parser.add_argument("--warmup", type=int, default=100, help="batches of the untimed warm-up")
+parser.add_argument("--warmup", type=int, default=100,
+                    help="batches of the untimed warm-up (0: none)")
 parser.add_argument("--api", choices=("trial", "fit"), default="trial",
                     help="TFKerasTrial (default) or the New Keras API's context.fit")
 parser.add_argument("--epochs", type=int, default=15, help="epochs per run with --api fit")
 parser.add_argument("--remote", action="store_true",
                     help="the trial reports over HTTP to a report server (HTTPReporter)")
 parser.add_argument("--smoke", action="store_true",
-                    help="a check that it runs (tests/test_scripts.py): 20 batches, 1 repeat")
+                    help="a check that it runs (tests/test_scripts.py): 20 batches, 1 repeat, "
+                    "no warm-up")
 add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
 if args.smoke:
-    args.batches, args.repeats, args.warmup, args.epochs = 20, 1, 5, 1
+    args.batches, args.repeats, args.warmup, args.epochs = 20, 1, 0, 1
 if args.remote and args.api == "fit":
     parser.error("--remote measures the trial API only; leave out --api fit")
 select_keras(args)
@@ -246,8 +248,9 @@ def main() -> None:
 
         length = args.epochs if args.api == "fit" else args.batches
         warmup = 2 if args.api == "fit" else args.warmup
-        timed("bare", warmup)
-        timed("localdet", warmup)
+        if warmup:
+            timed("bare", warmup)
+            timed("localdet", warmup)
         times: dict[str, list[float]] = {"bare": [], "localdet": []}
         for i in range(args.repeats):
             order = ("bare", "localdet") if i % 2 == 0 else ("localdet", "bare")

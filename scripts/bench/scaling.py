@@ -64,15 +64,16 @@ parser.add_argument("--global-batch-size", type=int, default=64)
 parser.add_argument("--horovod-python", default=str(HOROVOD_PYTHON) if HOROVOD_PYTHON.exists()
                     else None, help=f"the Python of a Horovod environment (default: "
                     f"{HOROVOD_PYTHON}, where it exists)")
-parser.add_argument("--trials", type=int, nargs=2, help=argparse.SUPPRESS)  # in a worker
+parser.add_argument("--trials", type=int, nargs="+", help=argparse.SUPPRESS)  # in a worker
 parser.add_argument("--out", help=argparse.SUPPRESS)
 parser.add_argument("--smoke", action="store_true",
                     help="a check that it runs (tests/test_scripts.py): the Keras 3 line alone, "
-                    "5 timed batches")
+                    "5 timed batches, no warm-up")
 args = parser.parse_args()
 if args.smoke:
     args.batches = 5
-WARM_UP_BATCHES = 2 if args.smoke else 20
+# Batches of the untimed warm-up trial before the timed one (none with --smoke).
+WARM_UP_BATCHES = 0 if args.smoke else 20
 
 MODEL_DEF = '''
 import numpy as np
@@ -154,7 +155,8 @@ def run(layout: Layout, python: str, legacy_keras: str | None, engine: str, slot
 
     home = layout.home
     trials = [create_trial(layout, raw_config(name, batches), [home / "model_def.py"])[1]
-              for name, batches in (("warm-up", WARM_UP_BATCHES), ("timed", args.batches))]
+              for name, batches in (("warm-up", WARM_UP_BATCHES), ("timed", args.batches))
+              if batches]
     devices = ",".join(map(str, range(slots)))
     env = {**os.environ, "LOCALDET_HOME": str(home), "LOCALDET_ENGINE": engine,
            "LOCALDET_SLOTS": devices, "CUDA_VISIBLE_DEVICES": devices if gpus else "",
