@@ -74,7 +74,7 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     runs on this machine (not on a cluster's node)."""
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
-    line, reason = keras_choice.choose(Path(experiment.model_dir), user_env, experiment.config)
+    line, reason, engine = _line_and_engine(layout, experiment, user_env)
     env = experiment_environment(layout, user_env, line, reserve)
     env[KERAS_LINE_REASON_VAR] = reason
     env.update({TRIAL_ID_VAR: str(trial.id), SLOTS_VAR: ",".join(map(str, slots))})
@@ -90,7 +90,6 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    engine = _engine(experiment)
     env[ENGINE_VAR] = engine
     return LaunchSpec(
         # The folder's startup-hook.sh first, once for all ranks (once per container, as
@@ -153,6 +152,26 @@ def unsupervised_argv(argv: list[str]) -> list[str]:
     if argv[1:4] == ["-P", "-m", "localdet.processes.ranks"] and "--" in argv:
         return hook + argv[argv.index("--") + 1:]
     return hook + argv
+
+
+# (home, experiment id) -> (its config and model folder, Keras line, why, engine): deciding
+# reads the model folder and fills the config's defaults (5 ms), and a daemon launches
+# thousands of trials of one experiment. Decided again when its config changes; a trial of
+# several processes has its engine decided at each launch (it depends on what is installed).
+_DECIDED: dict[tuple[str, int], tuple[tuple[dict, str], str, str, str | None]] = {}
+
+
+def _line_and_engine(layout: Layout, experiment: Experiment,
+                     user_env: dict[str, str]) -> tuple[str, str, str]:
+    key, basis = (str(layout.home), experiment.id), (experiment.config, experiment.model_dir)
+    decided = _DECIDED.get(key)
+    if decided is None or decided[0] != basis:
+        line, reason = keras_choice.choose(Path(experiment.model_dir), user_env,
+                                           experiment.config)
+        engine = _engine(experiment)  # a LaunchError is raised again at each launch
+        decided = _DECIDED[key] = (basis, line, reason,
+                                   engine if engine == engines.SINGLE else None)
+    return decided[1], decided[2], decided[3] or _engine(experiment)
 
 
 def _engine(experiment: Experiment) -> str:
