@@ -154,7 +154,9 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
 
 
 def test_a_failing_trial_does_not_stop_its_siblings(home, tmp_path, daemons):
-    daemon = daemons(home, "--slots", "2")
+    # A warm process: the four launches (the failing one's restart among them) fork from a
+    # process that imported TensorFlow once instead of importing it each.
+    daemon = daemons(home, "--slots", "2", "--warm", "1")
     home.cli("submit", write_config(
         tmp_path, "grid", entrypoint="model_def:SlowDigitsTrial",
         # A negative width makes Keras raise in build_model: that trial fails.

@@ -22,10 +22,10 @@ GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_
             searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
                       "max_length": {"batches": 20}, "max_concurrent_trials": 1},
             environment=DETERMINISTIC)
-# Long enough to be paused after 40 batches: under Keras 2 (a trial class's line) the digits
-# trial trains 300 batches in about a second.
+# Long enough to be paused after 40 batches (asked from this process, polling every 20 ms):
+# under Keras 2 (a trial class's line) the digits trial trains 300 batches in about a second.
 LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
-                      "max_length": {"batches": 3000}},
+                      "max_length": {"batches": 1200}},
             scheduling_unit=10, environment=DETERMINISTIC)
 
 
@@ -56,10 +56,11 @@ def run_both(home: Home, tmp_path: Path, warm: str, daemons) -> dict:
     home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), EXAMPLE)
     long = home.experiment_named(f"long-{warm}")["id"]
     wait_for(lambda: home.first_trial(long).get("batches_trained", 0) >= 40, 180,
-             "40 batches", 0.05)
+             "40 batches", 0.02)
     request(home, "pause", long)
-    wait_for(lambda: home.first_trial(long)["state"] == "PAUSED", 120, "the pause", 0.1)
-    assert home.experiment(long)["trials"][0]["state"] == "PAUSED"
+    wait_for(lambda: home.first_trial(long)["state"] == "PAUSED", 120, "the pause", 0.05)
+    trial = home.experiment(long)["trials"][0]
+    assert trial["state"] == "PAUSED" and trial["batches_trained"] < 1200
     request(home, "resume", long)
     assert home.wait_until_ended(long)["state"] == "COMPLETED"
     daemon.stop()
