@@ -53,7 +53,7 @@ def main() -> None:
                               stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        time.sleep(3)
+        wait_until_served(base, daemon)
         if args.home is None:
             subprocess.run([sys.executable, "-m", "localdet", "submit", str(small_search(home)),
                             str(REPO / "examples" / "digits_trial")], env=env, check=True)
@@ -69,6 +69,19 @@ def main() -> None:
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait()
+
+
+def wait_until_served(base: str, daemon: subprocess.Popen) -> None:
+    """Until the daemon's dashboard answers (a loaded machine takes seconds to start it)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(base + "/api/experiments", timeout=5).close()
+            return
+        except OSError:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"the daemon's dashboard did not start at {base}")
+            time.sleep(0.2)
 
 
 def photograph(base: str, experiment: dict, out: Path) -> None:
