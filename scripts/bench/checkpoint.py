@@ -292,6 +292,7 @@ def frozen_search(layout: Layout) -> tuple[int, int, int, list[Path]]:
 def chunk_sizes(h5s: list[Path], one: int, scratch: Path) -> None:
     print("average chunk size: frozen-base search store, blobs; 70 MB of new bytes put")
     big = 4 << 20 if args.smoke else 70_000_000
+    chosen = chunking.AVERAGE_SIZE, chunking.MIN_SIZE, chunking.MAX_SIZE
     for kib in (int(k) for k in args.chunk_sizes.split(",")):
         avg = kib * 1024
         chunking.AVERAGE_SIZE, chunking.MIN_SIZE, chunking.MAX_SIZE = avg, avg // 4, avg * 4
@@ -311,6 +312,7 @@ def chunk_sizes(h5s: list[Path], one: int, scratch: Path) -> None:
         print(f"  {kib:4d} KiB: {size / one:.2f}x one checkpoint, {blobs} blobs; "
               f"{big / 1e6:.0f} MB put {statistics.median(seconds):.3f} s")
         shutil.rmtree(store.root)
+    chunking.AVERAGE_SIZE, chunking.MIN_SIZE, chunking.MAX_SIZE = chosen
 
 
 def main() -> None:
