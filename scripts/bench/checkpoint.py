@@ -33,20 +33,21 @@ checkpoint, blob count), and a 70 MB file of new bytes put into the store (media
     python scripts/bench/checkpoint.py --smoke
     python scripts/bench/checkpoint.py --repeats 1 --chunk-sizes 32,64,128,256,512
 
-The average chunk size, measured this way on the 2-vCPU development machine (Keras 3, the
-machine shared and loaded, so the put times are rough; the sizes are exact):
+The average chunk size, measured this way (`--repeats 3 --chunk-sizes 32,64,128,256,512`) on
+the 2-vCPU development machine, Keras 3, the machine shared and loaded (load average 9 to 15),
+so the put times are rough; the sizes are exact:
 
-  average   frozen-base search store   blobs   70 MB of new bytes put
-   32 KiB   1.26x one checkpoint         301   1.47 s
-   64 KiB   1.37x                        181   0.97 s
-  128 KiB   1.62x                         90   0.77 s
-  256 KiB   1.63x                         59   0.79 s
-  512 KiB   1.95x                         36   0.43 s
-  (stored whole: 16x, and the 70 MB put 0.15 s: moved in without a copy)
+  average   frozen-base search's .h5 files   blobs   70 MB of new bytes put
+   32 KiB   1.24x one checkpoint               309   3.66 s (an outlier; about 1.5 s)
+   64 KiB   1.24x                              156   0.81 s
+  128 KiB   1.41x                               93   0.68 s
+  256 KiB   1.56x                               51   0.51 s
+  512 KiB   1.74x                               34   0.37 s
+  stored whole: 16.0x, and the 70 MB put about 0.15 s (moved in without a copy)
 
-128 KiB: well under the 2x target with room for other file layouts, a few hundred chunk
-files for a 70 MB model; smaller chunks save a little more space for much more time and
-many more files (and S3 requests).
+128 KiB: well under the 2x target, with room for other layouts, and a few hundred chunk files
+for a 70 MB model; 64 KiB saves a little more space for twice the files (and S3 requests) and
+more time per put, 256 KiB and more give the space back.
 
 Timings are printed, never asserted.
 """
