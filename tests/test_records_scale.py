@@ -3,10 +3,11 @@ bounded number of points; the dashboard draws a large search from thinned data i
 Chromium, and every point stays available on request.
 
 The search is filled as scripts/bench/records.py fills its 1,000 trials (`fill_experiment`,
-the real search driver, rows in bulk), at 60 trials of 1,200 training and 40 validation rows:
+the real search driver, rows in bulk), at 40 trials of 1,200 training and 40 validation rows:
 enough to pass both bounds (the best 25 trials and the running ones drawn; 1,200 points a
-series, over the 1,000 a lone trial's series keeps and the 137 each of 29 trials' does),
-in about a second where the bench's 1.1 million rows take half a minute."""
+series, over the 1,000 a lone trial's series keeps and the 137 to 160 each when 25 to 29
+trials share a panel), in about a second where the bench's 1.1 million rows take half a
+minute."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from localdet.records.db import StateDB
 from localdet.ui.web import downsample, figures
 from localdet.ui.web.app import create_app
 
-TRIALS, ROWS, VALIDATIONS = 60, 1200, 40
+TRIALS, ROWS, VALIDATIONS = 40, 1200, 40
 
 
 def _bench():

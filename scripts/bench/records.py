@@ -11,10 +11,12 @@ tests/test_records_scale.py), one checkpoint each; all but its last four trials 
 those four RUNNING half-way (the search is still ACTIVE). Then times, each the fastest of
 `--repeats` runs (the first run too, where it differs):
 
+- the experiments list's data (`/api/experiments`, `/api/daemon`), where a user starts: the
+  dashboard then imports Optuna in a thread, for the experiment page's importances;
 - the experiment page's data: what the page's script requests, from the real dashboard
   (`localdet web`, its own process, with its token), as the browser requests it
   (`/api/experiments/ID`, `/api/daemon`), seconds and bytes; target <= 0.5 s and < 2 MB.
-  The first view also computes the importances (importing Optuna) and caches them;
+  The first view also computes the importances and caches them;
 - one trial's page's data (`/api/trials/ID`, `/api/daemon`); the same targets;
 - every point of the drawn trials' curves, on request (`/api/experiments/ID/curves?full=1`);
 - `localdet status ID` (a subprocess, as typed); target <= 0.5 s (its CPU seconds beside);
@@ -276,6 +278,8 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
     dashboard = Dashboard(env)
     try:
         for label, paths in (
+                ("experiments list data (where a user starts)",
+                 ["/api/experiments", "/api/daemon"]),
                 (f"experiment page data ({experiment_id})",
                  [f"/api/experiments/{experiment_id}", "/api/daemon"]),
                 (f"trial page data ({trial_id})", [f"/api/trials/{trial_id}", "/api/daemon"])):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import importlib
 import ipaddress
 import json
 import re
@@ -45,6 +46,7 @@ import socket
 import sqlite3
 import tarfile
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -203,6 +205,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         return endpoint
 
     def experiments(request: Request) -> list[dict]:
+        _warm_up()
         if not layout.db.exists():
             return []  # nothing submitted yet
         archived = request.query_params.get("archived") in ("1", "true")
@@ -340,6 +343,26 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard, token=token, host=host)])
+
+
+_warming = threading.Lock()
+_warmed = False
+
+
+def _warm_up() -> None:
+    """Import Optuna, which an experiment page's importances need (about a second of CPU,
+    once a process), in a thread while the user is on the list, not when they open one."""
+    global _warmed
+    with _warming:
+        if _warmed:
+            return
+        _warmed = True
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):  # (then the page says how to install it)
+            importlib.import_module("optuna.importance")
+
+    threading.Thread(target=load, name="warm-up", daemon=True).start()
 
 
 def _full(request: Request) -> bool:
