@@ -208,19 +208,21 @@ def run_chrooted(image: str, state: Path, tmp_path: Path) -> None:
 
 
 def test_the_cpu_image_builds_and_runs_the_digits_example(tmp_path):
+    start = time.monotonic()
     build = subprocess.run([str(REPO / "scripts" / "cpu-image")], capture_output=True,
                            text=True, timeout=1800)
     if build.returncode == CANNOT_BUILD:
         pytest.skip(build.stderr.strip().splitlines()[-1])
     assert build.returncode == 0, f"scripts/cpu-image failed:\n{build.stderr[-6000:]}"
     image = build.stdout.split()[-1]
+    built = f"{image} (built in {time.monotonic() - start:.0f} s)"
     state = tmp_path / "state"
     state.mkdir()
     refusal = container_refusal(image)
     if refusal is None:
-        print(f"{image}: ran as a container (podman run, exec, restart)")
+        print(f"{built}: ran as a container (podman run, exec, restart)")
         run_as_container(image, state)
     else:
-        print(f"{image}: ran inside its mounted image with chroot, since podman could not "
+        print(f"{built}: ran inside its mounted image with chroot, since podman could not "
               f"start a container here ({refusal})")
         run_chrooted(image, state, tmp_path)
