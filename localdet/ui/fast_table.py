@@ -89,19 +89,20 @@ class FastTable(Table):
         if self.box is None or not self.columns or not self._plain():
             return None
         get_style = console.get_style
-        texts: dict[int, list[Text]] = {}
+        texts: dict[int, list[str | Text]] = {}
         for index, column in enumerate(self.columns):
             cells = [cell for cell in (column.header, *column._cells)
                      if isinstance(cell, str) and "\t" not in cell]
             if len(cells) != len(column._cells) + 1:
                 return None  # a renderable in a cell, or a tab
-            # A cell without markup or an emoji code is its own Text: what render_str makes
-            # of it, without its parse (most cells; a third of a 1,000-row table's time).
-            texts[index] = [Text(cell) if "[" not in cell and ":" not in cell
+            # A cell of one line without markup or an emoji code stays a string: what
+            # render_str would make of it is a Text of that string, without styles (most
+            # cells; making Texts of them was a third of a 1,000-row table's time).
+            texts[index] = [cell if "[" not in cell and ":" not in cell and "\n" not in cell
                             else console.render_str(cell, highlight=False) for cell in cells]
         # Each column as wide as its widest line, as rich makes it when the table fits;
         # else rich's shrinking, over measurements of these texts.
-        widths = [max(max((cell_len(line) for line in text.plain.splitlines()), default=0)
+        widths = [max(max((cell_len(line) for line in _plain(text).splitlines()), default=0)
                       for text in column) + 2 for column in texts.values()]
         if sum(widths) + self._extra_width > options.max_width:
             self._texts = {index: [_measure(text) for text in column]
@@ -162,28 +163,37 @@ class FastTable(Table):
         return drawn
 
     @staticmethod
-    def _cell(console: Console, options: ConsoleOptions, text: Text, width: int,
+    def _cell(console: Console, options: ConsoleOptions, text: str | Text, width: int,
               column: Column, style: Style) -> list[list[Segment]]:
         """One cell's lines as rich's Padding draws them: a space, the text justified, a
         space, all over the cell's style. A text that fits on its line skips rich's
-        wrapping; one that does not goes through it."""
+        wrapping; one that does not goes through it. A string is a Text without styles."""
         inner = width - 2
         if inner < 1:
             return []  # rich renders nothing in no width
         pad = Segment(" ", Style.null())
-        plain = text.plain
-        fits = text.cell_len <= inner and "\n" not in plain and text.justify is None
-        if fits and not text.spans and column.justify in _JUSTIFIED:
+        if isinstance(text, str):
+            plain, size = text, cell_len(text)
+            if size > inner:
+                text = Text(plain)  # wrapped below, as rich wraps it
+            fits = size <= inner
+        else:
+            plain, size = text.plain, text.cell_len
+            fits = size <= inner and "\n" not in plain and text.justify is None
+        if fits and (isinstance(text, str) or not text.spans) \
+                and column.justify in _JUSTIFIED:
             # What Lines.justify and Text.render make of a text without styles, as one string
             # (a Text without spans renders as one unstyled segment).
             if column.justify == "left":
-                content = plain + " " * (inner - text.cell_len)
+                content = plain + " " * (inner - size)
             else:
                 stripped = plain.rstrip()
                 spare = inner - cell_len(stripped)
                 left = spare // 2 if column.justify == "center" else spare
                 content = " " * left + stripped + " " * (spare - left)
             return [list(Segment.apply_style([pad, Segment(content), pad], style))]
+        if isinstance(text, str):  # (a str fits, or became a Text above)
+            text = Text(plain)
         if not fits and not text.spans:
             # What render_lines makes of a text without styles that wraps: rich's own wrap,
             # then each line padded to the cell (its Segment machinery left out).
@@ -224,9 +234,13 @@ class FastTable(Table):
         return list(console.render(shown, options.update(justify=justify)))
 
 
-def _measure(text: Text) -> tuple[int, int]:
+def _plain(text: str | Text) -> str:
+    return text if isinstance(text, str) else text.plain
+
+
+def _measure(text: str | Text) -> tuple[int, int]:
     """Text.__rich_measure__: its longest word, its longest line."""
-    plain = text.plain
+    plain = _plain(text)
     lines = plain.splitlines()
     most = max(cell_len(line) for line in lines) if lines else 0
     words = plain.split()
