@@ -69,7 +69,7 @@ def collect(db: StateDB, experiment: Experiment, trial_id: int | None = None,
             raise MetricsError(f"experiment {experiment.id} has no trial {trial_id} "
                                f"(its trials: {listed})")
         trials = [t for t in trials if t.id == trial_id]
-    rows = []
+    rows: list[Row] = []
     for t in trials:  # as db.metrics(t.id) orders them, read plainly: 1.1 million rows
         rows.extend(Row(t.id, kind, batches, json.loads(text)) for kind, batches, text in
                     db.db.execute("SELECT kind, batches_trained, metrics FROM metrics WHERE "
