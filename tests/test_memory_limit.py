@@ -107,11 +107,13 @@ MECHANISMS = ["auto", "watcher"]
 
 
 def start_daemon(daemons, home, mechanism: str, *args: str) -> Daemon:
-    """A daemon from the `daemons` fixture (stopped, its trials ended, at the test's end)."""
+    """A daemon from the `daemons` fixture (stopped, its trials ended, at the test's end),
+    without a warm process: no trial here ran in one (a 1-slot daemon's imported TensorFlow
+    for nothing, some 4 CPU seconds, and outlived the daemons stopped early)."""
     home.env.pop("LOCALDET_MEMORY_WATCHER", None)
     if mechanism == "watcher":
         home.env["LOCALDET_MEMORY_WATCHER"] = "1"
-    return daemons(home, *args)
+    return daemons(home, *args, "--warm", "0")
 
 
 def stop_leaving_trials(daemon: Daemon) -> None:
@@ -189,7 +191,7 @@ def test_a_trial_over_its_limit_ends_error_and_the_others_run_on(home, tmp_path,
     # A job that runs meanwhile and ends when told.
     bystander = submit(home, tmp_path, "bystander", f"--release {release}", job=True)
     wait_for(lambda: "waiting for release" in trial_log(home, bystander), 60,
-             "the job to start")
+             "the job to start", 0.1)
     # One process that grows without end, over its config's limit.
     grows = submit(home, tmp_path, "grows", max_memory="200MB")
     # Four processes of 150 MB each: none alone reaches the daemon's 400 MB default,
@@ -223,10 +225,12 @@ def test_an_adopted_trial_is_still_held_to_its_limit(home, tmp_path, mechanism, 
     go = tmp_path / "go"
     first = start_daemon(daemons, home, mechanism)
     grows = submit(home, tmp_path, "adopted", f"--wait {go}", max_memory="300MB")
-    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
+    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start",
+             0.1)
     stop_leaving_trials(first)
     second = start_daemon(daemons, home, mechanism)
-    wait_for(lambda: "adopted trial 1" in second.log_path.read_text(), 30, "the adoption")
+    wait_for(lambda: "adopted trial 1" in second.log_path.read_text(), 30, "the adoption",
+             0.1)
     go.touch()  # only now does it grow
     assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
                               expected_enforcement(mechanism))
@@ -243,7 +247,8 @@ def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limi
     go = tmp_path / "go"
     first = start_daemon(daemons, home, "auto")
     grows = submit(home, tmp_path, "unwatched", f"--wait {go}", max_memory="300MB")
-    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start")
+    wait_for(lambda: "holding 50 MB" in trial_log(home, grows), 60, "the trial to start",
+             0.1)
     stop_leaving_trials(first)
     from localdet.pids import alive
     from localdet.records.db import StateDB
@@ -252,7 +257,7 @@ def test_a_trial_the_kernel_stopped_while_no_daemon_ran_is_told_as_over_its_limi
     pid = db.trial(1).pid
     db.close()
     go.touch()
-    wait_for(lambda: not alive(pid), 60, "the kernel to stop the trial")
+    wait_for(lambda: not alive(pid), 60, "the kernel to stop the trial", 0.1)
     second = start_daemon(daemons, home, "auto")
     assert_stopped_for_memory(home, grows, "0.3 GB", "resources.max_memory",
                               "enforced by a cgroup")
