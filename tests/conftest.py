@@ -301,28 +301,30 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
 # (`--dist loadfile`) in collection order (`--no-loadscope-reorder`: xdist would otherwise
 # order files by their number of tests), so a long file collected last would run alone at
 # the end while the other worker idles. Seconds of wall time, each file alone on the 2-core
-# machine beside other work (noisy), and the CPU seconds of its processes where known: the
-# CPU-bound files stretch most under two workers.
+# machine beside other work (noisy), and the CPU seconds of all its processes where measured
+# (a cgroup's count, so trials in sessions of their own and warm processes are counted
+# too): the CPU-bound files stretch most under two workers. CI's log ends with the 25
+# slowest tests (`--durations=25`): re-rank from it when a file moves.
 LONGEST_FILES = [
-    "test_multi_slot_e2e.py",   # ~370 (seven daemon runs of two or three processes each)
-    "test_compat.py",           # ~165 (CPU ~165)
-    "test_request_races.py",    # ~165 (CPU ~160)
-    "test_exact_resume.py",     # ~135
-    "test_search_e2e.py",       # ~125
-    "test_ray_cluster.py",      # ~110 (mostly waiting on Ray)
+    "test_multi_slot_e2e.py",   # ~370 (CPU ~200: seven daemon runs of 2-3 processes each)
+    "test_request_races.py",    # ~165 (CPU ~150: some 250 cold launches of the counter)
+    "test_exact_resume.py",     # ~135 (CPU ~85, a third of it the spawned Sequence readers)
+    "test_search_e2e.py",       # ~110 (CPU ~125)
+    "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
     "test_horovod_e2e.py",      # ~105
-    "test_memory_limit.py",     # ~100
-    "test_callback_order.py",   # ~80
-    "test_warm.py",             # ~70
+    "test_compat.py",           # ~100 (CPU ~75: 19 trials forked from two warm processes)
+    "test_memory_limit.py",     # ~75 (CPU ~35, mostly waiting on the processes it watches)
+    "test_warm.py",             # ~65 (CPU ~85)
     "test_keras_api.py",        # ~60
     "test_script_e2e.py",       # ~55
+    "test_callback_order.py",   # ~50 (CPU ~40)
     "test_pause_resume_e2e.py", # ~45
     "test_custom_search.py",    # ~45 (two runner scripts, a runner and a daemon killed -9)
     "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
-    "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
     "test_fuzz_intake.py",      # ~30
     "test_core_api.py",         # ~30
     "test_foreground.py",       # ~30
+    "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
     "test_data.py",             # ~25
     "test_disk_space.py",       # ~25
     "test_remote_reporting.py", # ~25
