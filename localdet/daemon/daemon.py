@@ -501,8 +501,14 @@ class Daemon:
                     continue
                 waiting.append(placement.Waiting(trial.id, experiment.id, per_trial,
                                                  resources.priority, trial.id, spans))
-        for trial_id, slots in placement.assign(waiting, free, busy, max_slots, node_of):
-            self._launch(self.db.trial(trial_id), slots)
+        started: list[tuple] = []
+        try:
+            for trial_id, slots in placement.assign(waiting, free, busy, max_slots, node_of):
+                launch = self._launch(self.db.trial(trial_id), slots)
+                if launch is not None:
+                    started.append(launch)
+        finally:  # what started is recorded, even when a later launch raised
+            self._record_launches(started)
 
     def _resources_of(self, experiment: Experiment) -> Resources:
         """The experiment's typed `resources`, built once per version of the section: every
@@ -558,7 +564,9 @@ class Daemon:
             self.intake.node_slots = most  # submissions are checked against it
         return usable, node_of, most
 
-    def _launch(self, trial: Trial, slots: list[int]) -> None:
+    def _launch(self, trial: Trial, slots: list[int]) -> tuple | None:
+        """Start the trial's process; None if it cannot start (the trial is then ERROR).
+        Its launch is recorded by `_record_launches`, with the pass's others."""
         experiment = self.db.experiment(trial.experiment_id)
         try:
             spec = launcher.launch_spec(
@@ -576,31 +584,43 @@ class Daemon:
                 self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
                 self._searching(experiment, self.search.exited_early, experiment, trial)
                 self._settle_experiment(experiment.id)
-            return
+            return None
         if self.local:  # (on a cluster, its node's memory is Ray's to watch)
             self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
         self._processes[trial.id] = process
         self._slots_of[trial.id] = slots
-        with self.db.atomic():  # one commit a launch: the write lock is shared with trials
-            self.db.update_trial(trial.id, state=TrialState.RUNNING, pid=process.pid,
-                                 started_at=launched_at, process_start=process_start(process.pid),
-                                 slots=json.dumps(slots))
-            self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
-                              trial_id=trial.id, pid=process.pid, slots=slots,
-                              keras_line=spec.keras_line,
-                              keras_line_reason=spec.keras_line_reason, engine=spec.engine,
-                              log_offset=log_offset, warm=process.warm,
-                              **({"node": process.node, "host": process.host,
-                                  "nodes": getattr(process, "nodes", [process.node]),
-                                  "hosts": getattr(process, "hosts", [process.host])}
-                                 if not self.local else {}))
-        # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
-        self._waiters.watch(process)
-        where = f"on Ray node {process.host} " if not self.local else ""
-        self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
-                 f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
-                 f"slots {slots})")
-        self.pool.keep(spec)  # the next trial like it finds one ready
+        return trial, slots, spec, process, launched_at, log_offset
+
+    def _record_launches(self, started: list[tuple]) -> None:
+        """Record the pass's launches in one transaction: one commit and one turn at the
+        write lock (shared with the trials' reports) for all of them. A trial's process
+        waits for its launch to be recorded before it trains, so a daemon killed before this
+        leaves none training unrecorded."""
+        if not started:
+            return
+        with self.db.atomic():
+            for trial, slots, spec, process, launched_at, log_offset in started:
+                self.db.update_trial(trial.id, state=TrialState.RUNNING, pid=process.pid,
+                                     started_at=launched_at,
+                                     process_start=process_start(process.pid),
+                                     slots=json.dumps(slots))
+                self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
+                                  trial_id=trial.id, pid=process.pid, slots=slots,
+                                  keras_line=spec.keras_line,
+                                  keras_line_reason=spec.keras_line_reason, engine=spec.engine,
+                                  log_offset=log_offset, warm=process.warm,
+                                  **({"node": process.node, "host": process.host,
+                                      "nodes": getattr(process, "nodes", [process.node]),
+                                      "hosts": getattr(process, "hosts", [process.host])}
+                                     if not self.local else {}))
+        for trial, slots, spec, process, _, _ in started:
+            # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
+            self._waiters.watch(process)
+            where = f"on Ray node {process.host} " if not self.local else ""
+            self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
+                     f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
+                     f"slots {slots})")
+            self.pool.keep(spec)  # the next trial like it finds one ready
 
     def _adopt_running_trials(self, experiment_id: int | None = None) -> None:
         """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
@@ -679,6 +699,7 @@ class Daemon:
 
     def _reap_exits(self) -> None:
         trained = self._trained_to_length(list(self._processes))
+        ended: list[tuple[int, int | None, Any, bool]] = []
         for trial_id, process in list(self._processes.items()):
             code = process.poll()
             if getattr(process, "orphaned", False):  # its warm process ended before it
@@ -686,17 +707,18 @@ class Daemon:
                 self._adopted[trial_id] = process.pid
             elif code is not None:
                 del self._processes[trial_id]
-                self._finish(trial_id, code, process)
+                ended.append((trial_id, code, process, False))
             elif trial_id in trained and self._work_done(trial_id):
                 # Its final checkpoint and metrics are committed: the slot is free now, and
                 # the process's teardown (seconds of TensorFlow's) goes on beside the next.
                 del self._processes[trial_id]
                 self._tearing_down[trial_id] = process
-                self._finish(trial_id, 0, process, tearing_down=True)
+                ended.append((trial_id, 0, process, True))
         for trial_id, pid in list(self._adopted.items()):
             if not alive(pid):
                 del self._adopted[trial_id]
-                self._finish(trial_id, returncode=None)
+                ended.append((trial_id, None, None, False))
+        self._finish_all(ended)
         for trial_id, process in list(self._tearing_down.items()):
             code = process.poll()
             if code is not None:
@@ -737,13 +759,33 @@ class Daemon:
 
     def _finish(self, trial_id: int, returncode: int | None,
                 process: subprocess.Popen | None = None, tearing_down: bool = False) -> None:
-        """A trial process ended (returncode None: not ours, so judge from its records).
-        One transaction: a daemon killed half-way leaves the trial RUNNING with a dead pid,
-        which the next daemon finishes the same way."""
-        self._slots_of.pop(trial_id, None)
-        trial = self.db.trial(trial_id)
-        if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
-            launcher.wait_for_log(process, self.layout.trial_log(trial.experiment_id, trial_id))
+        """A trial process ended (returncode None: not ours, so judge from its records)."""
+        self._finish_all([(trial_id, returncode, process, tearing_down)])
+
+    def _finish_all(self, ended: list[tuple[int, int | None, Any, bool]]) -> None:
+        """Record the ends of these trials' processes ((trial id, returncode, process,
+        tearing down)), all in one transaction, each in a savepoint of its own: a pass's
+        exits cost one commit and one turn at the write lock, not one each. A daemon killed
+        half-way leaves the trials RUNNING with dead pids, which the next daemon finishes
+        the same way. An exit that fails to be recorded is told and leaves the others be."""
+        if not ended:
+            return
+        for trial_id, _, process, tearing_down in ended:
+            self._slots_of.pop(trial_id, None)
+            if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
+                experiment_id = self.db.trial(trial_id).experiment_id
+                launcher.wait_for_log(process, self.layout.trial_log(experiment_id, trial_id))
+        with self.db.atomic():
+            for trial_id, returncode, process, _ in ended:
+                try:
+                    self._record_exit(trial_id, returncode, process)
+                except Exception:
+                    if len(ended) == 1:
+                        raise
+                    self.log(f"localdet daemon: the end of trial {trial_id} could not be "
+                             "recorded, carrying on:\n" + traceback.format_exc())
+
+    def _record_exit(self, trial_id: int, returncode: int | None, process) -> None:
         with self.db.atomic():
             trial = self.db.trial(trial_id)
             if trial.state != TrialState.RUNNING:

@@ -16,6 +16,7 @@ of wall times (daemon / bare) is what scheduling, recording and checkpointing co
 
     python scripts/bench/scheduler.py               # 40 trials on 2 slots
     python scripts/bench/scheduler.py --trials 10   # a quicker look
+    python scripts/bench/scheduler.py --smoke       # 2 trials on 1 slot: that it runs
 
 Timings are printed, never asserted.
 """
@@ -58,7 +59,12 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--trials", type=int, default=40)
 parser.add_argument("--slots", type=int, default=2)
 parser.add_argument("--batches", type=int, default=5, help="how long each trial trains")
+parser.add_argument("--smoke", action="store_true",
+                    help="the same figures from 2 trials of 2 batches on 1 slot (TensorFlow's "
+                         "start-up: tens of seconds)")
 args = parser.parse_args()
+if args.smoke:
+    args.trials, args.slots, args.batches = 2, 1, 2
 
 
 def config() -> dict:
