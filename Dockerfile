@@ -24,7 +24,8 @@ WORKDIR /opt/localdet
 
 # The dependencies come first, in layers of their own, before any of localdet's source: a
 # rebuild after a code change reuses them. pip's cache is a build cache mount, kept by the
-# engine between builds and never part of the image.
+# engine between builds and never part of the image (BuildKit, Docker's builder since 23.0,
+# and podman read `RUN --mount`).
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$TENSORFLOW" ]; then pip install $TENSORFLOW; fi \
  && python -c "import importlib.metadata as m; print(*sorted(f'{d}=={m.version(d)}' for d in m.packages_distributions()['tensorflow']))" \
