@@ -23,10 +23,12 @@ import ctypes
 import json
 import os
 import random
+import shutil
 import sqlite3
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import h5py
@@ -97,17 +99,22 @@ def held_experiment(folder: Path, name: str, hold: Path) -> Path:
 
 def final_weights(home, facts: dict) -> list[tuple[str, np.ndarray]]:
     """(name, array) of every weight in the trial's final checkpoint's .h5, in file order."""
+    from localdet.checkpoints.manifest import files_of
+    from localdet.checkpoints.store import Store
     from localdet.records.db import StateDB
 
     db = StateDB.open(home.path / "localdet.db")
     manifest = db.checkpoint(facts["trials"][0]["latest_checkpoint"]).manifest
     db.close()
-    sha = manifest["files"]["determined-keras-model.h5"]["sha256"]
+    entry = files_of(manifest)["determined-keras-model.h5"]
+    folder = Path(tempfile.mkdtemp())  # the file is stored as chunks: joined here
+    Store(home.path / "store").materialize({"model.h5": entry}, folder / "out")
     arrays = []
-    with h5py.File(home.path / "store" / "objects" / sha[:2] / sha) as h5:
+    with h5py.File(folder / "out" / "model.h5") as h5:
         h5["model_weights"].visititems(
             lambda name, obj: arrays.append((name, np.asarray(obj)))
             if isinstance(obj, h5py.Dataset) else None)
+    shutil.rmtree(folder)
     return arrays
 
 
