@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -150,15 +151,19 @@ def mounted(image: str) -> Iterator[Path]:
 def chrooted(root: Path, state: Path, image: str, argv: list[str]) -> list[str]:
     """`argv` run as the image would run it, in a mount namespace of its own: the image's
     environment and working folder, /proc, /sys, /dev and a fresh /tmp, and the state
-    folder at /localdet as a volume."""
+    folder mounted at the image's volume (/localdet)."""
     config = json.loads(podman("image", "inspect", image).stdout)[0]["Config"]
-    mounts = (f"mount --rbind /dev {root}/dev && mount --rbind /sys {root}/sys "
-              f"&& mount -t proc proc {root}/proc && mount -t tmpfs tmpfs {root}/tmp "
-              f"&& mkdir -p {root}/localdet && mount --bind {state} {root}/localdet")
-    inside = f"cd {config.get('WorkingDir') or '/'} && exec \"$@\""
+    (volume,) = config["Volumes"]  # the Dockerfile's one VOLUME
+    q = shlex.quote
+    mounts = " && ".join([
+        f"mount --rbind /dev {q(f'{root}/dev')}", f"mount --rbind /sys {q(f'{root}/sys')}",
+        f"mount -t proc proc {q(f'{root}/proc')}", f"mount -t tmpfs tmpfs {q(f'{root}/tmp')}",
+        f"mkdir -p {q(f'{root}{volume}')}", f"mount --bind {q(str(state))} {q(f'{root}{volume}')}"])
+    inside = f"cd {q(config.get('WorkingDir') or '/')} && exec \"$@\""
+    environment = " ".join(q(variable) for variable in config["Env"])
     return ["unshare", "--mount", "--fork", "sh", "-c",
-            f"{mounts} && exec chroot {root} env -i {' '.join(config['Env'])} "
-            f"sh -c '{inside}' sh \"$@\"", "sh", *argv]
+            f"{mounts} && exec chroot {q(str(root))} env -i {environment} "
+            f"sh -c {q(inside)} sh \"$@\"", "sh", *argv]
 
 
 def stop(process: subprocess.Popen) -> None:
