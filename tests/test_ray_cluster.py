@@ -141,7 +141,7 @@ def test_an_asha_search_across_nodes_ends_as_on_the_local_launcher(cluster, tmp_
     # The two searches run side by side, each under a daemon of its own.
     homes = {where: Home(tmp_path / where) for where in ("local", "ray")}
     started = {where: daemons(homes[where], *args) for where, args in (
-        ("local", ("--slots", "1")), ("ray", ("--ray", cluster.address)))}
+        ("local", ("--slots", "1", "--warm", "1")), ("ray", ("--ray", cluster.address)))}
     for where, home in homes.items():
         home.cli("submit", counter_config(tmp_path, f"asha-{where}", dict(asha), 0.0), COUNTER)
     results = {}

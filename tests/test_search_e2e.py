@@ -94,7 +94,8 @@ def outcome(home: Home, tmp_path) -> dict:
 def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_path, daemons):
     config = write_config(tmp_path, "asha", **ASHA)
     calm, stormy = Home(tmp_path / "calm"), Home(tmp_path / "stormy")
-    started = [daemons(calm), daemons(stormy)]
+    # One warm process each (as a 1-slot daemon keeps by default): most launches fork.
+    started = [daemons(calm, "--warm", "1"), daemons(stormy, "--warm", "1")]
     for home in (calm, stormy):
         home.cli("submit", config, SLOW_DIGITS)
         home.experiment_named("asha")
@@ -109,7 +110,7 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
             started[1].process.kill()      # kill -9: no chance to tidy up
             started[1].process.wait()
             started[1].log.close()
-            started[1] = daemons(stormy)
+            started[1] = daemons(stormy, "--warm", "1")
         if killed_trial is None:
             running = promoted_trial_past_a_checkpoint(stormy)
             if running:
