@@ -22,6 +22,12 @@ LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_be
             environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
+# The daemons keep no warm process: a 1-slot daemon's would be of the default kind, which these
+# trials (TF_DETERMINISTIC_OPS=1) are not, so it imported TensorFlow for nothing (some 4 CPU
+# seconds a daemon) and outlived the daemon.
+NO_WARM = ("--warm", "0")
+
+
 def h5_weights(path) -> list[tuple[str, np.ndarray]]:
     """(name, array) of every weight in a saved Keras .h5 model, in file order."""
     arrays = []
@@ -55,7 +61,7 @@ def assert_ended_alike(home, experiment_a, experiment_b, tmp_path):
 
 def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(
         home, tmp_path, daemons):
-    daemon = daemons(home)
+    daemon = daemons(home, *NO_WARM)
     home.cli("submit", write_config(tmp_path, "paused", **LONG), EXAMPLE)
     paused_id = home.experiment_named("paused")["id"]
     # (The waits read the database: polling `localdet status` would take a core.)
@@ -71,7 +77,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     assert "PAUSED" in home.cli("status").stdout
     daemon.stop()
 
-    daemon = daemons(home)
+    daemon = daemons(home, *NO_WARM)
     wait_for(lambda: "watching" in daemon.log_path.read_text(), 120, "the restart", 0.1)
     assert home.experiment(paused_id)["state"] == "PAUSED"
     assert trial_of(home, paused_id)["state"] == "PAUSED"
@@ -87,7 +93,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
 
 
 def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path, daemons):
-    daemon = daemons(home)
+    daemon = daemons(home, *NO_WARM)
     home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
     experiment_id = home.experiment_named("killed")["id"]
     wait_for(lambda: home.first_trial(experiment_id).get("state") == "RUNNING", 180,
