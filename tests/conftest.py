@@ -311,15 +311,15 @@ LONGEST_FILES = [
     "test_exact_resume.py",     # ~135 (CPU ~85, a third of it the spawned Sequence readers)
     "test_search_e2e.py",       # ~110 (CPU ~125)
     "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
-    "test_horovod_e2e.py",      # ~105
+    "test_horovod_e2e.py",      # ~105 (CPU ~75)
     "test_compat.py",           # ~100 (CPU ~75: 19 trials forked from two warm processes)
     "test_memory_limit.py",     # ~75 (CPU ~35, mostly waiting on the processes it watches)
     "test_warm.py",             # ~65 (CPU ~85)
     "test_keras_api.py",        # ~60
     "test_script_e2e.py",       # ~55
     "test_callback_order.py",   # ~50 (CPU ~40)
-    "test_pause_resume_e2e.py", # ~45
     "test_custom_search.py",    # ~45 (two runner scripts, a runner and a daemon killed -9)
+    "test_pause_resume_e2e.py", # ~30 (CPU ~27)
     "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
     "test_fuzz_intake.py",      # ~30
     "test_core_api.py",         # ~30
