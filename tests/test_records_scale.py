@@ -182,11 +182,21 @@ def test_chromium_draws_the_large_search_from_thinned_data(search, site):
             bound = figures.series_points(drawn)
             assert max(page.evaluate(points)) <= bound
 
+            # Refreshes of a search that did not change draw no chart again (plotly redrew
+            # every trace at each one, holding the page a second or more).
+            page.evaluate("""() => { window.drawings = 0; const react = Plotly.react;
+                Plotly.react = (...args) => { window.drawings += 1; return react(...args); }; }""")
+            for _ in range(2):
+                shown = page.locator("#updated").inner_text()
+                expect(page.locator("#updated")).not_to_have_text(shown, timeout=60_000)
+            assert page.evaluate("window.drawings") == 0
+
             page.locator("#curves-full").click()  # every point of the drawn trials
             expect(page.locator("#curves-note")).to_contain_text("Every point drawn",
                                                                  timeout=60_000)
             assert max(page.evaluate(points)) == ROWS
-            page.wait_for_timeout(2500)  # a refresh (every 2 s) leaves every point drawn
+            shown = page.locator("#updated").inner_text()  # a refresh leaves them drawn
+            expect(page.locator("#updated")).not_to_have_text(shown, timeout=60_000)
             assert max(page.evaluate(points)) == ROWS
             page.locator("#curves-thinned").click()
             expect(page.locator("#curves-full")).to_be_visible(timeout=30_000)

@@ -88,9 +88,15 @@ function frame(html, key = location.pathname) {
 }
 const fill = (id, html) => { document.getElementById(id).innerHTML = html; };
 
+// A chart is drawn again only when its figure changed: plotly redraws every trace, which
+// for a search of 1,000 trials held the page for a second or more at each refresh.
 function chart(id, figure) {
   const element = document.getElementById(id);
-  if (element && figure) Plotly.react(element, figure.data || [], figure.layout || {}, {responsive: true, displaylogo: false});
+  if (!element || !figure) return;
+  const text = JSON.stringify(figure);
+  if (element.drawnFigure === text) return;
+  element.drawnFigure = text;
+  Plotly.react(element, figure.data || [], figure.layout || {}, {responsive: true, displaylogo: false});
 }
 
 // The learning curves as the server thinned them for drawing (a bounded number of points per
@@ -333,9 +339,15 @@ async function refresh() {
   }
 }
 
+// The next refresh waits REFRESH_MS, or four times what this one took where that is longer
+// (a large page on a slow machine): the page stays free for the user most of the time.
 function render() {
   clearTimeout(timer);
-  const tick = async () => { await refresh(); timer = setTimeout(tick, REFRESH_MS); };
+  const tick = async () => {
+    const started = performance.now();
+    await refresh();
+    timer = setTimeout(tick, Math.max(REFRESH_MS, 4 * (performance.now() - started)));
+  };
   tick();
 }
 
