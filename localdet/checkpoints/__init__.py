@@ -1,2 +1,3 @@
-"""Checkpoints: the content-addressed store (local or S3), manifests, retention rules and
-garbage collection, and the free-space reserve every write (checkpoints, launches) keeps."""
+"""Checkpoints: the content-addressed store of content-defined chunks (local or S3),
+manifests, retention rules, garbage collection and rechunking, and the free-space reserve
+every write (checkpoints, launches) keeps."""
