@@ -113,6 +113,10 @@ class _Waiters:
 
 @dataclass
 class Daemon:
+    # Exits (or launches) recorded in one transaction at most: fewer commits and turns at
+    # the write lock, without holding it from the trials' reports for a whole pass.
+    BATCH = 16
+
     layout: Layout
     slots: int = 1             # CPU slots, when the machine has no GPU
     poll_seconds: float = 0.25
@@ -592,12 +596,22 @@ class Daemon:
         return trial, slots, spec, process, launched_at, log_offset
 
     def _record_launches(self, started: list[tuple]) -> None:
-        """Record the pass's launches in one transaction: one commit and one turn at the
-        write lock (shared with the trials' reports) for all of them. A trial's process
+        """Record the pass's launches `BATCH` to a transaction: a commit and a turn at the
+        write lock (shared with the trials' reports) per batch, not one each. A trial's process
         waits for its launch to be recorded before it trains, so a daemon killed before this
         leaves none training unrecorded."""
-        if not started:
-            return
+        for start in range(0, len(started), self.BATCH):
+            self._record_some_launches(started[start:start + self.BATCH])
+        for trial, slots, spec, process, _, _ in started:
+            # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
+            self._waiters.watch(process)
+            where = f"on Ray node {process.host} " if not self.local else ""
+            self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
+                     f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
+                     f"slots {slots})")
+            self.pool.keep(spec)  # the next trial like it finds one ready
+
+    def _record_some_launches(self, started: list[tuple]) -> None:
         with self.db.atomic():
             for trial, slots, spec, process, launched_at, log_offset in started:
                 self.db.update_trial(trial.id, state=TrialState.RUNNING, pid=process.pid,
@@ -613,14 +627,6 @@ class Daemon:
                                       "nodes": getattr(process, "nodes", [process.node]),
                                       "hosts": getattr(process, "hosts", [process.host])}
                                      if not self.local else {}))
-        for trial, slots, spec, process, _, _ in started:
-            # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
-            self._waiters.watch(process)
-            where = f"on Ray node {process.host} " if not self.local else ""
-            self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
-                     f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
-                     f"slots {slots})")
-            self.pool.keep(spec)  # the next trial like it finds one ready
 
     def _adopt_running_trials(self, experiment_id: int | None = None) -> None:
         """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
@@ -764,8 +770,8 @@ class Daemon:
 
     def _finish_all(self, ended: list[tuple[int, int | None, Any, bool]]) -> None:
         """Record the ends of these trials' processes ((trial id, returncode, process,
-        tearing down)), all in one transaction, each in a savepoint of its own: a pass's
-        exits cost one commit and one turn at the write lock, not one each. A daemon killed
+        tearing down)), `BATCH` to a transaction, each in a savepoint of its own: a pass's
+        exits cost a commit and a turn at the write lock per batch, not one each. A daemon killed
         half-way leaves the trials RUNNING with dead pids, which the next daemon finishes
         the same way. An exit that fails to be recorded is told and leaves the others be."""
         if not ended:
@@ -775,15 +781,16 @@ class Daemon:
             if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
                 experiment_id = self.db.trial(trial_id).experiment_id
                 launcher.wait_for_log(process, self.layout.trial_log(experiment_id, trial_id))
-        with self.db.atomic():
-            for trial_id, returncode, process, _ in ended:
-                try:
-                    self._record_exit(trial_id, returncode, process)
-                except Exception:
-                    if len(ended) == 1:
-                        raise
-                    self.log(f"localdet daemon: the end of trial {trial_id} could not be "
-                             "recorded, carrying on:\n" + traceback.format_exc())
+        for start in range(0, len(ended), self.BATCH):
+            with self.db.atomic():
+                for trial_id, returncode, process, _ in ended[start:start + self.BATCH]:
+                    try:
+                        self._record_exit(trial_id, returncode, process)
+                    except Exception:
+                        if len(ended) == 1:
+                            raise
+                        self.log(f"localdet daemon: the end of trial {trial_id} could not be "
+                                 "recorded, carrying on:\n" + traceback.format_exc())
 
     def _record_exit(self, trial_id: int, returncode: int | None, process) -> None:
         with self.db.atomic():
