@@ -8,9 +8,13 @@ JSON API over the same facts `localdet status` shows.
     GET  /api/experiments[?archived=1][&label=L...]     experiments (jobs excluded; archived
                                                         ones only when asked; with every label)
     GET  /api/experiments/{id}                          facts, labels, notes, origin, config,
-                                                        importances, charts, rungs
+                                                        importances, charts, rungs (the curves
+                                                        of the best 25 trials and the running
+                                                        ones, thinned for drawing)
+    GET  /api/experiments/{id}/curves?full=1[&trials=all]   every point of those (of all)
     GET  /api/trials/{id}                               facts, charts, checkpoints (and the
                                                         model versions naming them), log tail
+    GET  /api/trials/{id}/curves?full=1                 every point of its curves
     GET  /api/jobs[?archived=1]                         jobs (archived ones when asked)
     GET  /api/daemon                                    running?, what it holds back (disk)
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
