@@ -111,6 +111,47 @@ def end_running_trials(home: Home) -> None:
                 pass
 
 
+def _parent(pid: int) -> int:
+    """The process's parent's pid (0 when it cannot be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (command) state"
+
+
+def _is_daemon(pid: int) -> bool:
+    try:
+        return b"\0localdet\0daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def end_warm_processes(home: Home) -> None:
+    """A daemon's warm processes (localdet/processes/warm_process.py) exit once they read
+    that it has gone, but one still importing TensorFlow reads it only when done: seconds
+    of a core, taken from the tests that run next. Ends the home's that no running daemon
+    owns (and the trials forked from them, which carry their command line)."""
+    marker = f"LOCALDET_HOME={home.path}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if b"localdet.processes.warm_process" not in (entry / "cmdline").read_bytes() \
+                    or marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        parent = _parent(pid)  # a forked trial's parent is its warm process
+        if _is_daemon(parent) or _is_daemon(_parent(parent)):
+            continue  # a running daemon's (another test's daemon for this home)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class Daemon:
     started = 0
 
@@ -134,8 +175,8 @@ class Daemon:
             raise
 
     def stop(self) -> None:
-        """Ends the daemon (SIGTERM) and the trials it left running; harmless to repeat,
-        and after the daemon was killed."""
+        """Ends the daemon (SIGTERM), the trials it left running and its warm processes;
+        harmless to repeat, and after the daemon was killed."""
         stuck = False
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -147,6 +188,7 @@ class Daemon:
                 self.process.wait()
         self.log.close()
         end_running_trials(self.home)
+        end_warm_processes(self.home)
         if stuck:
             raise AssertionError("the daemon did not stop within 30 s of SIGTERM (killed)")
 
