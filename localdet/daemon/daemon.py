@@ -164,6 +164,9 @@ class Daemon:
         self.machine: list[Slot] = self.cluster.slots() if self.cluster else \
             detect_slots(self.slots)
         self.db = db or StateDB.open(self.layout.db)
+        # Every pass reads the live trials' rows and index pages: keep them in memory (the
+        # default 2 MB cache is a few thousand pages of an experiment's tens of MB).
+        self.db.db.execute("PRAGMA cache_size = -65536")
         self.intake = Intake(self.layout, self.db, slots=self.machine)
         self.search = Search(self.db, self.log)
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
