@@ -76,21 +76,21 @@ What limits it, and what would come next: docs/cluster.md.
 A pass whatever the trials recorded (issue 25, item 4): `--recorded N` first records N
 finished trials of the experiment (launched, reported, checkpointed, closed by the real
 search), and "pass cost, steady" gives the steady state's passes in wall and in the loop
-thread's CPU time. 64 slots (8 nodes), 3-s trials for 15 s, nice 0, load average 6 to 9;
-before 1838630, after 4648816:
+thread's CPU time. 64 slots (8 nodes), 3-s trials for 15 s, nice 0, while the machine's
+other sessions paused (load average 1 to 4.5); before 1838630, after 039143d:
 
-  finished trials      pass mean (CPU)     pass p95   loop CPU a decision   utilisation steady
-  1,000     before     41 ms (12.2 ms)     126 ms     3.70 ms               0.981
-            after      21 ms (4.8 ms)       76 ms     1.75 ms               0.998
-  20,000    before     199 ms (42.5 ms)    751 ms     7.36 ms               0.896
-            after      17 ms (6.8 ms)       40 ms     2.85 ms               0.998
+  finished trials      pass median (CPU)   pass mean (CPU)     p95      loop CPU a decision
+  1,000     before     15.1 ms (9.0 ms)    24.2 ms (13.0 ms)    74 ms   4.22 ms
+            after       5.8 ms (4.4 ms)     7.3 ms (4.5 ms)     20 ms   2.22 ms
+  20,000    before     29.7 ms (19.2 ms)   61.5 ms (36.9 ms)   280 ms   9.15 ms
+            after       5.7 ms (4.3 ms)     8.9 ms (5.7 ms)     22 ms   2.64 ms
 
-256 slots (32 nodes) of 3-s trials, nice 0: before 1838630 (load 15.5 to 10.8): 4,420 of
-5,120 launched in the cut-off, 50.5 decisions/s, utilisation 0.521 (steady 0.524), stretch
-1.60x, launch latency 4.7 s / 8.4 s; after bc97d4a (load 9.4 to 11.6): all 5,120 in 138 s,
-74.7 decisions/s, utilisation 0.911 (steady 0.937) with the trials stretched 2.04x (they
-wait for the report server, which got 0.69 of a core), launch latency 0.26 s / 1.5 s; the
-daemon's process 19 ms of CPU a trial, over half of it in the request threads.
+256 slots (32 nodes) of 3-s trials, nice 0, the same quiet machine: before (load 3.3 to
+4.9) all 5,120 in 127 s, 81.0 decisions/s steady, utilisation 0.658 (steady 0.666), launch
+latency 2.2 s / 3.1 s, 25 ms of the daemon's CPU a trial; after (load 0.8 to 3.3) all in
+91 s, 114.7 decisions/s, utilisation 0.941 (steady 0.973), 84 ms / 0.39 s, 17 ms a trial;
+trials stretched 1.38x and 1.39x (waiting for the report server). Beside other sessions'
+tests (load 9 to 15): before 0.521, cut off at 170 s; after (bc97d4a) 0.911, stretch 2.04x.
 
     python scripts/bench/cluster.py --slots 64 --seconds 15 --recorded 20000
     python scripts/bench/cluster.py --smoke            # seconds: 8 slots, 20 recorded
