@@ -210,7 +210,9 @@ def test_random_request_sequences_end_where_the_last_request_says(home, tmp_path
     from localdet.paths import Layout
 
     layout = Layout(home.path)
-    daemon = daemons(home, "--slots", str(WORKERS))
+    # Launches fork from one warm process: the kills then land in the moment right after a
+    # fork too (a trial killed before its session existed once held the daemon's write lock).
+    daemon = daemons(home, "--slots", str(WORKERS), "--warm", "1")
     bench = Bench(layout, tmp_path)
     references = {}
     for searcher in ("single", "grid"):  # uninterrupted runs, one at a time

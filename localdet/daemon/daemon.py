@@ -13,6 +13,7 @@ same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -448,7 +449,10 @@ class Daemon:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                # Not (yet) a group leader: waiting for it to end by itself would hold the
+                # caller's write transaction, and every trial's reports, until it did.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             if process:
                 process.wait()
         self._slots_of.pop(trial_id, None)

@@ -60,9 +60,11 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def _become_trial(order: dict, log: int) -> None:
-    """In the forked child: the trial's session, environment, folder and log; then run it."""
+def _become_trial(order: dict, log: int, in_session: int) -> None:
+    """In the forked child: the trial's session, environment, folder and log; then run it.
+    Closing `in_session` tells the parent that the session exists."""
     os.setsid()
+    os.close(in_session)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -116,11 +118,18 @@ def main() -> int:
         order, log = json.loads(message), fds[0]
         sys.stdout.flush()
         sys.stderr.flush()
+        # The pid is told only once the child leads its own session: the daemon ends a trial
+        # by killing its process group, which does not exist before the child's setsid.
+        waiting, in_session = os.pipe()
         pid = os.fork()
         if pid == 0:
             channel.detach()
-            _become_trial(order, log)
+            os.close(waiting)
+            _become_trial(order, log, in_session)
         os.close(log)
+        os.close(in_session)
+        os.read(waiting, 1)  # end of file: the child closed its end, or died
+        os.close(waiting)
         send({"pid": pid})
         threading.Thread(target=reap, args=(pid,), daemon=True).start()
 
