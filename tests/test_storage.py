@@ -161,20 +161,26 @@ def test_s3_reader_lease_and_collector_exclude_each_other(s3_endpoint):
     assert entered.is_set()
 
 
-def test_gc_collect_applies_retention_to_an_s3_experiment(s3_endpoint, layout, db, tmp_path):
-    from localdet.checkpoints.gc import collect
-    from localdet.checkpoints.storage import open_store
-
+def s3_experiment(db, endpoint: str, prefix: str) -> tuple[dict, int, int]:
+    """An experiment of one trial whose checkpoints go to a fresh prefix of the bucket."""
     config = parse_config({
         "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 300}},
-        "checkpoint_storage": s3_config(s3_endpoint, f"gc-{uuidlib.uuid4().hex[:8]}"),
+        "checkpoint_storage": s3_config(endpoint, f"{prefix}-{uuidlib.uuid4().hex[:8]}"),
     }).config
     experiment_id = db.create_experiment(
         name="s3", description="", config=config, original_config="", searcher="single",
         metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="/nowhere")
     trial_id = db.create_trial(experiment_id=experiment_id, request_id=1,
                                hparams={"global_batch_size": 8}, seed=1, target_batches=300)
+    return config, experiment_id, trial_id
+
+
+def test_gc_collect_applies_retention_to_an_s3_experiment(s3_endpoint, layout, db, tmp_path):
+    from localdet.checkpoints.gc import collect
+    from localdet.checkpoints.storage import open_store
+
+    config, experiment_id, trial_id = s3_experiment(db, s3_endpoint, "gc")
     store = open_store(layout, config, grace_seconds=0)
     saved = {}
     for batches, loss in ((100, 0.5), (200, 0.2), (300, 0.4)):
@@ -205,16 +211,7 @@ def test_a_whole_file_in_s3_is_rechunked_and_read(s3_endpoint, layout, db, tmp_p
     from localdet.checkpoints.rechunk import rechunk
     from localdet.checkpoints.storage import open_store
 
-    config = parse_config({
-        "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
-        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 300}},
-        "checkpoint_storage": s3_config(s3_endpoint, f"rc-{uuidlib.uuid4().hex[:8]}"),
-    }).config
-    experiment_id = db.create_experiment(
-        name="s3", description="", config=config, original_config="", searcher="single",
-        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="/nowhere")
-    trial_id = db.create_trial(experiment_id=experiment_id, request_id=1,
-                               hparams={"global_batch_size": 8}, seed=1, target_batches=300)
+    config, experiment_id, trial_id = s3_experiment(db, s3_endpoint, "rc")
     store = open_store(layout, config)
     folder = checkpoint_folder(tmp_path / "c", os.urandom(700_000))
     uuid = str(uuidlib.uuid4())
