@@ -349,7 +349,8 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
 # slowest tests (`--durations=25`): re-rank from it when a file moves.
 LONGEST_FILES = [
     "test_multi_slot_e2e.py",   # ~370 (CPU ~200: seven daemon runs of 2-3 processes each)
-    "test_request_races.py",    # ~165 (CPU ~150: some 250 cold launches of the counter)
+    "test_scripts.py",          # ~120 (every benchmark's --smoke and the demo, two at a time)
+    "test_request_races.py",    # ~110 (some 250 launches of the counter, forked warm)
     "test_exact_resume.py",     # ~135 (CPU ~85, a third of it the spawned Sequence readers)
     "test_search_e2e.py",       # ~110 (CPU ~125)
     "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
@@ -373,8 +374,23 @@ LONGEST_FILES = [
     "test_subclassed_models.py",  # ~25
     "test_cross_line.py",       # ~20
     "test_web_manage.py",       # ~20 (sdk_cli/: a browser)
+    "test_records_scale.py",    # ~25 (a browser: a 40-trial search's thinned curves)
+    "test_container_image.py",  # ~15 once scripts/test has built the image
+    "test_chunks.py",           # ~15 (a frozen-base search's .h5 files; writers killed)
     "test_web_insight.py",      # ~15 (a browser: importances, compare)
 ]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What tests said about how they ran (`record_property("said", line)`): a line each in
+    the run's summary, since a passing test's output is not shown (and a worker's never)."""
+    said = [(report.nodeid, value) for outcome in ("passed", "failed")
+            for report in terminalreporter.stats.get(outcome, [])
+            for name, value in getattr(report, "user_properties", ()) if name == "said"]
+    if said:
+        terminalreporter.section("what tests said about how they ran")
+        for nodeid, line in said:
+            terminalreporter.write_line(f"{nodeid.split('::')[0]}: {line}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -212,7 +212,7 @@ def run_chrooted(image: str, state: Path, tmp_path: Path) -> None:
     assert "digits-const" in table and "COMPLETED" in table, table
 
 
-def test_the_cpu_image_builds_and_runs_the_digits_example(tmp_path):
+def test_the_cpu_image_builds_and_runs_the_digits_example(tmp_path, record_property):
     start = time.monotonic()
     build = subprocess.run([str(REPO / "scripts" / "cpu-image")], capture_output=True,
                            text=True, timeout=1800)
@@ -224,10 +224,11 @@ def test_the_cpu_image_builds_and_runs_the_digits_example(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     refusal = container_refusal(image)
+    # `said` properties are printed at the end of the run (tests/conftest.py), xdist or not.
     if refusal is None:
-        print(f"{built}: ran as a container (podman run, exec, restart)")
+        record_property("said", f"{built}: ran as a container (podman run, exec, restart)")
         run_as_container(image, state)
     else:
-        print(f"{built}: ran inside its mounted image with chroot, since podman could not "
-              f"start a container here ({refusal})")
+        record_property("said", f"{built}: ran inside its mounted image with chroot, since "
+                                f"podman could not start a container here ({refusal})")
         run_chrooted(image, state, tmp_path)
