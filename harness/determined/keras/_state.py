@@ -68,10 +68,12 @@ def _model_weights(model: Any) -> List[Any]:
     return walked + rest
 
 
-def _optimizer_state(number: int, optimizer: Any, model: Any) -> Dict[str, Any]:
+def _optimizer_state(number: int, optimizer: Any, model: Any,
+                     in_h5: bool = False) -> Dict[str, Any]:
     """The optimizer's variables, and which of the model's weights (by position) it was
     built on, so a resumed process builds it on the same ones: a GAN's two optimizers each
-    train one sub-model, not the whole model."""
+    train one sub-model, not the whole model. `in_h5`: the checkpoint's `.h5` holds the
+    variables already (the compiled optimizer of a model saved whole); only where is kept."""
     built = _built_on(optimizer)
     targets = None
     if built is not None:
@@ -84,13 +86,23 @@ def _optimizer_state(number: int, optimizer: Any, model: Any) -> Dict[str, Any]:
                 "variables that are not the model's weights; only variables of the model "
                 "given to wrap_model can be checkpointed")
         targets = [position[k] for k in keys]
+    if in_h5:
+        return {"targets": targets, "in_h5": True}
     return {"targets": targets, "values": read_values(_variables(optimizer))}
 
 
-def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any]) -> None:
+def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any],
+                       h5_path: Optional[Path]) -> None:
     if saved["targets"] is not None:
         variables = _model_weights(model)
         build_optimizer(optimizer, model, [variables[i] for i in saved["targets"]])
+    if saved.get("in_h5"):
+        values = _h5_optimizer_values(h5_path)
+        if values is None:
+            raise OptimizerStateError(
+                f"the state of optimizer {number} ({type(optimizer).__name__}) was saved in "
+                "the checkpoint's .h5, which holds none; the checkpoint is damaged")
+        saved = {**saved, "values": values}
     current = _variables(optimizer)
     if len(current) != len(saved["values"]):
         raise OptimizerStateError(
@@ -100,14 +112,33 @@ def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str,
     write_values(current, saved["values"])  # counts checked
 
 
-def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None:
-    """Assign the optimizer state Keras wrote into the `.h5` (`optimizer_weights`)."""
+def _h5_optimizer_values(h5_path: Optional[Path]) -> Optional[List[np.ndarray]]:
+    """The optimizer variables Keras wrote into an `.h5` (`optimizer_weights`), in order;
+    None where it wrote none."""
+    if h5_path is None or not Path(h5_path).is_file():
+        return None
     with h5py.File(h5_path, "r") as h5:
         if "optimizer_weights" not in h5:
-            return
+            return None
         group = h5["optimizer_weights"]
         names = [n.decode() if isinstance(n, bytes) else n for n in group.attrs["weight_names"]]
-        values = [np.asarray(group[name]) for name in names]
+        return [np.asarray(group[name]) for name in names]
+
+
+def h5_holds_optimizer(h5_path: Path, optimizer: Any) -> bool:
+    """Whether the `.h5` holds as many optimizer variables as `optimizer` has (read from its
+    index, not its values): then a checkpoint need not keep them a second time."""
+    with h5py.File(h5_path, "r") as h5:
+        group = h5.get("optimizer_weights")
+        return group is not None and \
+            len(group.attrs.get("weight_names", ())) == len(_variables(optimizer)) > 0
+
+
+def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None:
+    """Assign the optimizer state Keras wrote into the `.h5` (`optimizer_weights`)."""
+    values = _h5_optimizer_values(h5_path)
+    if values is None:
+        return
     build_optimizer(optimizer, model)
     variables = _variables(optimizer)
     if len(variables) != len(values):
@@ -178,8 +209,9 @@ def _tf_global_generator() -> Any:
     return getattr(stateful_random_ops, "global_generator", None)
 
 
-def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
-    """Everything beyond the model's weights, as plain picklable values."""
+def capture(model: Any, optimizers: List[Any], in_h5: Any = None) -> Dict[str, Any]:
+    """Everything beyond the model's weights, as plain picklable values. `in_h5`: the
+    optimizer whose variables the checkpoint's `.h5` holds (not kept twice)."""
     generator = _tf_global_generator()
     keras_seed = _keras3_global_seed_generator()
     return {
@@ -194,11 +226,14 @@ def capture(model: Any, optimizers: List[Any]) -> Dict[str, Any]:
                            else read_values([_learning_rate(o)])[0] for o in optimizers],
         # Every optimizer, the compiled one too: a model saved as weights alone has no
         # optimizer in its file. (Checkpoints before this held "other_optimizers" only.)
-        "optimizers": [_optimizer_state(n, o, model) for n, o in enumerate(optimizers)],
+        "optimizers": [_optimizer_state(n, o, model, in_h5=o is in_h5)
+                       for n, o in enumerate(optimizers)],
     }
 
 
-def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
+def restore(state: Dict[str, Any], model: Any, optimizers: List[Any],
+            h5_path: Optional[Path] = None) -> None:
+    """`h5_path`: the checkpoint's `.h5`, for an optimizer whose variables are in it."""
     # A generator the checkpointed process had already made must exist here too, or it
     # would be made on first use after the resume and draw from `random` then (Keras 3's
     # global seed generator): made first, before `random` gets its state back.
@@ -230,7 +265,7 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any]) -> None:
                 "saved it")
         for number, (optimizer, saved) in enumerate(zip(optimizers, state["optimizers"],
                                                          strict=True)):
-            _restore_optimizer(number, optimizer, model, saved)
+            _restore_optimizer(number, optimizer, model, saved, h5_path)
         return
     # An older checkpoint: the compiled optimizer came from the .h5 (the caller read it).
     others = [o for o in optimizers if o is not model.optimizer]

@@ -140,7 +140,7 @@ def _localdet_state(folder: Path, weights: Path, model: Any,
         saved = pickle.load(handle)["generators"]
     if not _state.holds_every_optimizer(saved) and weights.suffix == ".h5":
         _state.restore_optimizer_from_h5(model.optimizer, model, weights)
-    _state.restore(saved, model, optimizers)
+    _state.restore(saved, model, optimizers, weights if weights.suffix == ".h5" else None)
     return ["optimizer state", "random generators"]
 
 
