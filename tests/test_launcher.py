@@ -138,7 +138,11 @@ def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
         assert [slot.kind for slot in daemon.machine] == ["cpu", "cpu"]
         daemon._schedule()
         assert daemon.running() == {trial.id}
-        daemon._processes[trial.id].wait(timeout=30)
+        process = daemon._processes[trial.id]
+        process.wait(timeout=30)
+        # Its output reaches the log through a writer process of its own: wait for it, as
+        # the daemon does when a trial ends (it was once read before it was written).
+        launcher.wait_for_log(process, layout.trial_log(experiment.id, trial.id))
     finally:
         daemon.db.close()
     assert "devices=''" in launcher.log_tail(layout.trial_log(experiment.id, trial.id))
