@@ -339,6 +339,41 @@ def start_trial(tmp_path: Path, target: int, hparams: dict | None = None, **conf
     return db, trial_id, reporter, reporter.trial_info()
 
 
+def save_checkpoint(db, store, tmp_path: Path, experiment_id: int, trial_id: int, batches: int,
+                    weights: bytes | None = None) -> str:
+    """A checkpoint stored and committed the way a trial does: blobs first, then the row. Its
+    code file is the same in every checkpoint (one blob, shared); its weights differ by trial
+    and batch unless given."""
+    import uuid as uuidlib
+
+    from localdet.checkpoints.manifest import build_manifest
+
+    uuid = str(uuidlib.uuid4())
+    folder = tmp_path / "saving" / uuid
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "model_def.py").write_bytes(b"class Trial: pass\n")
+    (folder / "determined-keras-model.h5").write_bytes(
+        weights if weights is not None else f"weights of {trial_id} at {batches}".encode())
+    with store.writing():
+        files = store.put_directory(folder, consume=True)
+        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
+                                         trial_id=trial_id, batches_trained=batches,
+                                         files=files, metadata={}))
+    return uuid
+
+
+def older_database(path: Path) -> Path:
+    """A database at `path` as the localdet before the newest migration left it."""
+    import sqlite_utils
+
+    from localdet.records import db as db_module
+
+    older = sqlite_utils.Database(path)
+    db_module.migrations().apply(older, stop_before=db_module._migration_names()[-1])
+    older.close()
+    return path
+
+
 # The files that take longest, longest first. `scripts/test` runs whole files per worker
 # (`--dist loadfile`) in collection order (`--no-loadscope-reorder`: xdist would otherwise
 # order files by their number of tests), so a long file collected last would run alone at

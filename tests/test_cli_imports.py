@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import older_database
 
 from localdet.records import db as db_module
 from localdet.records.db import StateDB
-from localdet.records.sqlite_utils_without_arrays import sqlite_utils
 
 HEAVY = ("tensorflow", "keras", "pandas", "numpy", "jsonschema")
 
@@ -98,10 +98,7 @@ def _schema(path) -> list[tuple]:
 
 def test_an_open_applies_the_newest_migration_a_database_lacks(tmp_path):
     names = db_module._migration_names()
-    older = tmp_path / "older.db"
-    db = sqlite_utils.Database(older)
-    db_module.migrations().apply(db, stop_before=names[-1])  # an older localdet's database
-    db.close()
+    older = older_database(tmp_path / "older.db")
     StateDB.open(older).close()
     fresh = tmp_path / "fresh.db"
     StateDB.open(fresh).close()

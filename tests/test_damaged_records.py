@@ -9,14 +9,12 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
-import uuid as uuidlib
 from pathlib import Path
 
 import pytest
-import sqlite_utils
-from conftest import Home
+from conftest import Home, older_database
+from conftest import save_checkpoint as save
 
-from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.store import Store
 from localdet.config.experiment import parse_config
 from localdet.operations import doctor
@@ -39,25 +37,9 @@ def make_experiment(db: StateDB) -> int:
         metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="/nowhere")
 
 
-def save(db: StateDB, store: Store, tmp_path: Path, experiment_id: int, trial_id: int,
-         batches: int) -> str:
-    """A checkpoint stored and committed the way a trial does: blobs first, then the row."""
-    uuid = str(uuidlib.uuid4())
-    folder = tmp_path / "saving" / uuid
-    (folder / "code").mkdir(parents=True)
-    (folder / "code" / "model_def.py").write_bytes(b"class Trial: pass\n")
-    (folder / "weights.h5").write_bytes(f"weights of {trial_id} at {batches}".encode() * 50)
-    with store.writing():
-        files = store.put_directory(folder, consume=True)
-        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
-                                         trial_id=trial_id, batches_trained=batches,
-                                         files=files, metadata={}))
-    return uuid
-
-
 def weights_blob(store: Store, db: StateDB, uuid: str) -> Path:
     [checkpoint] = [c for c in db.checkpoints() if c.uuid == uuid]
-    return store.blob_path(checkpoint.manifest["files"]["weights.h5"]["sha256"])
+    return store.blob_path(checkpoint.manifest["files"]["determined-keras-model.h5"]["sha256"])
 
 
 def damage_table(path: Path, table: str) -> None:
@@ -105,10 +87,10 @@ def test_a_damaged_database_and_store_are_found_refused_and_restored(tmp_path):
 
     checked = home.cli("doctor", check=False)
     assert checked.returncode == 1, checked
-    assert f"checkpoint {corrupt_uuid} (experiment {experiment_id}): weights.h5: corrupt" \
-        in checked.stdout
-    assert f"checkpoint {missing_uuid} (experiment {experiment_id}): weights.h5: missing" \
-        in checked.stdout
+    assert f"checkpoint {corrupt_uuid} (experiment {experiment_id}): " \
+        f"determined-keras-model.h5: corrupt" in checked.stdout
+    assert f"checkpoint {missing_uuid} (experiment {experiment_id}): " \
+        f"determined-keras-model.h5: missing" in checked.stdout
     assert later_uuid not in checked.stdout and "not healthy" in checked.stdout
 
     damage_table(layout.db, "experiments")
@@ -205,10 +187,7 @@ def test_the_daemon_schedule_copies_at_start_then_every_interval(tmp_path):
 
 def test_a_pending_migration_is_preceded_by_a_backup(tmp_path):
     names = db_module._migration_names()
-    path = tmp_path / "localdet.db"
-    older = sqlite_utils.Database(path)
-    db_module.migrations().apply(older, stop_before=names[-1])  # an older localdet's file
-    older.close()
+    path = older_database(tmp_path / "localdet.db")
     StateDB.open(path).close()
     [copy] = backups.backups(path)
     assert copy.name.endswith("-before-migration.db")

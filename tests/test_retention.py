@@ -9,14 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid as uuidlib
-from pathlib import Path
 
 import pytest
 from conftest import Home
+from conftest import save_checkpoint as save
 
 from localdet.checkpoints.gc import GRACE_SECONDS, collect
-from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
 from localdet.checkpoints.store import Store
 from localdet.config.experiment import parse_config
@@ -134,23 +132,6 @@ def make_trial(db: StateDB, experiment_id: int, request_id: int = 1,
     for batches, loss in (validations or {}).items():
         db.record_metrics(trial_id, "validation", batches, {"val_loss": loss})
     return trial_id
-
-
-def save(db: StateDB, store: Store, tmp_path: Path, experiment_id: int, trial_id: int,
-         batches: int, weights: bytes | None = None) -> str:
-    """A checkpoint stored and committed the way a trial does: blobs first, then the row."""
-    uuid = str(uuidlib.uuid4())
-    folder = tmp_path / "saving" / uuid
-    (folder / "code").mkdir(parents=True)
-    (folder / "code" / "model_def.py").write_bytes(CODE)
-    (folder / "determined-keras-model.h5").write_bytes(
-        weights if weights is not None else f"weights of {trial_id} at {batches}".encode())
-    with store.writing():
-        files = store.put_directory(folder, consume=True)
-        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
-                                         trial_id=trial_id, batches_trained=batches,
-                                         files=files, metadata={}))
-    return uuid
 
 
 def blobs_of(db: StateDB, uuid: str) -> dict[str, str]:
