@@ -244,6 +244,14 @@ def best_of(argv: list[str], env: dict, repeats: int) -> tuple[float, float, str
     return min(times), min(cpu), ""
 
 
+def done_with(home: Path, built: bool, keep: bool) -> None:
+    """A state folder this run built is removed, or kept (`--keep`) to be timed again."""
+    if built and not keep:
+        shutil.rmtree(home, ignore_errors=True)
+    elif built:
+        print(f"kept {home} (time it again with --home {home})", file=sys.stderr)
+
+
 def main() -> None:
     args = parser.parse_args()
     if args.smoke:
@@ -279,10 +287,7 @@ def main() -> None:
         print(f"(fastest of {args.repeats} runs each; load average {load:.2f}; "
               f"{os.cpu_count()} CPUs)")
     finally:
-        if built and not args.keep:
-            shutil.rmtree(home, ignore_errors=True)
-        elif built:
-            print(f"kept {home} (time it again with --home {home})", file=sys.stderr)
+        done_with(home, built, args.keep)
 
 
 if __name__ == "__main__":

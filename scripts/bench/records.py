@@ -39,7 +39,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -359,10 +358,10 @@ def main() -> None:
     try:
         measure(home, experiment_id, args.repeats)
     finally:
-        if built and not args.keep:
-            shutil.rmtree(home, ignore_errors=True)
-        elif built:
-            print(f"kept {home} (time it again with --home {home})", file=sys.stderr)
+        sys.path.insert(0, str(HERE))
+        from cli import done_with  # scripts/bench/cli.py
+
+        done_with(home, built, args.keep)
 
 
 if __name__ == "__main__":
