@@ -31,6 +31,13 @@ read-after-write and list-after-write consistency:
   of them sees the other: a checkpoint is never marked DELETED while a reader that found it
   live is reading it. Marks of crashed processes go stale (`STALE_READER_SECONDS`,
   `STALE_COLLECTOR_SECONDS`).
+
+Requests for a file's chunks go out several at once (`requests_in_flight`, default
+`REQUESTS_IN_FLIGHT`), from threads sharing the store's boto3 client: finding and uploading
+what the bucket lacks, downloading for `materialize` and `verify`, checking and deleting for
+the collector. A put returns only once every chunk's request has succeeded, so a manifest
+committed after it names only uploaded chunks; the first failure is raised (as one
+`StoreError` sentence) once the requests already sent have ended, and no further one starts.
 """
 from __future__ import annotations
 
@@ -42,8 +49,10 @@ import secrets
 import tempfile
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from localdet.checkpoints.chunking import cut_file
 from localdet.checkpoints.store import (
@@ -63,6 +72,14 @@ GRACE_SECONDS = 24 * 3600        # an unreferenced blob younger than this is nev
 STALE_READER_SECONDS = 24 * 3600  # a reader lease this old was left by a crashed reader
 STALE_COLLECTOR_SECONDS = 300     # a collector marks a checkpoint only inside one transaction
 _COPY_LIMIT = 5 * 1024**3         # S3 copies at most 5 GiB in one request; bigger is re-uploaded
+# Requests one store operation keeps open at once. Each is small (a chunk averages 128 KiB)
+# and mostly waits on the network, so a few in flight hide the round trip; more than
+# botocore's pool of connections would only queue for one.
+REQUESTS_IN_FLIGHT = 8
+
+_EMPTY = hashlib.sha256(b"").hexdigest()
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
 
 
 def _boto3() -> Any:
@@ -130,9 +147,14 @@ class _WriteSession(S3Lease):
     def __exit__(self, exc_type: object = None, *exc: object) -> None:
         try:
             if exc_type is None:
-                for sha256, upload in self.reused.items():
-                    if self._store._head(sha256) is None:
-                        upload()
+                store = self._store
+
+                def check(item: tuple[str, Callable[[], None]]) -> None:
+                    if store._head(item[0]) is None:
+                        item[1]()
+
+                for _ in store._each(check, self.reused.items()):
+                    pass
         finally:
             self._store._sessions.pop(threading.get_ident(), None)
             self.release()
@@ -150,23 +172,28 @@ class S3Store:
             variables `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `~/.aws/credentials`, an
             instance role).
         grace_seconds: the youngest age at which an unreferenced blob may be deleted.
+        requests_in_flight: requests one operation keeps open at once, default
+            `REQUESTS_IN_FLIGHT`; 1 sends them one after another.
     """
 
     def __init__(self, bucket: str, prefix: str | None = None, *,
                  endpoint_url: str | None = None, access_key: str | None = None,
-                 secret_key: str | None = None, grace_seconds: float = GRACE_SECONDS) -> None:
+                 secret_key: str | None = None, grace_seconds: float = GRACE_SECONDS,
+                 requests_in_flight: int = REQUESTS_IN_FLIGHT) -> None:
         boto3 = _boto3()
         from botocore.config import Config
         self.bucket = bucket
         self.prefix = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
         self.endpoint_url = endpoint_url
         self.grace_seconds = grace_seconds
+        self.requests_in_flight = max(1, requests_in_flight)
         self.location = f"s3://{bucket}/{self.prefix}" + (f" at {endpoint_url}"
                                                             if endpoint_url else "")
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key or None,
             aws_secret_access_key=secret_key or None,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+            config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                          max_pool_connections=max(10, self.requests_in_flight)))
         self._sessions: dict[int, _WriteSession] = {}
         self._verified: set[str] = set()  # hashes this object has checked while downloading
 
@@ -232,6 +259,30 @@ class S3Store:
     def has(self, sha256: str) -> bool:
         return self._head(sha256) is not None
 
+    def _each(self, work: Callable[[_Item], _Result], items: Iterable[_Item]
+              ) -> Iterator[_Result]:
+        """``work(item)`` for each item, results in the items' order, `requests_in_flight`
+        running at once in threads (the client is thread-safe) and as many queued. Items are
+        drawn only as room frees, so a generator of them runs beside the requests and holds
+        few in memory. The first failure is raised once the calls running have ended; the
+        queued ones never start. A pool per call: nothing outlives it, or breaks in a fork."""
+        if self.requests_in_flight == 1:
+            yield from map(work, items)
+            return
+        with ThreadPoolExecutor(self.requests_in_flight,
+                                thread_name_prefix="localdet-s3") as pool:
+            pending: deque[Future[_Result]] = deque()
+            try:
+                for item in items:
+                    pending.append(pool.submit(work, item))
+                    if len(pending) >= 2 * self.requests_in_flight:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:
+                for future in pending:
+                    future.cancel()
+
     # -- leases ---------------------------------------------------------------------------
     def _mark(self, uuid: str, kind: str) -> str:
         key = f"{self._lease_prefix(uuid)}{kind}-{secrets.token_hex(8)}"
@@ -280,9 +331,9 @@ class S3Store:
         except Exception as error:
             raise self._error("store", error) from None
 
-    def _reuse(self, sha256: str, size: int, upload: Callable[[], None]) -> bool:
+    def _reuse(self, sha256: str, size: int) -> bool:
         """Refresh an object that is there (copying it onto itself refreshes LastModified:
-        gc spares it a while) and note it for the session's check; False if it is not."""
+        gc spares it a while); False if it is not."""
         if self._head(sha256) is None or size > _COPY_LIMIT:
             return False
         try:
@@ -294,10 +345,13 @@ class S3Store:
             if not _missing(error):  # deleted since the look-up: upload it
                 raise
             return False
+        return True
+
+    def _note_reused(self, sha256: str, upload: Callable[[], None]) -> None:
+        """For the check at the end of this thread's `writing()` block, if any."""
         session = self._sessions.get(threading.get_ident())
         if session is not None:
             session.reused[sha256] = upload
-        return True
 
     def put_file(self, path: str | os.PathLike[str]) -> FileEntry:
         """Store one file whole, as one blob; on return the object is in the bucket
@@ -309,46 +363,79 @@ class S3Store:
                 digest.update(chunk)
                 size += len(chunk)
         sha256 = digest.hexdigest()
+
+        def upload() -> None:
+            self._upload(path, sha256)
+
         try:
-            if not self._reuse(sha256, size, lambda: self._upload(path, sha256)):
-                self._upload(path, sha256)
+            if self._reuse(sha256, size):
+                self._note_reused(sha256, upload)
+            else:
+                upload()
         except StoreError:
             raise
         except Exception as error:
             raise self._error("store", error) from None
         return FileEntry(sha256, size)
 
-    def _put_chunks(self, path: Path) -> FileEntry:
-        """Cut the file into chunks and upload those the bucket lacks."""
-        whole, chunks, offset, put = hashlib.sha256(), [], 0, set()
-        for piece in cut_file(path):
-            sha256 = hashlib.sha256(piece).hexdigest()
-            if sha256 not in put:
-                self._put_chunk(sha256, piece, path, offset)
-                put.add(sha256)
-            whole.update(piece)
-            chunks.append((sha256, len(piece)))
-            offset += len(piece)
-        if not chunks:  # an empty file: the blob of no bytes
-            return self.put_bytes(b"")
-        return FileEntry(whole.hexdigest(), offset, tuple(chunks) if len(chunks) > 1 else ())
+    def _put_files(self, paths: list[Path]) -> list[FileEntry]:
+        """Cut the files into chunks and upload those the bucket lacks, `requests_in_flight`
+        at once while the cutting goes on; on return every chunk is in the bucket."""
+        cuts: list[tuple[Any, list[tuple[str, int]]]] = []  # each file's hash and chunks
 
-    def _put_chunk(self, sha256: str, piece: memoryview, path: Path, offset: int) -> None:
-        size = len(piece)
+        def pieces() -> Iterator[tuple[str, bytes, Path, int]]:
+            seen: set[str] = set()
+            for path in paths:
+                whole, offset = hashlib.sha256(), 0
+                chunks: list[tuple[str, int]] = []
+                cuts.append((whole, chunks))
+                try:
+                    for piece in cut_file(path):
+                        sha256 = hashlib.sha256(piece).hexdigest()
+                        whole.update(piece)
+                        chunks.append((sha256, len(piece)))
+                        if sha256 not in seen:
+                            seen.add(sha256)
+                            yield sha256, bytes(piece), path, offset
+                        offset += len(piece)
+                except OSError as e:
+                    raise StoreError(f"cannot store checkpoint file '{path}': {e}") from e
+                if not chunks and _EMPTY not in seen:  # an empty file: the blob of no bytes
+                    seen.add(_EMPTY)
+                    yield _EMPTY, b"", path, 0
 
-        def upload() -> None:
+        for sha256, upload in self._each(self._put_chunk, pieces()):
+            if upload is not None:
+                self._note_reused(sha256, upload)
+        return [FileEntry(whole.hexdigest(), sum(size for _, size in chunks),
+                          tuple(chunks) if len(chunks) > 1 else ())
+                for whole, chunks in cuts]
+
+    def _put_chunk(self, item: tuple[str, bytes, Path, int]
+                   ) -> tuple[str, Callable[[], None] | None]:
+        """Upload one chunk (`_put_files`' item) unless the bucket has it; for one it had,
+        and refreshed, how to upload it again from its file."""
+        sha256, data, path, offset = item
+        size = len(data)
+
+        def upload_again() -> None:
             with open(path, "rb") as src:
                 src.seek(offset)
-                self._call("store", "put_object", Key=self.blob_key(sha256),
-                           Body=src.read(size))
+                body = src.read(size)
+            if hashlib.sha256(body).hexdigest() != sha256:
+                raise StoreError(f"checkpoint file '{path}' changed while it was being stored; "
+                                 "save the checkpoint again")
+            self._call("store", "put_object", Key=self.blob_key(sha256), Body=body)
 
         try:
-            if not self._reuse(sha256, size, upload):
-                self._call("store", "put_object", Key=self.blob_key(sha256), Body=bytes(piece))
+            if self._reuse(sha256, size):
+                return sha256, upload_again
+            self._call("store", "put_object", Key=self.blob_key(sha256), Body=data)
         except StoreError:
             raise
         except Exception as error:
             raise self._error("store", error) from None
+        return sha256, None
 
     def rechunk(self, entry: FileEntry, name: str = "") -> FileEntry:
         """Upload a whole-file blob's chunks (the caller holds `writing()`) and return the
@@ -360,7 +447,7 @@ class S3Store:
                 actual = self._download(entry.sha256, name, out)
             if actual != entry.sha256:
                 raise CorruptBlobError(entry.sha256, actual, name)
-            return self._put_chunks(path)
+            return self._put_files([path])[0]
 
     def put_bytes(self, data: bytes) -> FileEntry:
         sha256 = hashlib.sha256(data).hexdigest()
@@ -369,18 +456,15 @@ class S3Store:
 
     def put_directory(self, directory: str | os.PathLike[str], *,
                       consume: bool = False) -> dict[str, FileEntry]:
-        """Store every file under `directory` (as `Store.put_directory`); `consume` is
-        accepted and means nothing here: the files are uploaded, the caller deletes them."""
+        """Store every file under `directory` (as `Store.put_directory`), all their chunks
+        in one stream of requests; `consume` is accepted and means nothing here: the files
+        are uploaded, the caller deletes them."""
         base = Path(directory)
         if not base.is_dir():
             raise StoreError(f"checkpoint folder '{base}' does not exist or is not a folder")
-        result: dict[str, FileEntry] = {}
-        for rel in sorted(walk_files(base)):
-            try:
-                result[str(rel)] = self._put_chunks(base / rel)
-            except OSError as e:
-                raise StoreError(f"cannot store checkpoint file '{base / rel}': {e}") from e
-        return result
+        names = sorted(walk_files(base))
+        entries = self._put_files([base / rel for rel in names])
+        return {str(rel): entry for rel, entry in zip(names, entries, strict=True)}
 
     # -- reading ----------------------------------------------------------------------
     def _download(self, sha256: str, name: str, out: Any) -> str:
@@ -441,8 +525,8 @@ class S3Store:
                 self._verified.add(actual)
             return actual
         whole = hashlib.sha256()
-        for sha256, _ in entry.chunks:
-            data = self.read_bytes(sha256, name)
+        for sha256, data in self._each(lambda chunk: (chunk[0], self.read_bytes(chunk[0], name)),
+                                       entry.chunks):
             self._verified.add(sha256)
             whole.update(data)
             out.write(data)
@@ -454,20 +538,26 @@ class S3Store:
         already checked while materialising, and those in `checked`, are not downloaded
         again; those found sound are added to `checked`."""
         checked = set() if checked is None else checked
-        bad: list[str] = []
+        wanted: dict[str, str] = {}  # sha256 -> the first file naming it
         for name, entry in files.items():
             for sha256, _ in entry.blobs:
-                if sha256 in self._verified or sha256 in checked:
-                    continue
-                try:
-                    sound = self._download(sha256, name, None) == sha256
-                except StoreError:
-                    sound = False
-                if not sound:
-                    bad.append(name)
-                    break
+                if sha256 not in self._verified and sha256 not in checked:
+                    wanted.setdefault(sha256, name)
+
+        def sound(item: tuple[str, str]) -> bool:
+            try:
+                return self._download(item[0], item[1], None) == item[0]
+            except StoreError:
+                return False
+
+        broken: set[str] = set()
+        for sha256, ok in zip(wanted, self._each(sound, wanted.items()), strict=True):
+            if ok:
                 checked.add(sha256)
-        return bad
+            else:
+                broken.add(sha256)
+        return [name for name, entry in files.items()
+                if any(sha256 in broken for sha256, _ in entry.blobs)]
 
     # -- garbage collection -------------------------------------------------------------
     def _floor(self, min_age_seconds: float) -> float:
@@ -491,14 +581,18 @@ class S3Store:
         period (which stands in for the local store's writers lock); returns
         ``{sha256: size}`` of those deleted."""
         floor = self._floor(min_age_seconds)
-        deleted: dict[str, int] = {}
-        for sha256 in sorted(hashes):
+
+        def delete_if_old(sha256: str) -> int | None:
             head = self._head(sha256)
             if head is None or _server_now(head) - head["LastModified"].timestamp() < floor:
-                continue
+                return None
             self._delete(self.blob_key(sha256))
-            deleted[sha256] = head["ContentLength"]
-        return deleted
+            return int(head["ContentLength"])
+
+        ordered = sorted(hashes)
+        sizes = self._each(delete_if_old, ordered)
+        return {sha256: size for sha256, size in zip(ordered, sizes, strict=True)
+                if size is not None}
 
     def delete_temporary(self, *, min_age_seconds: float) -> int:
         """Abort multipart uploads (an interrupted put's leftovers) older than
