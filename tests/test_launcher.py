@@ -136,7 +136,7 @@ def test_the_daemon_gives_a_cpu_slot_trial_no_gpu(layout, monkeypatch):
     daemon = Daemon(layout, slots=2, log=lambda message: None).open()
     try:
         assert [slot.kind for slot in daemon.machine] == ["cpu", "cpu"]
-        daemon._schedule()
+        daemon.scheduler.schedule()
         assert daemon.running() == {trial.id}
         process = daemon._processes[trial.id]
         process.wait(timeout=30)

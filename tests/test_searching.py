@@ -159,7 +159,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_adopted(layout, db):
         db.update_trial(trial_id, state="RUNNING", pid=stranger.pid,
                         process_start=process_start(stranger.pid) - 1)
         daemon = Daemon(layout, log=lambda message: None).open(db)
-        daemon._adopt_running_trials()
+        daemon.launches.adopt_running_trials()
         assert daemon.running() == set()
         trial = db.trial(trial_id)
         assert trial.state == "QUEUED" and trial.restarts == 1  # restarted, not adopted
@@ -167,7 +167,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_adopted(layout, db):
 
         db.update_trial(trial_id, state="RUNNING", pid=stranger.pid,
                         process_start=process_start(stranger.pid))
-        daemon._adopt_running_trials()
+        daemon.launches.adopt_running_trials()
         assert daemon.running() == {trial_id}
     finally:
         stranger.kill()

@@ -165,7 +165,7 @@ def test_every_experiment_change_the_lifecycle_can_answer_is_in_the_table():
             if after is not None:
                 changes.add((state, after))
     assert {("ACTIVE", "PAUSED"), ("PAUSED", "ACTIVE"), ("ACTIVE", "CANCELED")} <= changes
-    # The daemon writes an experiment's state only when it changes (Daemon._carry_out).
+    # The daemon writes an experiment's state only when it changes (Requests._carry_out).
     for before, after in changes:
         assert before == after or after in EXPERIMENT_TRANSITIONS[before], (before, after)
     assert TRIAL_INITIAL_STATES == {"QUEUED", "PAUSED"}

@@ -199,14 +199,14 @@ def test_priority_and_max_slots_reach_the_schedulers_next_pass(layout, db):
 
     experiment_id = make_experiment(db)
     daemon = Daemon(layout, log=lambda message: None).open(db)
-    resources = daemon._resources_of(db.experiment(experiment_id))
+    resources = daemon.scheduler.resources_of(db.experiment(experiment_id))
     assert (resources.priority, resources.max_slots) == (None, None)
     ops.set_priority(db, experiment_id, 10)
     ops.set_max_slots(db, experiment_id, 2)
-    resources = daemon._resources_of(db.experiment(experiment_id))
+    resources = daemon.scheduler.resources_of(db.experiment(experiment_id))
     assert (resources.priority, resources.max_slots) == (10, 2)
     ops.set_max_slots(db, experiment_id, None)
-    assert daemon._resources_of(db.experiment(experiment_id)).max_slots is None
+    assert daemon.scheduler.resources_of(db.experiment(experiment_id)).max_slots is None
     with pytest.raises(OperationError, match="^resources.max_slots: expected an integer or "
                                              "null, got 1.5$"):
         ops.set_max_slots(db, experiment_id, 1.5)

@@ -1,0 +1,135 @@
+"""Starting trials' processes, recording their launches, and taking over (adopting) the
+RUNNING trials a former daemon or `localdet run` left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localdet.checkpoints import disk_space
+from localdet.daemon.exits import Exits
+from localdet.daemon.experiments import Experiments
+from localdet.daemon.waking import Waiters
+from localdet.daemon.watched import Watched
+from localdet.paths import Layout
+from localdet.pids import alive, process_start
+from localdet.processes import launcher, memory_limit
+from localdet.processes.warm_pool import WarmPool
+from localdet.records.db import Experiment, StateDB, Trial, now
+from localdet.records.states import TrialState
+from localdet.scheduling.slots import Slot, cuda_visible_devices
+from localdet.search.driver import Search
+
+
+@dataclass
+class Launches:
+    layout: Layout
+    db: StateDB
+    search: Search
+    memory: memory_limit.Guard
+    pool: WarmPool
+    backend: Any  # where trials run (localdet/scheduling/local_machine.py, or a cluster)
+    local: bool   # trials run on this machine: their pids are watched and adopted
+    watched: Watched
+    experiments: Experiments
+    exits: Exits
+    waiters: Waiters
+    mine: Callable[[Experiment], bool]  # whether this daemon drives the experiment
+    log: Callable[[str], None]
+    batch: int  # launches recorded in one transaction at most (Daemon.BATCH)
+    max_log_bytes: int
+    reserve: disk_space.Reserve
+    report_url: str | None  # set while the report server runs
+
+    def launch(self, trial: Trial, slots: list[int], machine: list[Slot]) -> tuple | None:
+        """Start the trial's process; None if it cannot start (the trial is then ERROR).
+        Its launch is recorded by `record`, with the pass's others."""
+        experiment = self.db.experiment(trial.experiment_id)
+        try:
+            spec = launcher.launch_spec(
+                self.layout, experiment, trial, slots,
+                visible_devices=cuda_visible_devices([machine[i] for i in slots]),
+                max_log_bytes=self.max_log_bytes, reserve=self.reserve,
+                report_url=self.report_url, report_local=self.local)
+            log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
+            launched_at = now()
+            process = self.backend.start(
+                spec, dataclasses.replace(trial, started_at=launched_at), slots)
+        except launcher.LaunchError as error:  # retrying cannot help: end it
+            with self.db.atomic():
+                self.db.update_trial(trial.id, state=TrialState.ERROR, error=str(error))
+                self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
+                self.experiments.searching(experiment, self.search.exited_early, experiment, trial)
+                self.experiments.settle(experiment.id)
+            return None
+        if self.local:  # (on a cluster, its node's memory is Ray's to watch)
+            self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
+        self.watched.processes[trial.id] = process
+        self.watched.slots_of[trial.id] = slots
+        return trial, slots, spec, process, launched_at, log_offset
+
+    def record(self, started: list[tuple]) -> None:
+        """Record the pass's launches `BATCH` to a transaction: a commit and a turn at the
+        write lock (shared with the trials' reports) per batch, not one each. A trial's process
+        waits for its launch to be recorded before it trains, so a daemon killed before this
+        leaves none training unrecorded."""
+        for start in range(0, len(started), self.batch):
+            self._record_some(started[start:start + self.batch])
+        for trial, slots, spec, process, _, _ in started:
+            # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
+            self.waiters.watch(process)
+            where = f"on Ray node {process.host} " if not self.local else ""
+            self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
+                     f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
+                     f"slots {slots})")
+            self.pool.keep(spec)  # the next trial like it finds one ready
+
+    def _record_some(self, started: list[tuple]) -> None:
+        with self.db.atomic():
+            for trial, slots, spec, process, launched_at, log_offset in started:
+                self.db.update_trial(trial.id, state=TrialState.RUNNING, pid=process.pid,
+                                     started_at=launched_at,
+                                     process_start=process_start(process.pid),
+                                     slots=json.dumps(slots))
+                self.db.log_event("trial_launched", experiment_id=trial.experiment_id,
+                                  trial_id=trial.id, pid=process.pid, slots=slots,
+                                  keras_line=spec.keras_line,
+                                  keras_line_reason=spec.keras_line_reason, engine=spec.engine,
+                                  log_offset=log_offset, warm=process.warm,
+                                  **({"node": process.node, "host": process.host,
+                                      "nodes": getattr(process, "nodes", [process.node]),
+                                      "hosts": getattr(process, "hosts", [process.host])}
+                                     if not self.local else {}))
+
+    def adopt_running_trials(self, experiment_id: int | None = None) -> None:
+        """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""
+        mine = {e.id for e in self.db.experiments() if self.mine(e)}
+        for trial in self.db.trials(experiment_id, states=(TrialState.RUNNING,)):
+            if trial.experiment_id not in mine and experiment_id is None:
+                continue
+            if not self.local:
+                self._adopt_from_cluster(trial)
+            elif (trial.pid and alive(trial.pid)
+                    and trial.process_start in (None, process_start(trial.pid))):
+                self.watched.adopted[trial.id] = trial.pid
+                self.memory.watch(trial, trial.pid, self.db.experiment(trial.experiment_id).config)
+                self.watched.slots_of[trial.id] = trial.slots or []
+                self.log(f"adopted trial {trial.id} (pid {trial.pid})")
+            else:
+                self.exits.finish(trial.id, returncode=None)
+
+    def _adopt_from_cluster(self, trial: Trial) -> None:
+        """Its actor, if it still runs in the cluster (named after the trial's launch)."""
+        experiment = self.db.experiment(trial.experiment_id)
+        handle = self.backend.adopt(trial, self.layout.trial_log(experiment.id, trial.id),
+                                    self.max_log_bytes)
+        if handle is None:
+            self.exits.finish(trial.id, returncode=None)
+            return
+        self.watched.processes[trial.id] = handle
+        self.watched.slots_of[trial.id] = trial.slots or []
+        self.log(f"adopted trial {trial.id} (Ray actor {handle.name})")
+
