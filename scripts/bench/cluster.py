@@ -407,6 +407,19 @@ class Sections:
     PARTS = ("intake", "_watch_scripts", "_handle_requests", "_watch_space", "_search",
              "_reap", "_schedule", "_launch", "_record_launches", "_finish", "_finish_all",
              "_collect")  # (those a daemon has: the bench also runs older ones)
+    # Where each part is in a daemon whose parts are collaborators that `open` makes
+    # (localdet/daemon/*.py): (attribute, method). Older daemons have them as their methods.
+    PLACES = {"_watch_scripts": [("scripts", "watch")],
+              "_handle_requests": [("requests", "handle")],
+              "_watch_space": [("space", "watch")],
+              "_search": [("experiments", "start_searches")],
+              "_reap": [("exits", "reap"), ("retention", "collect_exited")],
+              "_schedule": [("scheduler", "schedule")],
+              "_launch": [("launches", "launch")],
+              "_record_launches": [("launches", "record")],
+              "_finish": [("exits", "finish")],
+              "_finish_all": [("exits", "finish_all")],
+              "_collect": [("retention", "collect")]}
 
     def __init__(self, daemon):
         self.totals = {name: 0.0 for name in self.PARTS}
@@ -431,6 +444,14 @@ class Sections:
 
     def wrap_intake(self, intake) -> None:
         intake.poll = self._timed("intake", intake.poll)
+
+    def wrap_parts(self, daemon) -> None:
+        """Time the parts of a daemon split into collaborators (made by its `open`)."""
+        for name, places in self.PLACES.items():
+            for attribute, method in places:
+                part = getattr(daemon, attribute, None)
+                if part is not None and hasattr(part, method):
+                    setattr(part, method, self._timed(name, getattr(part, method)))
 
     def _timed(self, name, function):
         def timed(*args, **kwargs):
@@ -527,6 +548,7 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     def open_and_wrap(db=None):
         result = opened(db)
         sections.wrap_intake(daemon.intake)
+        sections.wrap_parts(daemon)
         return result
 
     daemon.open = open_and_wrap
