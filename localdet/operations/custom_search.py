@@ -110,7 +110,7 @@ def events(db: StateDB, experiment_id: int, after: int = 0) -> dict[str, Any]:
             trial = db.trial_by_request(experiment_id, request_id)
             event["exited_reason"] = (
                 "USER_CANCELED" if trial is not None and trial.state == TrialState.CANCELED
-                # daemon.py's words for a trial that raised det.InvalidHP
+                # the daemon's words for a trial that raised det.InvalidHP (daemon/exits.py)
                 else "INVALID_HP" if trial is not None and "raised InvalidHP" in (trial.error or "")
                 else "ERRORED")
         found.append(event)
