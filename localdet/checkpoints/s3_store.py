@@ -12,25 +12,9 @@ corrupted object is refused, naming the checkpoint file).
     with store.reading(uuid):
         store.materialize(files, "/tmp/export")
 
-How garbage collection stays safe without file locks (S3 has no flock), on S3's strong
-read-after-write and list-after-write consistency:
-
-- Writers. Nothing stops a writer while the collector deletes; instead the collector never
-  deletes an object younger than `grace_seconds` (default `GRACE_SECONDS`, a day, by the
-  server's clock: `LastModified` against the `Date` of the same response). A writer uploads
-  a new blob (fresh `LastModified`) or, to reuse one that exists, copies it onto itself,
-  which refreshes its `LastModified`; so the blobs of a checkpoint being written are young
-  until its manifest commits, provided put-to-commit takes less than the grace period. The
-  one window left (the collector reads an old `LastModified`, the writer refreshes and
-  commits, the collector deletes) is closed by the writer: leaving `writing()` after its
-  commit it checks every reused blob again and uploads any that went missing.
-- Readers. A reader puts ``leases/<uuid>/r-<random>`` and then lists the checkpoint's
-  collector markers, waiting while one is there; the collector puts
-  ``leases/<uuid>/c-<random>`` and then lists the reader leases, skipping the checkpoint
-  when there is one. Each writes its own mark before reading the other's, so at least one
-  of them sees the other: a checkpoint is never marked DELETED while a reader that found it
-  live is reading it. Marks of crashed processes go stale (`STALE_READER_SECONDS`,
-  `STALE_COLLECTOR_SECONDS`).
+How readers, writers and the collector keep out of each other's way without locks (and so
+why the collector never deletes a chunk a listed or half-written checkpoint uses):
+`localdet.checkpoints.s3_leases`.
 
 Requests for a file's chunks go out several at once (`requests_in_flight`, default
 `REQUESTS_IN_FLIGHT`), from threads sharing the store's boto3 client: finding and uploading
@@ -41,20 +25,26 @@ committed after it names only uploaded chunks; the first failure is raised (as o
 """
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import io
 import os
-import secrets
 import tempfile
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 
+from localdet.checkpoints import s3_leases
 from localdet.checkpoints.chunking import cut_file
+from localdet.checkpoints.s3_leases import S3Lease, SweepLease, WriteSession
+from localdet.checkpoints.s3_requests import (
+    Item,
+    Result,
+    import_boto3,
+    in_flight,
+    missing,
+    server_now,
+)
 from localdet.checkpoints.store import (
     _LEASE_NAME_RE,
     _SHA256_RE,
@@ -69,8 +59,6 @@ from localdet.checkpoints.store import (
 )
 
 GRACE_SECONDS = 24 * 3600        # an unreferenced blob younger than this is never deleted
-STALE_READER_SECONDS = 24 * 3600  # a reader lease this old was left by a crashed reader
-STALE_COLLECTOR_SECONDS = 300     # a collector marks a checkpoint only inside one transaction
 _COPY_LIMIT = 5 * 1024**3         # S3 copies at most 5 GiB in one request; bigger is re-uploaded
 # Requests one store operation keeps open at once. Each is small (a chunk averages 128 KiB)
 # and mostly waits on the network, so a few in flight hide the round trip; more than
@@ -78,86 +66,6 @@ _COPY_LIMIT = 5 * 1024**3         # S3 copies at most 5 GiB in one request; bigg
 REQUESTS_IN_FLIGHT = 8
 
 _EMPTY = hashlib.sha256(b"").hexdigest()
-_Item = TypeVar("_Item")
-_Result = TypeVar("_Result")
-
-
-def _boto3() -> Any:
-    try:
-        import boto3
-    except ImportError:
-        raise StoreError("checkpoint_storage.type 's3' needs boto3, which is not installed; "
-                         "run `pip install localdet[s3]`") from None
-    return boto3
-
-
-def _missing(error: Exception) -> bool:
-    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound")
-
-
-def _server_now(response: Mapping[str, Any]) -> float:
-    """The S3 server's clock, from the response's Date header (the local clock if absent):
-    ages are judged on one clock, the one that wrote `LastModified`."""
-    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    if date:
-        with_tz = email.utils.parsedate_to_datetime(date)
-        if with_tz is not None:
-            return with_tz.timestamp()
-    return time.time()
-
-
-class S3Lease:
-    """A lease object; `release()` (or leaving its `with` block) deletes it. Same surface as
-    `localdet.checkpoints.store.Lease`; `release(remove=True)` also deletes every lease of the
-    checkpoint, for one no one can read any more."""
-
-    def __init__(self, store: "S3Store", key: str | None, uuid: str = "") -> None:
-        self._store, self._key, self._uuid, self._held = store, key, uuid, True
-
-    @property
-    def held(self) -> bool:
-        return self._held
-
-    def release(self, *, remove: bool = False) -> None:
-        if not self._held:
-            return
-        self._held = False
-        if remove and self._uuid:
-            for key in self._store._list_keys(self._store._lease_prefix(self._uuid)):
-                self._store._delete(key)
-        elif self._key is not None:
-            self._store._delete(self._key)
-
-    def __enter__(self) -> "S3Lease":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class _WriteSession(S3Lease):
-    """`S3Store.writing()`: on a clean exit (the manifest committed), checks the blobs the
-    session reused and uploads any a concurrent collector deleted meanwhile."""
-
-    def __init__(self, store: "S3Store") -> None:
-        super().__init__(store, None)
-        self.reused: dict[str, Callable[[], None]] = {}  # sha256 -> uploads it again
-
-    def __exit__(self, exc_type: object = None, *exc: object) -> None:
-        try:
-            if exc_type is None:
-                store = self._store
-
-                def check(item: tuple[str, Callable[[], None]]) -> None:
-                    if store._head(item[0]) is None:
-                        item[1]()
-
-                for _ in store._each(check, self.reused.items()):
-                    pass
-        finally:
-            self._store._sessions.pop(threading.get_ident(), None)
-            self.release()
 
 
 class S3Store:
@@ -180,7 +88,7 @@ class S3Store:
                  endpoint_url: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None, grace_seconds: float = GRACE_SECONDS,
                  requests_in_flight: int = REQUESTS_IN_FLIGHT) -> None:
-        boto3 = _boto3()
+        boto3 = import_boto3()
         from botocore.config import Config
         self.bucket = bucket
         self.prefix = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
@@ -194,7 +102,8 @@ class S3Store:
             aws_secret_access_key=secret_key or None,
             config=Config(retries={"max_attempts": 5, "mode": "standard"},
                           max_pool_connections=max(10, self.requests_in_flight)))
-        self._sessions: dict[int, _WriteSession] = {}
+        self._sessions: dict[int, WriteSession] = {}  # thread -> its writing() session
+        self._sweeps: dict[int, SweepLease] = {}  # thread -> its try_sweeping() lease
         self._verified: set[str] = set()  # hashes this object has checked while downloading
 
     # -- keys and small requests ----------------------------------------------------------
@@ -216,7 +125,7 @@ class S3Store:
         try:
             return self._call("look up", "head_object", Key=self.blob_key(sha256))
         except Exception as error:
-            if _missing(error):
+            if missing(error):
                 return None
             raise
 
@@ -231,7 +140,7 @@ class S3Store:
         except Exception as error:
             raise self._error("list", error) from None
         for page in pages:
-            now = _server_now(page)
+            now = server_now(page)
             for item in page.get("Contents", []):
                 yield item, now
 
@@ -252,77 +161,37 @@ class S3Store:
         try:
             return getattr(self.client, method)(Bucket=self.bucket, **kwargs)
         except Exception as error:
-            if _missing(error):
+            if missing(error):
                 raise
             raise self._error(doing, error) from None
 
     def has(self, sha256: str) -> bool:
         return self._head(sha256) is not None
 
-    def _each(self, work: Callable[[_Item], _Result], items: Iterable[_Item]
-              ) -> Iterator[_Result]:
-        """``work(item)`` for each item, results in the items' order, `requests_in_flight`
-        running at once in threads (the client is thread-safe) and as many queued. Items are
-        drawn only as room frees, so a generator of them runs beside the requests and holds
-        few in memory. The first failure is raised once the calls running have ended; the
-        queued ones never start. A pool per call: nothing outlives it, or breaks in a fork."""
-        if self.requests_in_flight == 1:
-            yield from map(work, items)
-            return
-        with ThreadPoolExecutor(self.requests_in_flight,
-                                thread_name_prefix="localdet-s3") as pool:
-            pending: deque[Future[_Result]] = deque()
-            try:
-                for item in items:
-                    pending.append(pool.submit(work, item))
-                    if len(pending) >= 2 * self.requests_in_flight:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:
-                for future in pending:
-                    future.cancel()
+    def _each(self, work: Callable[[Item], Result], items: Iterable[Item]
+              ) -> Iterator[Result]:
+        return in_flight(work, items, self.requests_in_flight)
 
-    # -- leases ---------------------------------------------------------------------------
-    def _mark(self, uuid: str, kind: str) -> str:
-        key = f"{self._lease_prefix(uuid)}{kind}-{secrets.token_hex(8)}"
-        self._call("hold", "put_object", Key=key, Body=b"")
-        return key
-
-    def _others(self, uuid: str, kind: str, stale_after: float) -> list[str]:
-        return [item["Key"] for item, now in self._list(f"{self._lease_prefix(uuid)}{kind}-")
-                if now - item["LastModified"].timestamp() < stale_after]
-
+    # -- leases (localdet.checkpoints.s3_leases says how they work) -----------------------
     def reading(self, uuid: str) -> S3Lease:
-        """A reader's hold on checkpoint `uuid` (see the module's docstring); look the
-        checkpoint up in the database *after* taking it."""
-        lease = S3Lease(self, self._mark(uuid, "r"))
-        try:
-            while self._others(uuid, "c", STALE_COLLECTOR_SECONDS):
-                time.sleep(0.05)  # a collector is deciding about this checkpoint
-        except BaseException:
-            lease.release()
-            raise
-        return lease
+        """A reader's hold on checkpoint `uuid`; look the checkpoint up in the database
+        *after* taking it. Waits only while a collector decides about it."""
+        return s3_leases.reading(self, uuid)
 
     def try_exclusive(self, uuid: str) -> S3Lease | None:
         """The collector's hold on checkpoint `uuid`, or None at once if a reader holds it."""
-        lease = S3Lease(self, self._mark(uuid, "c"), uuid)
-        if self._others(uuid, "r", STALE_READER_SECONDS):
-            lease.release()
-            return None
-        return lease
+        return s3_leases.try_exclusive(self, uuid)
 
-    def writing(self) -> S3Lease:
-        """``with store.writing(): put the blobs, commit the manifest``: the blobs reused in
-        the block are checked again once it ends (see the module's docstring)."""
-        session = _WriteSession(self)
-        self._sessions[threading.get_ident()] = session
-        return session
+    def writing(self) -> WriteSession:
+        """``with store.writing(): put the blobs, commit the manifest``: while it is held the
+        collector deletes no blob; the blobs reused in the block are checked again once it
+        ends. Waits only while a collector is deleting blobs."""
+        return s3_leases.writing(self)
 
-    def try_sweeping(self) -> S3Lease:
-        """Always granted: on S3 the grace period, not a lock, keeps writers' blobs safe."""
-        return S3Lease(self, None)
+    def try_sweeping(self) -> SweepLease | None:
+        """The collector's hold on blob deletion, or None at once while a checkpoint is
+        being written."""
+        return s3_leases.try_sweeping(self)
 
     # -- writing ----------------------------------------------------------------------
     def _upload(self, path: Path, sha256: str) -> None:
@@ -342,7 +211,7 @@ class S3Store:
                        CopySource={"Bucket": self.bucket, "Key": key},
                        MetadataDirective="REPLACE", Metadata={"reused": str(int(time.time()))})
         except Exception as error:
-            if not _missing(error):  # deleted since the look-up: upload it
+            if not missing(error):  # deleted since the look-up: upload it
                 raise
             return False
         return True
@@ -474,7 +343,7 @@ class S3Store:
         except StoreError:
             raise
         except Exception as error:
-            if _missing(error):
+            if missing(error):
                 raise MissingBlobError(sha256, self._url(sha256), name) from None
             raise
         digest = hashlib.sha256()
@@ -578,13 +447,16 @@ class S3Store:
 
     def delete_blobs(self, hashes: set[str], *, min_age_seconds: float = 0) -> dict[str, int]:
         """Delete these blobs, each only if older than both `min_age_seconds` and the grace
-        period (which stands in for the local store's writers lock); returns
+        period and, under `try_sweeping()`, only while its mark is fresh; returns
         ``{sha256: size}`` of those deleted."""
         floor = self._floor(min_age_seconds)
+        sweep = self._sweeps.get(threading.get_ident())
 
         def delete_if_old(sha256: str) -> int | None:
+            if sweep is not None and not sweep.fresh:
+                return None  # writers may take it for a crashed collector's: left for later
             head = self._head(sha256)
-            if head is None or _server_now(head) - head["LastModified"].timestamp() < floor:
+            if head is None or server_now(head) - head["LastModified"].timestamp() < floor:
                 return None
             self._delete(self.blob_key(sha256))
             return int(head["ContentLength"])
@@ -598,7 +470,7 @@ class S3Store:
         """Abort multipart uploads (an interrupted put's leftovers) older than
         `min_age_seconds`; returns how many."""
         response = self._call("list", "list_multipart_uploads", Prefix=self.prefix)
-        now, aborted = _server_now(response), 0
+        now, aborted = server_now(response), 0
         for upload in response.get("Uploads", []):
             if now - upload["Initiated"].timestamp() >= min_age_seconds:
                 self._call("delete", "abort_multipart_upload", Key=upload["Key"],
