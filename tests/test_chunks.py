@@ -8,73 +8,26 @@ import hashlib
 import multiprocessing
 import os
 import random
-import shutil
 import signal
 import time
-import uuid as uuidlib
 from pathlib import Path
 
 import pytest
+from checkpoint_rows import MODEL, commit, folder_with, live_blobs, make_experiment, make_trial
 from click.testing import CliRunner
 
 from localdet.checkpoints import gc
-from localdet.checkpoints.manifest import build_manifest, files_of
+from localdet.checkpoints.manifest import files_of
 from localdet.checkpoints.rechunk import rechunk, stored_bytes
 from localdet.checkpoints.store import FileEntry, Store
-from localdet.config.experiment import parse_config
 from localdet.operations import doctor
 from localdet.paths import Layout
 from localdet.records.db import StateDB
 from localdet.ui.cli import cli
 
-MODEL = "determined-keras-model.h5"
-
-
-def make_experiment(db: StateDB, name: str = "chunks", **retention) -> int:
-    parsed = parse_config({
-        "name": name, "entrypoint": "model_def:Trial",
-        "hyperparameters": {"global_batch_size": 8},
-        "searcher": {"name": "grid", "metric": "val_loss", "max_length": {"batches": 4}},
-        "checkpoint_storage": {"save_trial_latest": 100, **retention}}).config
-    return db.create_experiment(
-        name=name, description="", config=parsed, original_config="", searcher="grid",
-        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
-
-
-def make_trial(db: StateDB, experiment_id: int) -> int:
-    request_id = len(db.trials(experiment_id)) + 1
-    return db.create_trial(experiment_id=experiment_id, request_id=request_id, hparams={},
-                           seed=1, target_batches=4)
-
-
-def commit(db: StateDB, store: Store, experiment_id: int, trial_id: int, batches: int,
-           folder: Path) -> str:
-    """A checkpoint folder stored as a trial stores it (sqlite_reporter._store_and_commit):
-    its blobs under the writers lease, the folder consumed, then its manifest."""
-    uuid = str(uuidlib.uuid4())
-    with store.writing():
-        files = store.put_directory(folder, consume=True)
-        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
-                                         trial_id=trial_id, batches_trained=batches,
-                                         files=files, metadata={"framework": "tensorflow"}))
-    shutil.rmtree(folder, ignore_errors=True)
-    return uuid
-
-
-def live_blobs(db: StateDB) -> set[str]:
-    return {sha for _, sha, _ in db.checkpoint_files(deleted=False)}
-
 
 def stored(store: Store) -> set[str]:
     return {blob.name for blob in store.objects.glob("??/*")}
-
-
-def folder_with(folder: Path, weights: bytes) -> Path:
-    (folder / "code").mkdir(parents=True)
-    (folder / "code" / "model_def.py").write_text("class Trial: ...\n")
-    (folder / "metadata.json").write_text('{"framework": "tensorflow"}')
-    (folder / MODEL).write_bytes(weights)
-    return folder
 
 
 # -- the frozen-base search --------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""An experiment, a trial and checkpoints recorded the way a trial records them, for the tests
+of the store and the collector (test_chunks.py, test_s3_chunks.py): the rows without a
+daemon, the folders without a model."""
+from __future__ import annotations
+
+import shutil
+import uuid as uuidlib
+from pathlib import Path
+
+from localdet.checkpoints.manifest import build_manifest
+from localdet.config.experiment import parse_config
+from localdet.records.db import StateDB
+
+MODEL = "determined-keras-model.h5"
+
+
+def make_experiment(db: StateDB, name: str = "chunks", **storage) -> int:
+    """An experiment of a grid searcher; `storage` goes into its `checkpoint_storage` (its
+    retention settings, a `type` and where), which keeps 100 checkpoints a trial unless told."""
+    parsed = parse_config({
+        "name": name, "entrypoint": "model_def:Trial",
+        "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "grid", "metric": "val_loss", "max_length": {"batches": 4}},
+        "checkpoint_storage": {"save_trial_latest": 100, **storage}}).config
+    return db.create_experiment(
+        name=name, description="", config=parsed, original_config="", searcher="grid",
+        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
+
+
+def make_trial(db: StateDB, experiment_id: int) -> int:
+    request_id = len(db.trials(experiment_id)) + 1
+    return db.create_trial(experiment_id=experiment_id, request_id=request_id, hparams={},
+                           seed=1, target_batches=4)
+
+
+def commit(db: StateDB, store, experiment_id: int, trial_id: int, batches: int,
+           folder: Path) -> str:
+    """A checkpoint folder stored as a trial stores it (sqlite_reporter._store_and_commit):
+    its blobs under the writers lease, the folder consumed, then its manifest."""
+    uuid = str(uuidlib.uuid4())
+    with store.writing():
+        files = store.put_directory(folder, consume=True)
+        db.add_checkpoint(build_manifest(uuid=uuid, experiment_id=experiment_id,
+                                         trial_id=trial_id, batches_trained=batches,
+                                         files=files, metadata={"framework": "tensorflow"}))
+    shutil.rmtree(folder, ignore_errors=True)
+    return uuid
+
+
+def live_blobs(db: StateDB) -> set[str]:
+    """The hashes the live checkpoints name: their chunks, and files stored whole."""
+    return {sha for _, sha, _ in db.checkpoint_files(deleted=False)}
+
+
+def folder_with(folder: Path, weights: bytes) -> Path:
+    """A checkpoint folder: the code, the metadata and `weights` as its model file."""
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "model_def.py").write_text("class Trial: ...\n")
+    (folder / "metadata.json").write_text('{"framework": "tensorflow"}')
+    (folder / MODEL).write_bytes(weights)
+    return folder
