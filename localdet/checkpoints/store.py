@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator, Mapping, Protocol
 
+from localdet.checkpoints.chunked_file import ChunkedFile
 from localdet.checkpoints.chunking import (
     HASH_BESIDE_BYTES,
     NewBlobs,
@@ -39,35 +40,15 @@ from localdet.checkpoints.chunking import (
     fsync_dirs,
     sha256_beside,
 )
+from localdet.checkpoints.errors import CorruptBlobError, MissingBlobError, StoreError
 from localdet.checkpoints.locks import Lease
+from localdet.checkpoints.verification import Verification
+
+__all__ = ["Blob", "CorruptBlobError", "FileEntry", "MissingBlobError", "Store", "StoreError"]
 
 CHUNK_SIZE = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _LEASE_NAME_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
-
-
-class StoreError(Exception):
-    """Any failure of the checkpoint store; the message is meant for the user."""
-
-
-class CorruptBlobError(StoreError):
-    """A blob's bytes no longer hash to its name."""
-
-    def __init__(self, sha256: str, actual: str, name: str = "") -> None:
-        self.sha256, self.actual, self.name = sha256, actual, name
-        what = f"checkpoint file {name!r}" if name else f"blob {sha256}"
-        super().__init__(f"{what} is corrupted in the store: expected sha256 {sha256}, "
-                         f"found {actual}; the checkpoint cannot be exported")
-
-
-class MissingBlobError(StoreError):
-    """A blob that a checkpoint refers to is no longer in the store."""
-
-    def __init__(self, sha256: str, path: Path | str, name: str = "") -> None:
-        self.sha256, self.path, self.name = sha256, path, name  # path: or an S3 URL
-        what = f"checkpoint file {name!r}" if name else "a checkpoint file"
-        super().__init__(f"{what} is missing from the store (blob {sha256} not found at "
-                         f"{path}); the checkpoint cannot be exported")
 
 
 Blob = tuple[str, int]  # (sha256, size) of one stored blob
@@ -390,6 +371,11 @@ class Store:
             raise CorruptBlobError(sha256, actual, name)
         return data
 
+    def open_file(self, entry: FileEntry, name: str = "") -> ChunkedFile:
+        """The file's bytes, read from its blobs where they lie (`ChunkedFile`), unchecked:
+        for a restore that verifies beside loading, holding the checkpoint's lease."""
+        return ChunkedFile(self.blob_path, entry, name)
+
     def materialize(self, files: Mapping[str, FileEntry], dest: str | os.PathLike[str], *,
                     link: bool = False, verify: bool = True) -> Path:
         """Write the checkpoint's files into `dest` (missing or empty), verifying while copying.
@@ -458,22 +444,12 @@ class Store:
         """Names of files a blob of which is missing or corrupt: ``assert not
         store.verify(files)``. Blobs in `checked` are taken as sound; those found sound are
         added to it (a caller checking many checkpoints reads a shared chunk once)."""
-        checked = set() if checked is None else checked
-        bad: list[str] = []
-        for name, entry in files.items():
-            for sha256, _ in entry.blobs:
-                if sha256 in checked:
-                    continue
-                try:
-                    with self._open_blob(sha256, name) as src:
-                        sound = _copy_hashing(src, None)[0] == sha256
-                except StoreError:  # missing blob, or a digest that cannot name one
-                    sound = False
-                if not sound:
-                    bad.append(name)
-                    break
-                checked.add(sha256)
-        return bad
+        return self.verification(files, checked).run()
+
+    def verification(self, files: Mapping[str, FileEntry], checked: set[str] | None = None
+                     ) -> Verification:
+        """`verify`, run by as many threads as call its `run()` (`Verification`)."""
+        return Verification(self.blob_path, files, checked)
 
     # -- garbage collection -------------------------------------------------------------
     def unreferenced(self, referenced: set[str], *,

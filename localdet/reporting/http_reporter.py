@@ -30,7 +30,7 @@ import time
 import uuid as uuidlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, Optional
+from typing import Any, BinaryIO, Callable, Collection, Dict, Optional
 from urllib.parse import urlsplit
 
 from determined.core import TrialInfo
@@ -144,6 +144,7 @@ class HTTPReporter:
         self._sender: Optional[threading.Thread] = None
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Optional[Future] = None
+        self._restored: Optional[Path] = None  # the last restore's folder
         atexit.register(self._at_exit)
 
     @classmethod
@@ -398,11 +399,13 @@ class HTTPReporter:
             pending.result()
         self.flush()
 
-    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
-        """Download the checkpoint's files into `destination`, each verified by its hash."""
+    def restore_checkpoint(self, uuid: str, destination: Path,
+                           read_in_place: Collection[str] = ()) -> Path:
+        """Download the checkpoint's files into `destination`, each verified by its hash
+        (all of them: a remote trial has nothing to read in place)."""
         self.wait_for_checkpoints()
         files = self._call("GET", f"checkpoints/{uuid}")["files"]
-        destination = Path(destination)
+        destination = self._restored = Path(destination)
         destination.mkdir(parents=True, exist_ok=True)
         for name, (sha256, _size) in files.items():
             rel = PurePosixPath(name)
@@ -433,6 +436,11 @@ class HTTPReporter:
             return digest.hexdigest()
 
         return self._exchange("GET", f"checkpoints/{uuid}/blobs/{sha256}", lambda: None, handle)
+
+    def open_restored(self, name: str) -> BinaryIO:
+        if self._restored is None:
+            raise RuntimeError("open_restored before restore_checkpoint")
+        return open(self._restored / name, "rb")
 
     def verify_restored_checkpoint(self) -> None:
         pass  # every file was verified as it arrived

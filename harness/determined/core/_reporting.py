@@ -19,7 +19,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, BinaryIO, Collection, Dict, Optional, Protocol
 
 # A failed process's last log line starts with this, then JSON: what failed and whether it got
 # as far as training, for the daemon to tell a failure that will repeat.
@@ -105,12 +105,20 @@ class TrialReporter(Protocol):
         """Block until every checkpoint saved so far is registered; raise if one failed."""
         ...
 
-    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
-        """Materialise a checkpoint; its files may be verified while the caller loads them."""
+    def restore_checkpoint(self, uuid: str, destination: Path,
+                           read_in_place: Collection[str] = ()) -> Path:
+        """Materialise a checkpoint; its files may be verified while the caller loads them.
+        Files named in `read_in_place` may be left out of `destination` where the reporter
+        can read them where they are stored: `open_restored` opens every file."""
+        ...
+
+    def open_restored(self, name: str) -> BinaryIO:
+        """A file of the last restored checkpoint, open for reading (FileNotFoundError: it
+        has none of that name); read it before `verify_restored_checkpoint`."""
         ...
 
     def verify_restored_checkpoint(self) -> None:
-        """Raise if a file of the last restored checkpoint was corrupt."""
+        """Raise if a file of the last restored checkpoint was corrupt; the restore is over."""
         ...
 
     def set_target_batches(self, batches: int) -> None:
@@ -219,7 +227,11 @@ class DiscardingReporter:
     def wait_for_checkpoints(self) -> None:
         pass
 
-    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
+    def restore_checkpoint(self, uuid: str, destination: Path,
+                           read_in_place: Collection[str] = ()) -> Path:
+        raise RuntimeError("this run records nothing, so it has no checkpoints to restore")
+
+    def open_restored(self, name: str) -> BinaryIO:
         raise RuntimeError("this run records nothing, so it has no checkpoints to restore")
 
     def verify_restored_checkpoint(self) -> None:
@@ -251,8 +263,12 @@ class WorkerReporter(DiscardingReporter):
                         metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
         raise RuntimeError("only the chief (rank 0) saves checkpoints")
 
-    def restore_checkpoint(self, uuid: str, destination: Path) -> Path:
-        return self._reporter.restore_checkpoint(uuid, destination)
+    def restore_checkpoint(self, uuid: str, destination: Path,
+                           read_in_place: Collection[str] = ()) -> Path:
+        return self._reporter.restore_checkpoint(uuid, destination, read_in_place)
+
+    def open_restored(self, name: str) -> BinaryIO:
+        return self._reporter.open_restored(name)
 
     def verify_restored_checkpoint(self) -> None:
         self._reporter.verify_restored_checkpoint()

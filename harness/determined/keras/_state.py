@@ -5,10 +5,11 @@ generators' states."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import h5py
 import numpy as np
@@ -16,6 +17,8 @@ import tensorflow as tf
 
 from determined.keras._graph_mode import read_values, write_values
 from determined.keras._weights_file import ordered_weights
+
+H5Source = Union[Path, h5py.File, None]  # a checkpoint's `.h5`: its path, or open
 
 
 def _variables(optimizer: Any) -> List[Any]:
@@ -92,12 +95,12 @@ def _optimizer_state(number: int, optimizer: Any, model: Any,
 
 
 def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str, Any],
-                       h5_path: Optional[Path]) -> None:
+                       h5: H5Source) -> None:
     if saved["targets"] is not None:
         variables = _model_weights(model)
         build_optimizer(optimizer, model, [variables[i] for i in saved["targets"]])
     if saved.get("in_h5"):
-        values = _h5_optimizer_values(h5_path)
+        values = _h5_optimizer_values(h5)
         if values is None:
             raise OptimizerStateError(
                 f"the state of optimizer {number} ({type(optimizer).__name__}) was saved in "
@@ -112,13 +115,23 @@ def _restore_optimizer(number: int, optimizer: Any, model: Any, saved: Dict[str,
     write_values(current, saved["values"])  # counts checked
 
 
-def _h5_optimizer_values(h5_path: Optional[Path]) -> Optional[List[np.ndarray]]:
+@contextlib.contextmanager
+def _opened(h5: H5Source) -> Iterator[Optional[h5py.File]]:
+    """The `.h5` open for reading (None where there is no such file)."""
+    if h5 is None or isinstance(h5, h5py.File):
+        yield h5
+    elif not Path(h5).is_file():
+        yield None
+    else:
+        with h5py.File(h5, "r") as opened:
+            yield opened
+
+
+def _h5_optimizer_values(source: H5Source) -> Optional[List[np.ndarray]]:
     """The optimizer variables Keras wrote into an `.h5` (`optimizer_weights`), in order;
     None where it wrote none."""
-    if h5_path is None or not Path(h5_path).is_file():
-        return None
-    with h5py.File(h5_path, "r") as h5:
-        if "optimizer_weights" not in h5:
+    with _opened(source) as h5:
+        if h5 is None or "optimizer_weights" not in h5:
             return None
         group = h5["optimizer_weights"]
         names = [n.decode() if isinstance(n, bytes) else n for n in group.attrs["weight_names"]]
@@ -134,9 +147,9 @@ def h5_holds_optimizer(h5_path: Path, optimizer: Any) -> bool:
             len(group.attrs.get("weight_names", ())) == len(_variables(optimizer)) > 0
 
 
-def restore_optimizer_from_h5(optimizer: Any, model: Any, h5_path: Path) -> None:
+def restore_optimizer_from_h5(optimizer: Any, model: Any, h5: H5Source) -> None:
     """Assign the optimizer state Keras wrote into the `.h5` (`optimizer_weights`)."""
-    values = _h5_optimizer_values(h5_path)
+    values = _h5_optimizer_values(h5)
     if values is None:
         return
     build_optimizer(optimizer, model)
@@ -232,8 +245,9 @@ def capture(model: Any, optimizers: List[Any], in_h5: Any = None) -> Dict[str, A
 
 
 def restore(state: Dict[str, Any], model: Any, optimizers: List[Any],
-            h5_path: Optional[Path] = None) -> None:
-    """`h5_path`: the checkpoint's `.h5`, for an optimizer whose variables are in it."""
+            h5: H5Source = None) -> None:
+    """`h5`: the checkpoint's `.h5` (a path, or open), for an optimizer whose variables are
+    in it."""
     # A generator the checkpointed process had already made must exist here too, or it
     # would be made on first use after the resume and draw from `random` then (Keras 3's
     # global seed generator): made first, before `random` gets its state back.
@@ -265,7 +279,7 @@ def restore(state: Dict[str, Any], model: Any, optimizers: List[Any],
                 "saved it")
         for number, (optimizer, saved) in enumerate(zip(optimizers, state["optimizers"],
                                                          strict=True)):
-            _restore_optimizer(number, optimizer, model, saved, h5_path)
+            _restore_optimizer(number, optimizer, model, saved, h5)
         return
     # An older checkpoint: the compiled optimizer came from the .h5 (the caller read it).
     others = [o for o in optimizers if o is not model.optimizer]

@@ -11,6 +11,7 @@ states, callback states and the data position. Its metadata names the weights' f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import h5py
 import numpy as np
 import tensorflow as tf
 import yaml
@@ -33,6 +35,7 @@ from determined.keras import (
     _engine,
     _graph_mode,
     _graph_random,
+    _open_h5,
     _sharding,
     _state,
     _weights_file,
@@ -639,26 +642,19 @@ class TrialController:
         applied once training is set up (data iterator, callbacks)."""
         # Kept until training starts: the data iterator is restored from files in it.
         self._restore_dir = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".restore-"))
-        directory = self.reporter.restore_checkpoint(uuid, self._restore_dir / "checkpoint")
-        weights_file = directory / _weights_file.WEIGHTS_FILENAME
-        model_file = directory / MODEL_FILENAME
+        # The model's .h5 is read where the store keeps it, not joined into a file first.
+        in_place = (MODEL_FILENAME,) if _open_h5.loads_open_h5() else ()
+        directory = self.reporter.restore_checkpoint(uuid, self._restore_dir / "checkpoint",
+                                                     in_place)
         try:
-            if weights_file.is_file():
-                _weights_file.read_weights(self.model, weights_file)
-            else:
-                with quiet_keras_warnings():
-                    self.model.load_weights(str(model_file))
+            try:
+                state = self._load_restored(directory)
+            except BaseException:
+                # A corrupt file explains a failed load better than the loader's error.
+                self.reporter.verify_restored_checkpoint()
+                raise
             # The files' hashes were checked while they loaded; nothing trains on a bad one.
             self.reporter.verify_restored_checkpoint()
-            with open(directory / STATE_FILENAME, "rb") as handle:
-                state = pickle.load(handle)
-            if self.graph_mode:
-                # The training graph first: the optimizer's state then goes into the very
-                # slot variables its updates use.
-                self.model._make_train_function()
-            if not _state.holds_every_optimizer(state["generators"]):
-                _state.restore_optimizer_from_h5(self.model.optimizer, self.model, model_file)
-            _state.restore(state["generators"], self.model, self._optimizers(), model_file)
         except (_weights_file.WeightsMismatch, _state.OptimizerStateError) as error:
             raise TrialError(f"checkpoint {uuid} does not fit this trial: {error}") from None
         self.batches_trained = state["batches_trained"]
@@ -674,6 +670,34 @@ class TrialController:
                   flush=True)
         return state
 
+
+    def _load_restored(self, directory: Path) -> Dict[str, Any]:
+        """Put the restored checkpoint's weights, optimizer and generator states into this
+        trial's model and optimizers; returns the saved trial state."""
+        with open(directory / STATE_FILENAME, "rb") as handle:
+            state = pickle.load(handle)
+        weights_file = directory / _weights_file.WEIGHTS_FILENAME
+        with contextlib.ExitStack() as files:
+            h5: _state.H5Source = None
+            if weights_file.is_file():
+                _weights_file.read_weights(self.model, weights_file)
+            elif _open_h5.loads_open_h5():
+                source = files.enter_context(self.reporter.open_restored(MODEL_FILENAME))
+                h5 = files.enter_context(h5py.File(source, "r"))
+                with quiet_keras_warnings():
+                    _open_h5.load_model_weights(self.model, h5)
+            else:
+                h5 = directory / MODEL_FILENAME
+                with quiet_keras_warnings():
+                    self.model.load_weights(str(h5))
+            if self.graph_mode:
+                # The training graph first: the optimizer's state then goes into the very
+                # slot variables its updates use.
+                self.model._make_train_function()
+            if not _state.holds_every_optimizer(state["generators"]):
+                _state.restore_optimizer_from_h5(self.model.optimizer, self.model, h5)
+            _state.restore(state["generators"], self.model, self._optimizers(), h5)
+        return state
 
 def saves_whole(model: Any) -> bool:
     """Whether Keras saves `model` whole in an `.h5`: a Functional or Sequential model (a
