@@ -175,6 +175,19 @@ class DatasetTrial(DropoutTrial):
         return self.context.wrap_dataset(dataset)
 
 
+class WideTrial(DropoutTrial):
+    """Wide enough (a 1.3 MB .h5 with Adam's slots) that the store keeps its .h5 in many
+    chunks: each resume reads it where the chunks lie, never joined into a file."""
+
+    def build_model(self):
+        model = self.context.wrap_model(tf.keras.Sequential([
+            tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(1024, activation="relu"),
+            tf.keras.layers.Dropout(0.3), tf.keras.layers.Dense(10, activation="softmax")]))
+        model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+
 BIT_FOR_BIT = dict(scheduling_unit=7, min_validation_period={"batches": 14},
                   hyperparameters={"global_batch_size": 16}, records_per_epoch=400)
 # The Sequence read in threads or in processes is the same stream as the Sequence read in
@@ -213,6 +226,45 @@ def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_cla
     assert paused_metrics == straight_metrics
 
 
+def test_a_model_read_in_place_from_its_chunks_resumes_bit_for_bit(tmp_path, straight_run,
+                                                                   monkeypatch):
+    from localdet.checkpoints.store import Store
+
+    read_in_place = []
+    open_file = Store.open_file
+
+    def spy(store, entry, name=""):
+        read_in_place.append((name, len(entry.chunks)))
+        return open_file(store, entry, name)
+
+    monkeypatch.setattr(Store, "open_file", spy)
+    straight, straight_metrics = straight_run(WideTrial)
+    _, paused, paused_metrics = run(WideTrial, tmp_path / "paused", target=60,
+                                    pause_at=(7, 28, 35), **BIT_FOR_BIT)
+    assert [name for name, _ in read_in_place] == ["determined-keras-model.h5"] * 3
+    assert min(chunks for _, chunks in read_in_place) > 4
+    for a, b in zip(straight, paused, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert paused_metrics == straight_metrics
+
+
+def test_a_corrupt_chunk_of_the_model_fails_the_resume_naming_the_file(tmp_path):
+    from localdet.checkpoints.store import StoreError
+
+    db, _, reporter, _ = start_trial(tmp_path, 20, **BIT_FOR_BIT)
+    pausing = PausingReporter(reporter, {7})
+    TrialController.for_trial_class(WideTrial, reporter.trial_info(), pausing).run()
+    (checkpoint,) = db.checkpoints()
+    first = checkpoint.manifest["files"]["determined-keras-model.h5"]["chunks"][0][0]
+    blob = reporter.store.blob_path(first)  # the .h5's superblock: h5py cannot open it
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(blob.stat().st_size))
+    resumed = TrialController.for_trial_class(WideTrial, reporter.trial_info(), pausing)
+    with pytest.raises(StoreError, match="checkpoint files determined-keras-model.h5 are "
+                                         "corrupt or missing in the store"):
+        resumed.run()
+
+
 @pytest.mark.slow
 def test_exact_resume_under_keras_2(tmp_path):
     """The same tests under the Keras 2 line, which needs a process of its own."""
@@ -223,7 +275,7 @@ def test_exact_resume_under_keras_2(tmp_path):
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "linear or every_generator or DropoutTrial or DatasetTrial or "
+         "-k", "linear or every_generator or DropoutTrial or DatasetTrial or in_place or "
                "(SequenceTrial and not ProcessSequenceTrial and not ThreadedSequenceTrial)",
          "--basetemp", str(tmp_path / "keras2")],
         env=env, capture_output=True, text=True, timeout=900)

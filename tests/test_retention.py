@@ -16,7 +16,7 @@ from conftest import save_checkpoint as save
 
 from localdet.checkpoints.gc import GRACE_SECONDS, collect
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
-from localdet.checkpoints.store import Store
+from localdet.checkpoints.store import Store, StoreError
 from localdet.config.experiment import parse_config
 from localdet.records.db import CheckpointDeleted, StateDB
 from localdet.reporting.sqlite_reporter import CheckpointReader, SQLiteReporter
@@ -389,19 +389,61 @@ def test_a_trial_restore_holds_the_checkpoint_until_its_files_are_verified(layou
     experiment_id, trial_id, uuids = three
     reporter = SQLiteReporter(layout, trial_id)
     release = threading.Event()
-    verify = reporter.store.verify
+    verification = reporter.store.verification
 
-    def slow_verify(files):
-        release.wait(30)
-        return verify(files)
+    def slow_verification(files):
+        check = verification(files)
+        run = check.run
+        check.run = lambda: (release.wait(30), run())[1]
+        return check
 
-    reporter.store.verify = slow_verify
+    reporter.store.verification = slow_verification
     folder = reporter.restore_checkpoint(uuids[100], tmp_path / "restore")
     assert (folder / WEIGHTS).is_file()
     assert collect(layout, db, experiment_id).held == [uuids[100]]
     release.set()
     reporter.verify_restored_checkpoint()
     assert [d.uuid for d in collect(layout, db, experiment_id).deleted] == [uuids[100]]
+    reporter.db.close()
+
+
+def test_a_file_read_in_place_holds_the_checkpoint_until_the_restore_is_verified(
+        layout, db, store, tmp_path):
+    experiment_id = make_experiment(db, save_trial_best=0, save_trial_latest=0)
+    trial_id = make_trial(db, experiment_id, validations={100: 0.5})
+    weights = random.Random(7).randbytes(3 << 20)  # many chunks
+    uuid = save(db, store, tmp_path, experiment_id, trial_id, 100, weights)
+    db.update_trial(trial_id, state="COMPLETED")
+    reporter = SQLiteReporter(layout, trial_id)
+    folder = reporter.restore_checkpoint(uuid, tmp_path / "restore", read_in_place=[WEIGHTS])
+    assert not (folder / WEIGHTS).exists() and (folder / "code" / "model_def.py").is_file()
+    with reporter.open_restored(WEIGHTS) as f:
+        assert f.read(1000) == weights[:1000]
+        f.seek(-5000, os.SEEK_END)
+        assert f.read() == weights[-5000:]
+    time.sleep(0.2)  # the background check is long done: the file read in place holds it
+    assert collect(layout, db, experiment_id).held == [uuid]
+    reporter.verify_restored_checkpoint()
+    assert [d.uuid for d in collect(layout, db, experiment_id).deleted] == [uuid]
+    reporter.db.close()
+
+
+def test_a_corrupt_chunk_of_a_file_read_in_place_fails_the_restore(layout, db, store,
+                                                                   tmp_path):
+    experiment_id = make_experiment(db)
+    trial_id = make_trial(db, experiment_id, validations={100: 0.5})
+    weights = random.Random(8).randbytes(3 << 20)
+    uuid = save(db, store, tmp_path, experiment_id, trial_id, 100, weights)
+    chunk = db.checkpoint(uuid).manifest["files"][WEIGHTS]["chunks"][3][0]
+    blob = store.blob_path(chunk)
+    blob.chmod(0o644)
+    blob.write_bytes(b"x" * blob.stat().st_size)
+    reporter = SQLiteReporter(layout, trial_id)
+    reporter.restore_checkpoint(uuid, tmp_path / "restore", read_in_place=[WEIGHTS])
+    with reporter.open_restored(WEIGHTS) as f:
+        assert f.read() != weights  # read as it lies: the check says it is bad
+    with pytest.raises(StoreError, match=f"checkpoint files {WEIGHTS} are corrupt"):
+        reporter.verify_restored_checkpoint()
     reporter.db.close()
 
 

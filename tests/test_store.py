@@ -287,3 +287,80 @@ def test_linked_restore_shares_blobs_and_a_corrupt_blob_is_still_caught(tmp_path
         store.materialize(files, tmp_path / "again", link=True)
     store.materialize(files, tmp_path / "unverified", link=True, verify=False)
     assert store.verify(files) == ["weights.h5"]
+
+
+def _chunked(store: Store, tmp_path: Path, data: bytes, name: str = MODEL) -> FileEntry:
+    folder = tmp_path / "chunked"
+    folder.mkdir()
+    (folder / name).write_bytes(data)
+    entry = store.put_directory(folder)[name]
+    assert len(entry.chunks) > 8
+    return entry
+
+
+def test_a_chunked_file_reads_as_the_file_wherever_it_is_read(store: Store, tmp_path: Path
+                                                              ) -> None:
+    import random
+
+    import h5py
+    import numpy as np
+
+    values = np.random.default_rng(0).random((600, 1000))  # 4.8 MB: many chunks
+    with h5py.File(tmp_path / "model.h5", "w") as h5:
+        h5.create_dataset("model_weights/dense/kernel", data=values)
+        h5.attrs["note"] = "read through a ChunkedFile"
+    data = (tmp_path / "model.h5").read_bytes()
+    entry = _chunked(store, tmp_path, data)
+    rng = random.Random(1)
+    with store.open_file(entry, MODEL) as f:
+        for _ in range(200):  # across chunk boundaries, and past the end
+            start, length = rng.randrange(len(data) + 10), rng.randrange(1, 400_000)
+            assert f.seek(start) == start
+            assert f.read(length) == data[start:start + length]
+        assert f.seek(-10, os.SEEK_END) == len(data) - 10 and f.read() == data[-10:]
+        f.seek(0)
+        with h5py.File(f, "r") as h5:
+            assert h5.attrs["note"] == "read through a ChunkedFile"
+            assert np.array_equal(h5["model_weights/dense/kernel"][()], values)
+
+
+def test_a_chunked_file_with_a_missing_or_short_chunk_fails_to_read(store: Store,
+                                                                   tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    entry = _chunked(store, tmp_path, data)
+    missing, short = entry.chunks[2][0], entry.chunks[5][0]
+    store.blob_path(missing).unlink()
+    store.blob_path(short).chmod(0o644)
+    store.blob_path(short).write_bytes(b"cut")
+    with store.open_file(entry, MODEL) as f:
+        assert f.read(entry.chunks[0][1]) == data[:entry.chunks[0][1]]
+        with pytest.raises(MissingBlobError, match=f"checkpoint file '{MODEL}' is missing"):
+            f.read()
+        f.seek(sum(size for _, size in entry.chunks[:5]))
+        with pytest.raises(OSError, match="shorter than its checkpoint's manifest says"):
+            f.read()
+
+
+def test_a_check_shared_by_threads_finds_every_bad_file_once(store: Store, tmp_path: Path
+                                                              ) -> None:
+    import threading
+
+    entry = _chunked(store, tmp_path, os.urandom(4 << 20))
+    src = make_checkpoint(tmp_path / "ckpt")
+    files = {**store.put_directory(src), "big.h5": entry}
+    corrupt, gone = entry.chunks[1][0], files["code/model_def.py"].sha256
+    store.blob_path(corrupt).chmod(0o644)
+    store.blob_path(corrupt).write_bytes(b"x" * entry.chunks[1][1])
+    store.blob_path(gone).unlink()
+    checked: set[str] = set()
+    check = store.verification(files, checked)
+    runners = [threading.Thread(target=check.run) for _ in range(3)]
+    for runner in runners:
+        runner.start()
+    check.run()
+    for runner in runners:
+        runner.join()
+    assert check.bad == [name for name in files if name in ("code/model_def.py", "big.h5")]
+    assert corrupt not in checked and gone not in checked
+    assert blobs({MODEL: files[MODEL]}) <= checked
+    assert store.verify(files) == check.bad  # one runner finds the same
