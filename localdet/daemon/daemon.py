@@ -116,22 +116,28 @@ class Daemon:
 
     def _wire(self, machine: list[Slot]) -> None:
         """Make the parts of a pass, each with what it needs."""
-        db, log, watched = self.db, self.log, self.watched
+        db, log, watched, layout = self.db, self.log, self.watched, self.layout
         self.scripts = ScriptWatch(db, log)
-        self.space = SpaceWatch(self.layout, db, self.reserve, watched, log)
-        self.retention = Retention(self.layout, db, log)
-        self.experiments = Experiments(db, self.search, watched, self._mine, log)
-        self.exits = Exits(self.layout, db, self.search, self.memory, self.backend, watched,
-                           self.experiments, self.space, self.retention, log, self.BATCH)
+        self.space = SpaceWatch(layout, db, self.reserve, watched, log)
+        self.retention = Retention(layout, db, log)
+        self.experiments = Experiments(db, self.search, watched, mine=self._mine, log=log)
+        self.exits = Exits(
+            layout, db, self.search, self.memory, self.backend, watched,
+            experiments=self.experiments, space=self.space, retention=self.retention, log=log,
+            batch=self.BATCH)
         self.launches = Launches(
-            self.layout, db, self.search, self.memory, self.pool, self.backend, self.local,
-            watched, self.experiments, self.exits, self._waiters, self._mine, log, self.BATCH,
-            self.max_log_bytes, self.reserve, self.report_url)
-        self.scheduler = Scheduler(db, self.backend, self.local, machine, self.intake, watched,
-                                   self.experiments, self.space, self.launches, self.only,
-                                   self._mine)
-        self.requests = Requests(self.layout, db, self.search, watched, self.experiments,
-                                 self.launches, self.retention, self.only, self._mine, log)
+            layout, db, self.search, self.memory, self.pool, self.backend, local=self.local,
+            watched=watched, experiments=self.experiments, exits=self.exits,
+            waiters=self._waiters, mine=self._mine, log=log, batch=self.BATCH,
+            max_log_bytes=self.max_log_bytes, reserve=self.reserve, report_url=self.report_url)
+        self.scheduler = Scheduler(
+            db, self.backend, local=self.local, machine=machine, intake=self.intake,
+            watched=watched, experiments=self.experiments, space=self.space,
+            launches=self.launches, only=self.only, mine=self._mine)
+        self.requests = Requests(
+            layout, db, self.search, watched, experiments=self.experiments,
+            launches=self.launches, retention=self.retention, only=self.only, mine=self._mine,
+            log=log)
 
     @property
     def machine(self) -> list[Slot]:
@@ -152,7 +158,6 @@ class Daemon:
             return 0, (f"no spare core ({os.cpu_count()} cores, {len(machine)} slots); "
                        "--warm N to keep some anyway")
         return min(spare, 2), f"{spare} spare core(s) beside {len(machine)} slot(s)"
-
 
     def run(self) -> None:
         self.layout.ensure()
