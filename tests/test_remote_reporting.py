@@ -1,6 +1,7 @@
 """Trials that report over the network: `HTTPReporter` against a real `ReportServer` on
 127.0.0.1 in a temporary home (tokens, stale launches, batched and retried reports,
-deduplicated checkpoint uploads), and end to end, a daemon with `--report http` whose trials
+checkpoints uploaded as the store's chunks, only those it lacks, and whole from older trials),
+and end to end, a daemon with `--report http` whose trials
 end bit for bit as under `--report sqlite`, and whose trial survives the daemon's kill -9."""
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class DroppingProxy:
     def __init__(self, upstream: int, drop: str | None = None):
         self.upstream, self.drop = upstream, drop
         self.seen: Counter = Counter()  # request lines the server answered
+        self.body_bytes: Counter = Counter()  # the bytes of their bodies, by request line
         self.dropped = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -73,6 +75,7 @@ class DroppingProxy:
                 answer = self._message(answers)
                 line = request.split(b"\r\n")[0].decode()
                 self.seen[line] += 1
+                self.body_bytes[line] += len(request.split(b"\r\n\r\n", 1)[1])
                 if self.drop and self.drop in line and not self.dropped:
                     self.dropped += 1
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
@@ -87,6 +90,10 @@ class DroppingProxy:
 
     def count(self, fragment: str) -> int:
         return sum(n for line, n in self.seen.items() if fragment in line)
+
+    def sent(self, fragment: str) -> int:
+        """Bytes of the bodies of the requests whose line contains `fragment`."""
+        return sum(n for line, n in self.body_bytes.items() if fragment in line)
 
     def close(self) -> None:
         self.listener.close()
@@ -182,23 +189,35 @@ def checkpoint_folder(folder: Path, weights: bytes) -> Path:
     return folder
 
 
-def test_checkpoints_upload_only_new_blobs_commit_once_and_restore_bit_identical(
+def test_checkpoints_upload_as_chunks_only_new_ones_commit_once_and_restore_bit_identical(
         served, tmp_path):
+    """A checkpoint's files travel as the store's chunks, several to a request; a second
+    checkpoint whose weights differ in 4 KiB sends only the chunks around the change."""
+    from localdet.checkpoints.manifest import files_of
+    from localdet.checkpoints.rechunk import stored_bytes
+    from localdet.checkpoints.store import Store
+
     db, trial_id, layout, server = served
-    first_weights, second_weights = os.urandom(3 << 20), os.urandom(1 << 20)
+    first_weights = os.urandom(3 << 20)
+    middle = 1 << 20
+    second_weights = first_weights[:middle] + os.urandom(4096) + first_weights[middle + 4096:]
     proxy = DroppingProxy(server.port, drop="/commit")
     try:
         reporter = reporter_for(layout, trial_id, proxy.port, tmp_path)
         reporter.report_training_metrics(10, {"loss": 0.5})
         first = reporter.save_checkpoint(checkpoint_folder(tmp_path / "c1", first_weights), 10,
                                          {"n": 1})
-        # The same code and metadata: only the new weights travel.
+        reporter.wait_for_checkpoints()
+        first_sent, first_puts = proxy.sent("PUT"), proxy.count("PUT")
+        # The same code and metadata, weights equal but for 4 KiB: only new chunks travel.
         second = reporter.save_checkpoint(checkpoint_folder(tmp_path / "c2", second_weights),
                                           20, {"n": 2})
         reporter.wait_for_checkpoints()
         assert not (tmp_path / "c1").exists() and not (tmp_path / "c2").exists()
         assert proxy.dropped == 1 and proxy.count("/commit") == 3  # one commit retried
-        assert proxy.count("PUT") == 3 + 1
+        assert proxy.count("/missing") == 2  # one question a checkpoint, not one a chunk
+        assert proxy.count("PUT") == proxy.count("/chunks") == first_puts + 1 == 2
+        second_sent = proxy.sent("PUT") - first_sent
         restored = reporter.restore_checkpoint(first, tmp_path / "restored")
         reporter.verify_restored_checkpoint()
     finally:
@@ -210,6 +229,78 @@ def test_checkpoints_upload_only_new_blobs_commit_once_and_restore_bit_identical
     assert (restored / "determined-keras-model.h5").read_bytes() == first_weights
     assert (restored / "code" / "model_def.py").read_text() == "# the model\n"
     assert db.checkpoint(second).metadata == {"n": 2}
+    # Each manifest lists the weights' chunks; the store holds chunks, not the whole file.
+    model_a, model_b = (files_of(db.checkpoint(uuid).manifest)["determined-keras-model.h5"]
+                        for uuid in (first, second))
+    store = Store(layout.store)
+    assert len(model_a.chunks) > 4 and not store.has(model_a.sha256)
+    assert store.verify(files_of(db.checkpoint(second).manifest)) == []
+    new_chunks = set(model_b.chunks) - set(model_a.chunks)
+    assert 1 <= len(new_chunks) <= 3
+    assert second_sent == sum(size for _, size in new_chunks) < len(second_weights) // 4
+    assert first_sent >= len(first_weights)
+    assert stored_bytes(store) == first_sent + second_sent
+
+
+def test_a_commit_naming_a_missing_or_missized_chunk_is_refused_and_gc_collects_the_rest(
+        served, tmp_path):
+    """The commit is the guard against a trial killed mid-upload: it names every chunk, and
+    is refused unless each is stored at its size; chunks uploaded for a checkpoint never
+    committed are collected like any unreferenced blob."""
+    from localdet.checkpoints import gc
+    from localdet.checkpoints.store import Store
+    from localdet.reporting.checkpoint_chunks import cut_checkpoint
+
+    db, trial_id, layout, server = served
+    reporter = reporter_for(layout, trial_id, server.port, tmp_path)
+    model = checkpoint_folder(tmp_path / "c", os.urandom(1 << 20)) / "determined-keras-model.h5"
+    cut = cut_checkpoint({"determined-keras-model.h5": model})
+    sha256, size, chunks = cut.files["determined-keras-model.h5"]
+    uuid = "0b6f0c55-0000-4000-8000-0000000000aa"
+    assert reporter._call("POST", f"checkpoints/{uuid}/begin", {}) == {"chunks": True}
+    reporter._send_chunks(cut, [chunk for chunk, _ in chunks[:-1]])  # killed before the last
+    commit = {"batches_trained": 10, "metadata": {}, "files": cut.files}
+    with pytest.raises(ReportError, match=r"^1 checkpoint chunk\(s\) are not in the store; "
+                                          "upload them first$") as refused:
+        reporter._call("POST", f"checkpoints/{uuid}/commit", commit)
+    assert refused.value.missing == [chunks[-1][0]]
+    lying = [sha256, size + 1, [*chunks[:-2], [chunks[-2][0], chunks[-2][1] + 1]]]
+    with pytest.raises(ReportError, match=rf"^chunk {chunks[-2][0]} of checkpoint file "
+                                          rf"'m.h5' is {chunks[-2][1]} bytes in the store, "
+                                          rf"not {chunks[-2][1] + 1}; run `localdet doctor`"):
+        reporter._call("POST", f"checkpoints/{uuid}/commit",
+                       {**commit, "files": {"m.h5": lying}})
+    with pytest.raises(ReportError, match="is listed as 'x', not as .sha256, size. or"):
+        reporter._call("POST", f"checkpoints/{uuid}/commit", {**commit, "files": {"m.h5": "x"}})
+    assert db.checkpoints() == []
+    store = Store(layout.store)
+    assert all(store.has(chunk) for chunk, _ in chunks[:-1])
+    server.end(uuid)  # the trial never commits: its hold ends (as after BEGUN_SECONDS)
+    report = gc.collect(layout, db, grace_seconds=0)
+    assert sorted(report.blobs) == sorted(chunk for chunk, _ in chunks[:-1])
+    assert not any(store.objects.glob("??/*"))
+
+
+def test_an_older_trial_uploading_whole_files_still_commits(served, tmp_path):
+    """A trial from before chunked uploads sends each file whole, as one blob; the store
+    reads such a file as it is."""
+    from localdet.checkpoints.manifest import files_of
+
+    db, trial_id, layout, server = served
+    weights = os.urandom(1 << 20)
+    proxy = DroppingProxy(server.port)
+    try:
+        reporter = reporter_for(layout, trial_id, proxy.port, tmp_path)
+        reporter.chunked = False  # what an older trial process does
+        uuid = reporter.save_checkpoint(checkpoint_folder(tmp_path / "c", weights), 10, {})
+        reporter.wait_for_checkpoints()
+        assert proxy.count("PUT") == proxy.count("/blobs/") == 3 and not proxy.count("/chunks")
+        restored = reporter.restore_checkpoint(uuid, tmp_path / "restored")
+    finally:
+        proxy.close()
+    files = files_of(db.checkpoint(uuid).manifest)
+    assert not any(entry.chunks for entry in files.values())
+    assert (restored / "determined-keras-model.h5").read_bytes() == weights
 
 
 def test_a_checkpoint_stored_in_chunks_restores_over_http(served, tmp_path):

@@ -8,11 +8,14 @@ The daemon's side is `localdet.reporting.report_server`; it does every operation
 `SQLiteReporter`, so both transports record the same things. Metrics, heartbeats and the
 first-batch mark are queued and sent by a background thread; they are flushed before a
 checkpoint is registered, before `should_pause` answers and at exit. A checkpoint's files are
-hashed on this node and only the blobs the store lacks are uploaded. Every request is
+cut into the store's content-defined chunks on this node (`checkpoint_chunks`), the daemon
+is asked once which of them its store lacks, and only those are uploaded, many to a request;
+the commit lists each file's chunks (a daemon from before chunked uploads gets whole files,
+as it asked for them). Every request is
 idempotent (metrics merge by (trial, kind, batches), a checkpoint commits once by its uuid),
 so a lost connection is simply retried, with backoff, for `LOCALDET_REPORT_RETRY_SECONDS`
-(default 600). Imports only the standard library and `determined.core`: it runs on nodes
-without the daemon's state.
+(default 600). Imports only the standard library, `determined.core` and the chunking
+module: it runs on nodes without the daemon's state.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ from determined.core._reporting import (
     TRIAL_DIR_VAR,
     TRIAL_ID_VAR,
 )
+from localdet.reporting.checkpoint_chunks import CheckpointCut, cut_checkpoint
 
 # The wire: every request names its launch and carries that launch's token.
 API = "/v1/trials"
 TOKEN_HEADER = "Authorization"
 LAUNCH_HEADER = "X-Localdet-Launch"
 PGRP_HEADER = "X-Localdet-Pgrp"  # a local launch's process group, checked like SQLite's
+CHUNKS_HEADER = "X-Localdet-Chunks"  # a chunk upload's [[sha256, size], ...], body order
 # 409: this launch is not (or not yet) the trial's running one; 410: it never will be again.
 NOT_RUNNING, STALE = 409, 410
 MISSING_BLOBS = 422       # a commit names blobs the store lacks: upload them, commit again
@@ -145,6 +150,7 @@ class HTTPReporter:
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Optional[Future] = None
         self._restored: Optional[Path] = None  # the last restore's folder
+        self.chunked = True  # False: whole files, as a trial from before chunked uploads
         atexit.register(self._at_exit)
 
     @classmethod
@@ -345,16 +351,60 @@ class HTTPReporter:
         self.wait_for_checkpoints()  # one at a time, and an earlier failure surfaces here
         uuid = uuid or str(uuidlib.uuid4())
         try:  # the daemon checks its disk reserve, and holds its blobs against collection
-            self._call("POST", f"checkpoints/{uuid}/begin", {})
+            begun = self._call("POST", f"checkpoints/{uuid}/begin", {}) or {}
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        self._pending = self._saver.submit(self._upload_and_commit, Path(directory),
-                                           batches_trained, metadata, uuid)
+        upload = (self._upload_chunks_and_commit if begun.get("chunks") and self.chunked
+                  else self._upload_and_commit)
+        self._pending = self._saver.submit(upload, Path(directory), batches_trained,
+                                           metadata, uuid)
         return uuid
+
+    def _upload_chunks_and_commit(self, directory: Path, batches_trained: int,
+                                  metadata: Dict[str, Any], uuid: str) -> None:
+        try:
+            cut = cut_checkpoint(_files_under(directory))
+            missing = self._call("POST", f"checkpoints/{uuid}/missing",
+                                 {"hashes": sorted(cut.blobs)})["missing"]
+            commit = {"batches_trained": int(batches_trained), "metadata": metadata,
+                      "files": cut.files}
+            for _ in range(3):  # chunks lost meanwhile (a daemon restart) are sent again
+                self._send_chunks(cut, missing)
+                try:
+                    self._call("POST", f"checkpoints/{uuid}/commit", commit)
+                    return
+                except _MissingBlobs as lacking:
+                    missing = [sha for sha in lacking.missing if sha in cut.blobs]
+                    if len(missing) != len(lacking.missing):
+                        raise
+            raise ReportError(f"checkpoint {uuid}'s chunks kept going missing in the store; "
+                              "check the daemon's log")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _send_chunks(self, cut: CheckpointCut, hashes: list) -> None:
+        """Upload these blobs of the cut, many to a request; those that arrive changed
+        (hashed differently) are sent again."""
+        for listing, body in cut.batches(hashes):
+            for _ in range(3):
+                try:
+                    self._exchange("PUT", "chunks", _always(body), self._answer,
+                                   {"Content-Type": "application/octet-stream",
+                                    "Content-Length": str(len(body)),
+                                    CHUNKS_HEADER: json.dumps(listing, separators=(",", ":"))})
+                    break
+                except _MissingBlobs as bad:
+                    resend = set(bad.missing)
+                    listing = [item for item in listing if item[0] in resend]
+                    body = b"".join(cut.read(sha) for sha, _ in listing)
+            else:
+                raise ReportError(f"checkpoint chunks of '{cut.blobs[listing[0][0]].path}' "
+                                  "kept arriving corrupted at the daemon")
 
     def _upload_and_commit(self, directory: Path, batches_trained: int,
                            metadata: Dict[str, Any], uuid: str) -> None:
+        """Whole files, for a daemon from before chunked uploads."""
         try:
             paths = _files_under(directory)
             files = {name: _hash_file(path) for name, path in paths.items()}
@@ -461,6 +511,10 @@ class _MissingBlobs(ReportError):
     def __init__(self, missing: list, message: str):
         super().__init__(message)
         self.missing = missing
+
+
+def _always(value: Any) -> Callable[[], Any]:
+    return lambda: value
 
 
 def _message(data: bytes) -> str:

@@ -64,6 +64,7 @@ from localdet.checkpoints.store import FileEntry, Lease, Store, StoreError
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import TERMINAL_STATES, TrialState
+from localdet.reporting import chunk_intake
 from localdet.reporting import http_reporter as wire
 from localdet.reporting.sqlite_reporter import SQLiteReporter
 
@@ -573,6 +574,13 @@ class _Handler(BaseHTTPRequestHandler):
                 body_read = True
                 return self._answer(self._put_blob(reporter, args[0],
                                                    _Body(self.rfile, length)))
+            if method == "PUT" and op == "chunks" and not args:
+                listing = chunk_intake.parse_listing(
+                    self.headers.get(wire.CHUNKS_HEADER, ""), length)
+                self._db(reporter, write=False)  # the launch check, before the upload
+                body_read = True
+                return self._answer(self._put_chunks(reporter, listing,
+                                                     _Body(self.rfile, length)))
             payload = json.loads(self.rfile.read(length) or b"null") if length else None
             body_read = True
             if method == "GET" and op == "checkpoints" and len(args) == 3 and args[1] == "blobs":
@@ -584,6 +592,8 @@ class _Handler(BaseHTTPRequestHandler):
         except _Refused as refused:
             self._answer({"error": str(refused), **refused.extra}, refused.status, body_read,
                          length)
+        except chunk_intake.Refused as refused:
+            self._answer({"error": str(refused)}, 400, body_read, length)
         except DiskFull as error:
             self._answer({"error": str(error)}, wire.INSUFFICIENT_STORAGE, body_read, length)
         except sqlite3.OperationalError as error:  # a busy database: the trial retries
@@ -678,11 +688,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._db(reporter, write=False)
             reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
             app.begin(reporter.store, uuid)
-            return {}
+            return {"chunks": True}  # this server takes chunked uploads (PUT chunks)
         if step == "missing":
             self._db(reporter, write=False)
-            hashes = payload.get("hashes", [])
-            return {"missing": [sha for sha in hashes if not self._has(reporter, sha)]}
+            return {"missing": chunk_intake.missing(reporter.store, payload.get("hashes", []))}
         if step == "commit":
             return self._commit(reporter, payload, uuid)
         raise _Refused(404, f"no such checkpoint step {step!r}")
@@ -700,19 +709,11 @@ class _Handler(BaseHTTPRequestHandler):
             app.end(uuid)
             return {}
         with reporter.store.writing():  # a begun hold may have died with a former daemon
-            files = {}
-            missing = []
-            for name, (sha256, size) in payload["files"].items():
-                if not self._has(reporter, sha256):
-                    missing.append(sha256)
-                    continue
-                if isinstance(reporter.store, Store):  # the stored size, not the told one
-                    size = reporter.store.blob_path(sha256).stat().st_size
-                files[name] = FileEntry(sha256, int(size))
-            if missing:
-                raise _Refused(wire.MISSING_BLOBS, f"{len(missing)} checkpoint file(s) are "
-                                                   "not in the store; upload them first",
-                               missing=sorted(set(missing)))
+            try:  # every blob named present, at its size, until the manifest is committed
+                files = chunk_intake.stored_files(reporter.store, (payload or {}).get("files"))
+            except chunk_intake.Missing as lacking:
+                raise _Refused(wire.MISSING_BLOBS, str(lacking), missing=lacking.hashes) \
+                    from None
 
             def commit(writing: SQLiteReporter) -> None:
                 if _committed(writing, uuid):  # a retry that raced its first attempt
@@ -744,6 +745,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(wire.MISSING_BLOBS, f"the uploaded bytes hash to {entry.sha256}, "
                                                f"not {sha256}; sending them again",
                            missing=[sha256])
+        return {}
+
+    def _put_chunks(self, reporter: SQLiteReporter, listing: list[tuple[str, int]],
+                    body: _Body) -> dict:
+        bad = chunk_intake.receive(reporter.store, listing, body)
+        if bad:  # the others are stored: only these are sent again
+            raise _Refused(wire.MISSING_BLOBS, f"{len(bad)} uploaded chunk(s) hash to other "
+                                               "bytes than their names; sending them again",
+                           missing=bad)
         return {}
 
     def _send_blob(self, reporter: SQLiteReporter, uuid: str, sha256: str) -> None:
