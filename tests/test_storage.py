@@ -9,56 +9,34 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid as uuidlib
 from pathlib import Path
 
 import pytest
 from conftest import EXAMPLE, Home, write_config
+from s3_server import (
+    BUCKET,
+    CREDENTIALS,
+    blob_keys,
+    client,
+    s3_config,
+    s3_store,
+    start_in_process,
+)
 
 from localdet.checkpoints.manifest import build_manifest
 from localdet.checkpoints.store import CorruptBlobError, MissingBlobError, StoreError
 from localdet.config.experiment import ConfigError, parse_config
 
-BUCKET = "localdet-checkpoints"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
 WEIGHTS = "determined-keras-model.h5"
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client(endpoint).create_bucket(Bucket=BUCKET)
+    server, endpoint = start_in_process()
     yield endpoint
     server.stop()
-
-
-def client(endpoint: str):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
-
-
-def s3_config(endpoint: str, prefix: str) -> dict:
-    return {"type": "s3", "bucket": BUCKET, "prefix": prefix, "endpoint_url": endpoint,
-            "access_key": "testing", "secret_key": "testing"}
-
-
-def s3_store(endpoint: str, prefix: str | None = None, grace_seconds: float = 0):
-    from localdet.checkpoints.s3_store import S3Store
-
-    return S3Store(BUCKET, prefix or f"t-{uuidlib.uuid4().hex[:8]}/", endpoint_url=endpoint,
-                   access_key="testing", secret_key="testing", grace_seconds=grace_seconds)
-
-
-def blob_keys(store) -> list[str]:
-    return [item["Key"] for item, _ in store._list(f"{store.prefix}objects/")]
 
 
 def checkpoint_folder(folder: Path, weights: bytes) -> Path:
@@ -159,6 +137,77 @@ def test_s3_reader_lease_and_collector_exclude_each_other(s3_endpoint):
     collector.release(remove=True)
     reader.join(timeout=30)
     assert entered.is_set()
+
+
+def test_s3_writers_and_the_sweeping_collector_exclude_each_other(s3_endpoint, monkeypatch):
+    """As the local store's writers lock: no blob deletion while a checkpoint is written, no
+    writer while blobs are deleted; a crashed writer's mark holds only until it is stale."""
+    from conftest import wait_for
+
+    from localdet.checkpoints import s3_leases
+
+    store = s3_store(s3_endpoint)
+    with store.writing():
+        assert store.try_sweeping() is None
+    sweep = store.try_sweeping()
+    assert sweep is not None
+    entered = threading.Event()
+
+    def write() -> None:
+        with store.writing():
+            entered.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert not entered.wait(0.3)  # waits while the collector deletes blobs
+    sweep.release()
+    writer.join(timeout=30)
+    assert entered.is_set()
+    assert store._list_keys(f"{store.prefix}sweeping/") == []
+
+    crashed = f"{store.prefix}writing/crashed"
+    client(s3_endpoint).put_object(Bucket=BUCKET, Key=crashed, Body=b"")
+    assert store.try_sweeping() is None
+    monkeypatch.setattr(s3_leases, "MARK_SECONDS", 1.0)  # stale in a second, not a minute
+    wait_for(lambda: store.try_sweeping(), 10, "the crashed writer's mark to go stale", 0.2)
+    assert crashed not in store._list_keys(f"{store.prefix}writing/")  # and it is removed
+
+
+class Sending:
+    """A botocore before-send handler that counts the requests being sent at once, each
+    held 10 ms as a round trip would hold it."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, **_) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.01)
+        with self.lock:
+            self.now -= 1
+
+
+def test_s3_chunk_requests_go_out_several_at_once(s3_endpoint, tmp_path):
+    """`requests_in_flight` requests at a time, 1 meaning one after another, the same files
+    either way."""
+    from localdet.checkpoints.s3_store import S3Store
+
+    folder = checkpoint_folder(tmp_path / "a", os.urandom(600_000))  # some 5 chunks
+    most = {}
+    for in_flight in (1, 8):
+        store = S3Store(BUCKET, f"t-{uuidlib.uuid4().hex[:8]}/", endpoint_url=s3_endpoint,
+                        access_key="testing", secret_key="testing",
+                        requests_in_flight=in_flight)
+        sending = Sending()
+        store.client.meta.events.register("before-send.s3.*", sending)
+        files = store.put_directory(folder)
+        assert tree(store.materialize(files, tmp_path / f"out{in_flight}")) == tree(folder)
+        most[in_flight] = sending.most
+        assert store.verify(files) == []  # each chunk was checked while materialising
+    assert most[1] == 1 and most[8] > 1, most
 
 
 def s3_experiment(db, endpoint: str, prefix: str) -> tuple[dict, int, int]:
