@@ -682,7 +682,10 @@ class TrialController:
             if weights_file.is_file():
                 _weights_file.read_weights(self.model, weights_file)
             elif _open_h5.loads_open_h5():
-                source = files.enter_context(self.reporter.open_restored(MODEL_FILENAME))
+                model_file = directory / MODEL_FILENAME
+                # A file written out is read by HDF5 itself; one read in place through Python.
+                source = model_file if model_file.is_file() else \
+                    files.enter_context(self.reporter.open_restored(MODEL_FILENAME))
                 h5 = files.enter_context(h5py.File(source, "r"))
                 with quiet_keras_warnings():
                     _open_h5.load_model_weights(self.model, h5)
