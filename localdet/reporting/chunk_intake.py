@@ -75,7 +75,7 @@ def parse_listing(header: str, length: int) -> list[tuple[str, int]]:
     return listing
 
 
-def _read_exactly(body: Any, size: int) -> bytes:
+def _read_exactly(body: Any, size: int) -> bytearray:
     data = bytearray(size)
     view, got = memoryview(data), 0
     while got < size:
@@ -83,7 +83,7 @@ def _read_exactly(body: Any, size: int) -> bytes:
         if not n:
             raise ConnectionError("the upload ended early")
         got += n
-    return bytes(data)
+    return data
 
 
 def receive(store: Any, listing: list[tuple[str, int]], body: Any) -> list[str]:
@@ -91,7 +91,7 @@ def receive(store: Any, listing: list[tuple[str, int]], body: Any) -> list[str]:
     returns the names of those that did not (to be sent again). Durable on return, with
     one file-system flush for the whole batch on a local store."""
     bad: list[str] = []
-    good: list[tuple[str, bytes]] = []
+    good: list[tuple[str, bytearray]] = []
     for sha256, size in listing:
         data = _read_exactly(body, size)
         if hashlib.sha256(data).hexdigest() != sha256:
@@ -102,14 +102,14 @@ def receive(store: Any, listing: list[tuple[str, int]], body: Any) -> list[str]:
         new = NewBlobs(store.root, store.tmp, store.blob_path)
         try:
             for sha256, data in good:
-                new.add(sha256, data)
+                new.add(sha256, memoryview(data))
             new.settle()
         except BaseException:
             new.discard()
             raise
     else:  # a remote store (s3): each chunk one object, a few requests at once
         with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="chunk-intake") as pool:
-            for _ in pool.map(lambda item: store.put_bytes(item[1]), good):
+            for _ in pool.map(lambda item: store.put_bytes(bytes(item[1])), good):
                 pass
     return bad
 

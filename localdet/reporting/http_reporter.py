@@ -62,6 +62,7 @@ INSUFFICIENT_STORAGE = 507
 DEFAULT_RETRY_SECONDS = 600.0
 START_SECONDS = 30.0      # how long a new process waits for the daemon to record its launch
 CHUNK = 1 << 20
+UPLOADS_IN_FLIGHT = 2     # chunk uploads of one checkpoint sent at once
 
 
 class ReportError(RuntimeError):
@@ -384,23 +385,37 @@ class HTTPReporter:
             shutil.rmtree(directory, ignore_errors=True)
 
     def _send_chunks(self, cut: CheckpointCut, hashes: list) -> None:
-        """Upload these blobs of the cut, many to a request; those that arrive changed
-        (hashed differently) are sent again."""
-        for listing, body in cut.batches(hashes):
-            for _ in range(3):
-                try:
-                    self._exchange("PUT", "chunks", _always(body), self._answer,
-                                   {"Content-Type": "application/octet-stream",
-                                    "Content-Length": str(len(body)),
-                                    CHUNKS_HEADER: json.dumps(listing, separators=(",", ":"))})
-                    break
-                except _MissingBlobs as bad:
-                    resend = set(bad.missing)
-                    listing = [item for item in listing if item[0] in resend]
-                    body = b"".join(cut.read(sha) for sha, _ in listing)
-            else:
-                raise ReportError(f"checkpoint chunks of '{cut.blobs[listing[0][0]].path}' "
-                                  "kept arriving corrupted at the daemon")
+        """Upload these blobs of the cut, many to a request, UPLOADS_IN_FLIGHT requests at
+        once (the daemon hashes and writes one batch while the next arrives)."""
+        sending: list[Future] = []
+        with ThreadPoolExecutor(UPLOADS_IN_FLIGHT, thread_name_prefix="upload") as uploads:
+            try:
+                for listing, body in cut.batches(hashes):
+                    if len(sending) >= UPLOADS_IN_FLIGHT:  # a bound on the batches in memory
+                        sending.pop(0).result()
+                    sending.append(uploads.submit(self._send_batch, cut, listing, body))
+                for sent in sending:
+                    sent.result()
+            finally:
+                for sent in sending:
+                    sent.cancel()
+
+    def _send_batch(self, cut: CheckpointCut, listing: list, body: bytes) -> None:
+        """One upload of chunks; those that arrive changed (hashed differently) are sent
+        again."""
+        for _ in range(3):  # its keep-alive connection closes when the thread ends
+            try:
+                self._exchange("PUT", "chunks", _always(body), self._answer,
+                               {"Content-Type": "application/octet-stream",
+                                "Content-Length": str(len(body)),
+                                CHUNKS_HEADER: json.dumps(listing, separators=(",", ":"))})
+                return
+            except _MissingBlobs as bad:
+                resend = set(bad.missing)
+                listing = [item for item in listing if item[0] in resend]
+                body = b"".join(cut.read(sha) for sha, _ in listing)
+        raise ReportError(f"checkpoint chunks of '{cut.blobs[listing[0][0]].path}' kept "
+                          "arriving corrupted at the daemon")
 
     def _upload_and_commit(self, directory: Path, batches_trained: int,
                            metadata: Dict[str, Any], uuid: str) -> None:
