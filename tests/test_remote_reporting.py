@@ -303,6 +303,41 @@ def test_an_older_trial_uploading_whole_files_still_commits(served, tmp_path):
     assert (restored / "determined-keras-model.h5").read_bytes() == weights
 
 
+def test_chunks_go_to_an_s3_experiments_store_and_restore(tmp_path):
+    """The report server stores a remote trial's chunks where its experiment's
+    `checkpoint_storage` says, S3 here (moto's server), and restores them."""
+    from s3_server import s3_config, start_in_process
+
+    from localdet.checkpoints.manifest import files_of
+    from localdet.checkpoints.storage import checkpoint_store
+
+    s3, endpoint = start_in_process()
+    db, trial_id, _, _ = start_trial(tmp_path, target=100,
+                                     checkpoint_storage=s3_config(endpoint, "remote"))
+    db.update_trial(trial_id, state="RUNNING", started_at=now())
+    layout = Layout(tmp_path / "home")
+    server = ReportServer(layout, "127.0.0.1").start()
+    try:
+        reporter = reporter_for(layout, trial_id, server.port, tmp_path)
+        weights = os.urandom(1 << 20)
+        folder = checkpoint_folder(tmp_path / "c", weights)
+        (folder / "empty").write_bytes(b"")
+        uuid = reporter.save_checkpoint(folder, 10, {})
+        reporter.wait_for_checkpoints()
+        restored = reporter.restore_checkpoint(uuid, tmp_path / "restored")
+        checkpoint = db.checkpoint(uuid)
+        files = files_of(checkpoint.manifest)
+        assert len(files["determined-keras-model.h5"].chunks) > 1
+        assert checkpoint_store(layout, checkpoint).verify(files) == []
+        assert not any((layout.store / "objects").glob("??/*"))  # all in the bucket
+        assert (restored / "determined-keras-model.h5").read_bytes() == weights
+        assert (restored / "empty").read_bytes() == b""
+    finally:
+        server.close()
+        db.close()
+        s3.stop()
+
+
 def test_a_checkpoint_stored_in_chunks_restores_over_http(served, tmp_path):
     """A checkpoint the daemon's store holds as content-defined chunks is sent to a remote
     trial as its files, each chunk checked."""
