@@ -451,7 +451,7 @@ def import_(folder: Path) -> None:
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
 @click.option("--rechunk", is_flag=True,
-              help="Also cut files stored whole (by an older localdet, or by remote trials) "
+              help="Also cut files stored whole (by an older localdet or older remote trials) "
                    "into content-defined chunks, and say how much space that saved.")
 def gc(experiment_id: int | None, dry_run: bool, rechunk: bool) -> None:
     """Delete the checkpoints that checkpoint_storage does not keep (of EXPERIMENT_ID, or of
