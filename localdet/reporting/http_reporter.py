@@ -57,7 +57,7 @@ PGRP_HEADER = "X-Localdet-Pgrp"  # a local launch's process group, checked like 
 CHUNKS_HEADER = "X-Localdet-Chunks"  # a chunk upload's [[sha256, size], ...], body order
 # 409: this launch is not (or not yet) the trial's running one; 410: it never will be again.
 NOT_RUNNING, STALE = 409, 410
-MISSING_BLOBS = 422       # a commit names blobs the store lacks: upload them, commit again
+MISSING_BLOBS = 422       # blobs the store lacks (or arrived changed): upload, commit again
 INSUFFICIENT_STORAGE = 507
 DEFAULT_RETRY_SECONDS = 600.0
 START_SECONDS = 30.0      # how long a new process waits for the daemon to record its launch
@@ -346,9 +346,9 @@ class HTTPReporter:
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, batches_trained: int,
                         metadata: Dict[str, Any], uuid: Optional[str] = None) -> str:
-        """Returns the new checkpoint's uuid at once; a background thread hashes the files,
-        uploads the blobs the store lacks and commits the checkpoint. The folder is ours
-        from here on, and deleted once stored."""
+        """Returns the new checkpoint's uuid at once; a background thread cuts the files
+        into chunks, uploads those the store lacks and commits the checkpoint. The folder is
+        ours from here on, and deleted once stored."""
         self.wait_for_checkpoints()  # one at a time, and an earlier failure surfaces here
         uuid = uuid or str(uuidlib.uuid4())
         try:  # the daemon checks its disk reserve, and holds its blobs against collection
