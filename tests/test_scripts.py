@@ -54,6 +54,9 @@ FIGURES = {
     "search_quality.py": [rf"{label} +\d+\.\d+ \+- \d+\.\d+ +median" for label in
                           ("localdet random", "localdet tpe", "optuna TPESampler")]
                          + [r"digits SVC validation error", r"tpe vs Optuna: difference"],
+    "remote_checkpoint.py": [rf" {name} +store +\d+\.\d MB = \d+\.\d\dx one checkpoint"
+                             for name in ("whole files", "chunks")]
+                            + [r"a later one +\d+\.\d\d MB = \d+\.\d%"],
     "cli.py": [rf"{re.escape(command)} +\d+\.\d+ +\d+\.\d +\d+\.\d+ +(yes|NO)$" for command in
                ("localdet --help", "localdet status", "localdet status 7",
                 "localdet checkpoints 7", "localdet metrics 7", "det e list")],

@@ -3,8 +3,8 @@
 Blobs live at ``<root>/objects/<sha256[:2]>/<sha256>``; identical bytes are stored once. A
 checkpoint file is cut into content-defined chunks (`localdet.checkpoints.chunking`), each a
 blob, so bytes shared by files (a frozen base in every checkpoint) are stored once too; its
-`FileEntry` lists them. A file stored whole (by localdet before chunking, or by a remote
-trial) is one blob named by its own hash: a file whose chunk list is itself, read as it is.
+`FileEntry` lists them. A file stored whole (by localdet before chunking, or by an older
+remote trial) is one blob named by its own hash: a file whose chunk list is itself, read as it is.
 
     store = Store("/var/lib/localdet/store")
     files = store.put_directory("/tmp/ckpt")   # {"code/model_def.py": FileEntry(...), ...}

@@ -12,6 +12,7 @@ checkpoint and for its later ones (against the file), requests, and the median t
 
     python scripts/bench/remote_checkpoint.py
     python scripts/bench/remote_checkpoint.py --keras2 --trials 2 --checkpoints 3
+    python scripts/bench/remote_checkpoint.py --smoke     # 2 trials x 2 checkpoints
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 add_keras2_flag(parser)
 parser.add_argument("--trials", type=int, default=4)
 parser.add_argument("--checkpoints", type=int, default=4, help="checkpoints a trial")
+parser.add_argument("--smoke", action="store_true", help="2 trials x 2 checkpoints")
 args = parser.parse_args()
+if args.smoke:
+    args.trials, args.checkpoints = 2, 2
 select_keras(args)
 
 import numpy as np  # noqa: E402
