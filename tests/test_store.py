@@ -364,3 +364,16 @@ def test_a_check_shared_by_threads_finds_every_bad_file_once(store: Store, tmp_p
     assert corrupt not in checked and gone not in checked
     assert blobs({MODEL: files[MODEL]}) <= checked
     assert store.verify(files) == check.bad  # one runner finds the same
+
+
+@pytest.mark.parametrize("change", [b"x", None], ids=["longer", "shorter"])
+def test_a_chunk_of_another_length_than_its_manifest_says_is_bad(store: Store, tmp_path: Path,
+                                                                  change: bytes | None) -> None:
+    entry = _chunked(store, tmp_path, os.urandom(3 << 20))
+    blob = store.blob_path(entry.chunks[4][0])
+    data = blob.read_bytes()
+    blob.chmod(0o644)
+    blob.write_bytes(data + change if change else data[:-1])
+    assert store.verify({MODEL: entry}) == [MODEL]
+    blob.write_bytes(data)
+    assert store.verify({MODEL: entry}) == []
