@@ -16,7 +16,7 @@ before each request is sent, as the round trip to an S3 region in another buildi
 
     python scripts/bench/s3.py                  # 50 MB, 3 repeats
     python scripts/bench/s3.py --mb 70 --repeats 5 --rtt-ms 40
-    python scripts/bench/s3.py --smoke          # 2 MB, one repeat
+    python scripts/bench/s3.py --smoke          # 1 MB, one repeat, 5 ms
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ parser.add_argument("--mb", type=int, default=50, help="size of the checkpoint's
 parser.add_argument("--repeats", type=int, default=3, help="timed runs of each step")
 parser.add_argument("--rtt-ms", type=float, default=20,
                     help="a round trip added to each request in the second table")
-parser.add_argument("--smoke", action="store_true", help="2 MB, one repeat")
+parser.add_argument("--smoke", action="store_true", help="1 MB, one repeat, 5 ms")
 args = parser.parse_args()
 if args.smoke:
-    args.mb, args.repeats = 2, 1
+    args.mb, args.repeats, args.rtt_ms = 1, 1, 5
 
 BUCKET = "bench"
 KEYS = {"access_key": "bench", "secret_key": "bench"}
