@@ -123,9 +123,11 @@ def _digits():
 class DropoutTrial(keras.TFKerasTrial):
     """A model whose every step draws random numbers (dropout) and keeps optimizer slots."""
 
+    UNITS = 32
+
     def build_model(self):
         model = self.context.wrap_model(tf.keras.Sequential([
-            tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(self.UNITS, activation="relu"),
             tf.keras.layers.Dropout(0.3), tf.keras.layers.Dense(10, activation="softmax")]))
         model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -179,13 +181,7 @@ class WideTrial(DropoutTrial):
     """Wide enough (a 1.3 MB .h5 with Adam's slots) that the store keeps its .h5 in many
     chunks: each resume reads it where the chunks lie, never joined into a file."""
 
-    def build_model(self):
-        model = self.context.wrap_model(tf.keras.Sequential([
-            tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(1024, activation="relu"),
-            tf.keras.layers.Dropout(0.3), tf.keras.layers.Dense(10, activation="softmax")]))
-        model.compile(optimizer=self.context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    UNITS = 1024
 
 
 BIT_FOR_BIT = dict(scheduling_unit=7, min_validation_period={"batches": 14},
