@@ -88,7 +88,7 @@ class KeptMark(S3Lease):
         while not self._stop.wait(self.period / 3):
             try:
                 self._put()
-            except Exception:  # noqa: BLE001 - `fresh` turns False, and the holder stops
+            except Exception:  # `fresh` turns False: the collector then stops deleting
                 pass
 
     @property
