@@ -27,7 +27,7 @@ Safe to call often and from several processes at once (the daemon after each tri
 - Each experiment's checkpoints live in the store its `checkpoint_storage` names
   (`localdet.checkpoints.storage`): localdet's own, a `shared_fs` one (the same locks, on the shared
   mount) or `s3`, where objects stand in for the locks and no blob younger than the grace
-  period is deleted (`localdet.checkpoints.s3_store` says why that is safe). Retention and blob
+  period is deleted (`localdet.checkpoints.s3_leases` says why that is safe). Retention and blob
   deletion run per store; a blob counts as live if a live checkpoint of *any* store names
   it, which at worst keeps a blob longer than needed, never deletes one in use. A full
   collection sweeps localdet's own store and every store an experiment names.
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection
 
 from localdet.checkpoints.retention import CheckpointRef, checkpoints_to_keep
+from localdet.checkpoints.s3_store import S3Store
 from localdet.checkpoints.storage import CheckpointStore, open_store
 from localdet.checkpoints.store import Lease, Store
 from localdet.checkpoints.warm_start import warm_start_sources
@@ -51,7 +52,7 @@ from localdet.records.registry import registered_checkpoints
 from localdet.records.states import CheckpointState
 
 if TYPE_CHECKING:
-    from localdet.checkpoints.s3_store import S3Lease
+    from localdet.checkpoints.s3_leases import S3Lease
 
 # An unreferenced blob younger than this may still be in flight (put before its manifest
 # commits) from a writer outside the writers lock; left alone by the orphan sweep.
@@ -242,7 +243,10 @@ def _free_blobs(db: StateDB, store: CheckpointStore, experiment_ids: list[int], 
         if would_go:
             candidates.update({sha: size for uuid, sha, size in db.checkpoint_files(
                 deleted=False, experiment_id=experiment_id) if uuid in would_go})
-    candidates = {sha: size for sha, size in candidates.items() if store.has(sha)}
+    # S3 looks them up several at once: a request each, and they add up over deleted checkpoints.
+    present = store.present(candidates) if isinstance(store, S3Store) else \
+        {sha for sha in candidates if store.has(sha)}
+    candidates = {sha: size for sha, size in candidates.items() if sha in present}
     if candidates:
         live = live_hashes()
         candidates = {sha: size for sha, size in candidates.items() if sha not in live}

@@ -168,6 +168,12 @@ class S3Store:
     def has(self, sha256: str) -> bool:
         return self._head(sha256) is not None
 
+    def present(self, hashes: Iterable[str]) -> set[str]:
+        """Those of `hashes` the bucket holds, looked up `requests_in_flight` at a time."""
+        ordered = sorted(set(hashes))
+        found = self._each(self.has, ordered)
+        return {sha256 for sha256, there in zip(ordered, found, strict=True) if there}
+
     def _each(self, work: Callable[[Item], Result], items: Iterable[Item]
               ) -> Iterator[Result]:
         return in_flight(work, items, self.requests_in_flight)
