@@ -294,9 +294,12 @@ class S3Store:
         size = len(data)
 
         def upload_again() -> None:
-            with open(path, "rb") as src:
-                src.seek(offset)
-                body = src.read(size)
+            try:
+                with open(path, "rb") as src:
+                    src.seek(offset)
+                    body = src.read(size)
+            except OSError:
+                body = b""  # gone: as changed
             if hashlib.sha256(body).hexdigest() != sha256:
                 raise StoreError(f"checkpoint file '{path}' changed while it was being stored; "
                                  "save the checkpoint again")
