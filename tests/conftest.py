@@ -412,6 +412,7 @@ LONGEST_FILES = [
     "test_records_scale.py",    # ~25 (a browser: a 40-trial search's thinned curves)
     "test_container_image.py",  # ~15 once scripts/test has built the image
     "test_chunks.py",           # ~15 (a frozen-base search's .h5 files; writers killed)
+    "test_s3_chunks.py",        # ~11 (moto's server; an S3 writer and collector killed)
     "test_web_insight.py",      # ~15 (a browser: importances, compare)
 ]
 

@@ -29,6 +29,7 @@ mount); `s3` is `localdet.checkpoints.s3_store.S3Store`.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Union
 
@@ -84,6 +85,11 @@ def _s3_store(bucket: str, prefix: str, endpoint_url: str | None, access_key: st
     # One client a process: building one costs ~0.1 s, and clients are thread-safe.
     return S3Store(bucket, prefix, endpoint_url=endpoint_url, access_key=access_key,
                    secret_key=secret_key, grace_seconds=grace_seconds)
+
+
+# A forked child (a trial forked from a warm process) makes its own clients: the parent's
+# connections are not safe to share across a fork.
+os.register_at_fork(after_in_child=_s3_store.cache_clear)
 
 
 def experiment_store(layout: Layout, db: Any, experiment_id: int, **kwargs: Any) -> CheckpointStore:
