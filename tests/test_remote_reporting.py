@@ -250,6 +250,7 @@ def test_a_commit_naming_a_missing_or_missized_chunk_is_refused_and_gc_collects_
     from localdet.checkpoints import gc
     from localdet.checkpoints.store import Store
     from localdet.reporting.checkpoint_chunks import cut_checkpoint
+    from localdet.reporting.chunk_upload import send_chunks
 
     db, trial_id, layout, server = served
     reporter = reporter_for(layout, trial_id, server.port, tmp_path)
@@ -258,7 +259,7 @@ def test_a_commit_naming_a_missing_or_missized_chunk_is_refused_and_gc_collects_
     sha256, size, chunks = cut.files["determined-keras-model.h5"]
     uuid = "0b6f0c55-0000-4000-8000-0000000000aa"
     assert reporter._call("POST", f"checkpoints/{uuid}/begin", {}) == {"chunks": True}
-    reporter._send_chunks(cut, [chunk for chunk, _ in chunks[:-1]])  # killed before the last
+    send_chunks(reporter, cut, [chunk for chunk, _ in chunks[:-1]])  # killed before the last
     commit = {"batches_trained": 10, "metadata": {}, "files": cut.files}
     with pytest.raises(ReportError, match=r"^1 checkpoint chunk\(s\) are not in the store; "
                                           "upload them first$") as refused:

@@ -7,15 +7,14 @@
 The daemon's side is `localdet.reporting.report_server`; it does every operation with the local
 `SQLiteReporter`, so both transports record the same things. Metrics, heartbeats and the
 first-batch mark are queued and sent by a background thread; they are flushed before a
-checkpoint is registered, before `should_pause` answers and at exit. A checkpoint's files are
-cut into the store's content-defined chunks on this node (`checkpoint_chunks`), the daemon
-is asked once which of them its store lacks, and only those are uploaded, many to a request;
-the commit lists each file's chunks (a daemon from before chunked uploads gets whole files,
-as it asked for them). Every request is
-idempotent (metrics merge by (trial, kind, batches), a checkpoint commits once by its uuid),
-so a lost connection is simply retried, with backoff, for `LOCALDET_REPORT_RETRY_SECONDS`
-(default 600). Imports only the standard library, `determined.core` and the chunking
-module: it runs on nodes without the daemon's state.
+checkpoint is registered, before `should_pause` answers and at exit. A checkpoint's files go
+as the store's chunks, only those the store lacks (`chunk_upload`); a daemon from before
+chunked uploads gets whole files, as it asked for them (`whole_file_upload`). Every request
+is idempotent (metrics merge by (trial, kind, batches), a checkpoint commits once by its
+uuid), so a lost connection is simply retried, with backoff, for
+`LOCALDET_REPORT_RETRY_SECONDS` (default 600): `report_transport`. Imports only the standard
+library, `determined.core` and the chunking module: it runs on nodes without the daemon's
+state.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import http.client
-import json
 import os
 import shutil
 import sys
@@ -33,8 +31,7 @@ import time
 import uuid as uuidlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Collection, Dict, Optional
-from urllib.parse import urlsplit
+from typing import Any, BinaryIO, Collection, Dict, Optional
 
 from determined.core import TrialInfo
 from determined.core._reporting import (
@@ -47,68 +44,40 @@ from determined.core._reporting import (
     TRIAL_DIR_VAR,
     TRIAL_ID_VAR,
 )
-from localdet.reporting.checkpoint_chunks import CheckpointCut, cut_checkpoint
+from localdet.reporting import chunk_upload, whole_file_upload
+from localdet.reporting.chunk_upload import UPLOADS_IN_FLIGHT
+from localdet.reporting.report_transport import (
+    DEFAULT_RETRY_SECONDS,
+    ReportError,
+    ReportTransport,
+    StaleLaunch,
+)
+from localdet.reporting.report_wire import (
+    API,
+    CHUNK,
+    CHUNKS_HEADER,
+    INSUFFICIENT_STORAGE,
+    LAUNCH_HEADER,
+    MISSING_BLOBS,
+    NOT_RUNNING,
+    PGRP_HEADER,
+    STALE,
+    TOKEN_HEADER,
+)
 
-# The wire: every request names its launch and carries that launch's token.
-API = "/v1/trials"
-TOKEN_HEADER = "Authorization"
-LAUNCH_HEADER = "X-Localdet-Launch"
-PGRP_HEADER = "X-Localdet-Pgrp"  # a local launch's process group, checked like SQLite's
-CHUNKS_HEADER = "X-Localdet-Chunks"  # a chunk upload's [[sha256, size], ...], body order
-# 409: this launch is not (or not yet) the trial's running one; 410: it never will be again.
-NOT_RUNNING, STALE = 409, 410
-MISSING_BLOBS = 422       # blobs the store lacks (or arrived changed): upload, commit again
-INSUFFICIENT_STORAGE = 507
-DEFAULT_RETRY_SECONDS = 600.0
+# The wire's names and the transport's errors, importable from here as before.
+__all__ = [
+    "API", "CHUNK", "CHUNKS_HEADER", "DEFAULT_RETRY_SECONDS", "INSUFFICIENT_STORAGE",
+    "LAUNCH_HEADER", "MISSING_BLOBS", "NOT_RUNNING", "PGRP_HEADER", "STALE", "START_SECONDS",
+    "TOKEN_HEADER", "UPLOADS_IN_FLIGHT", "HTTPReporter", "ReportError", "StaleLaunch",
+]
+
 START_SECONDS = 30.0      # how long a new process waits for the daemon to record its launch
-CHUNK = 1 << 20
-UPLOADS_IN_FLIGHT = 2     # chunk uploads of one checkpoint sent at once
 
 
-class ReportError(RuntimeError):
-    """The daemon could not be reached, or refused a report; the message says which."""
-
-
-class StaleLaunch(SystemExit):
-    """This process's launch is no longer the trial's running one: it exits, so that only
-    one process trains the trial."""
-
-    status: int  # the report server's answer: NOT_RUNNING or STALE
-
-
-class _Retry(Exception):
-    pass
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def _files_under(base: Path) -> Dict[str, Path]:
-    """The checkpoint folder's files by their relative POSIX names (file symlinks followed),
-    as the store takes them."""
-    found: Dict[str, Path] = {}
-    for root, folders, files in os.walk(base, followlinks=False):
-        for name in folders:
-            if os.path.islink(os.path.join(root, name)):
-                raise ReportError(f"cannot checkpoint '{os.path.join(root, name)}': folder "
-                                  "symlinks cannot be checkpointed")
-        for name in files:
-            path = Path(root, name)
-            if not path.is_file():
-                raise ReportError(f"cannot checkpoint '{path}': only files and symlinks to "
-                                  "files can be checkpointed")
-            found[path.relative_to(base).as_posix()] = path
-    return dict(sorted(found.items()))
-
-
-class HTTPReporter:
-    """A `TrialReporter` that talks to the daemon's report server.
+class HTTPReporter(ReportTransport):
+    """A `TrialReporter` that talks to the daemon's report server (through its
+    `ReportTransport`: requests retried until they get through).
 
     Args:
         url: the server, e.g. `http://10.0.0.1:41234` (env `LOCALDET_REPORT_URL`).
@@ -128,20 +97,10 @@ class HTTPReporter:
     def __init__(self, url: str, trial_id: int, launch: int, token: str, *,
                  model_dir: Optional[Path | str] = None, trial_dir: Optional[Path | str] = None,
                  retry_seconds: float = DEFAULT_RETRY_SECONDS, pgrp: Optional[int] = None):
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or not parts.port:
-            raise ReportError(f"LOCALDET_REPORT_URL {url!r} is not an http://HOST:PORT "
-                              "address; the launcher sets it from `trial_environment`")
-        self.url, self.trial_id, self.launch = url, trial_id, launch
-        self._host, self._port = parts.hostname, parts.port
-        self._headers = {TOKEN_HEADER: f"Bearer {token}", LAUNCH_HEADER: str(launch),
-                         "Content-Type": "application/json"}
-        if pgrp is not None:
-            self._headers[PGRP_HEADER] = str(pgrp)
-        self.retry_seconds = retry_seconds
+        super().__init__(url, trial_id, launch, token, retry_seconds=retry_seconds,
+                         pgrp=pgrp)
         self.model_dir = Path(model_dir) if model_dir else Path.cwd()
         self._trial_dir = Path(trial_dir) if trial_dir else None
-        self._local = threading.local()  # one keep-alive connection per thread
         self._batch = threading.Condition()
         self._metrics: list = []
         self._heartbeat = self._first_batch = self._sending = self._closed = False
@@ -191,70 +150,6 @@ class HTTPReporter:
                 if refused.status == STALE or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-
-    # -- requests -------------------------------------------------------------------------
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=60)
-            self._local.connection = connection
-        return connection
-
-    def _drop_connection(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        self._local.connection = None
-        if connection is not None:
-            connection.close()
-
-    def _exchange(self, method: str, path: str, body: Callable[[], Any],
-                  handle: Callable[[http.client.HTTPResponse], Any],
-                  headers: Optional[Dict[str, str]] = None) -> Any:
-        """Send a request (`body()` gives its body afresh for each try) and `handle` the
-        answer; connection failures and 5xx answers are retried with backoff."""
-        deadline = time.monotonic() + self.retry_seconds
-        delay, last = 0.05, ""
-        while True:
-            try:
-                connection = self._connection()
-                connection.request(method, f"{API}/{self.trial_id}/{path}", body=body(),
-                                   headers={**self._headers, **(headers or {})})
-                response = connection.getresponse()
-                if response.status >= 500 and response.status != INSUFFICIENT_STORAGE:
-                    raise _Retry(f"it answered {response.status}: {_message(response.read())}")
-                return handle(response)
-            except (OSError, http.client.HTTPException, _Retry) as error:
-                self._drop_connection()
-                last = str(error) or type(error).__name__
-                if time.monotonic() + delay > deadline:
-                    raise ReportError(
-                        f"trial {self.trial_id} could not report to the localdet daemon at "
-                        f"{self.url} for {self.retry_seconds:.0f} s (last: {last}); it stops "
-                        "here and the daemon restarts it from its latest checkpoint") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    def _call(self, method: str, path: str, payload: Any = None) -> Any:
-        data = None if payload is None else json.dumps(payload).encode()
-        return self._exchange(method, path, lambda: data, self._answer)
-
-    def _answer(self, response: http.client.HTTPResponse) -> Any:
-        data = response.read()
-        if response.status == 200:
-            return json.loads(data) if data else None
-        message = _message(data)
-        if response.status in (NOT_RUNNING, STALE):
-            refused = StaleLaunch(message)
-            refused.status = response.status
-            raise refused
-        if response.status == INSUFFICIENT_STORAGE:
-            from localdet.checkpoints.disk_space import (
-                DiskFull,  # the daemon tells a full disk apart
-            )
-
-            raise DiskFull(message)
-        if response.status == MISSING_BLOBS:
-            raise _MissingBlobs(json.loads(data).get("missing", []), message)
-        raise ReportError(message)
 
     # -- identity -------------------------------------------------------------------------
     def trial_info(self) -> TrialInfo:
@@ -356,107 +251,11 @@ class HTTPReporter:
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        upload = (self._upload_chunks_and_commit if begun.get("chunks") and self.chunked
-                  else self._upload_and_commit)
-        self._pending = self._saver.submit(upload, Path(directory), batches_trained,
+        upload = (chunk_upload.upload_and_commit if begun.get("chunks") and self.chunked
+                  else whole_file_upload.upload_and_commit)
+        self._pending = self._saver.submit(upload, self, Path(directory), batches_trained,
                                            metadata, uuid)
         return uuid
-
-    def _upload_chunks_and_commit(self, directory: Path, batches_trained: int,
-                                  metadata: Dict[str, Any], uuid: str) -> None:
-        try:
-            cut = cut_checkpoint(_files_under(directory))
-            missing = self._call("POST", f"checkpoints/{uuid}/missing",
-                                 {"hashes": sorted(cut.blobs)})["missing"]
-            commit = {"batches_trained": int(batches_trained), "metadata": metadata,
-                      "files": cut.files}
-            for _ in range(3):  # chunks lost meanwhile (a daemon restart) are sent again
-                self._send_chunks(cut, missing)
-                try:
-                    self._call("POST", f"checkpoints/{uuid}/commit", commit)
-                    return
-                except _MissingBlobs as lacking:
-                    missing = [sha for sha in lacking.missing if sha in cut.blobs]
-                    if len(missing) != len(lacking.missing):
-                        raise
-            raise ReportError(f"checkpoint {uuid}'s chunks kept going missing in the store; "
-                              "check the daemon's log")
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-
-    def _send_chunks(self, cut: CheckpointCut, hashes: list) -> None:
-        """Upload these blobs of the cut, many to a request, UPLOADS_IN_FLIGHT requests at
-        once (the daemon hashes and writes one batch while the next arrives)."""
-        sending: list[Future] = []
-        with ThreadPoolExecutor(UPLOADS_IN_FLIGHT, thread_name_prefix="upload") as uploads:
-            try:
-                for listing, body in cut.batches(hashes):
-                    if len(sending) >= UPLOADS_IN_FLIGHT:  # a bound on the batches in memory
-                        sending.pop(0).result()
-                    sending.append(uploads.submit(self._send_batch, cut, listing, body))
-                for sent in sending:
-                    sent.result()
-            finally:
-                for sent in sending:
-                    sent.cancel()
-
-    def _send_batch(self, cut: CheckpointCut, listing: list, body: bytes) -> None:
-        """One upload of chunks; those that arrive changed (hashed differently) are sent
-        again."""
-        for _ in range(3):  # its keep-alive connection closes when the thread ends
-            try:
-                self._exchange("PUT", "chunks", _always(body), self._answer,
-                               {"Content-Type": "application/octet-stream",
-                                "Content-Length": str(len(body)),
-                                CHUNKS_HEADER: json.dumps(listing, separators=(",", ":"))})
-                return
-            except _MissingBlobs as bad:
-                resend = set(bad.missing)
-                listing = [item for item in listing if item[0] in resend]
-                body = b"".join(cut.read(sha) for sha, _ in listing)
-        raise ReportError(f"checkpoint chunks of '{cut.blobs[listing[0][0]].path}' kept "
-                          "arriving corrupted at the daemon")
-
-    def _upload_and_commit(self, directory: Path, batches_trained: int,
-                           metadata: Dict[str, Any], uuid: str) -> None:
-        """Whole files, for a daemon from before chunked uploads."""
-        try:
-            paths = _files_under(directory)
-            files = {name: _hash_file(path) for name, path in paths.items()}
-            by_hash = {sha: paths[name] for name, (sha, _) in files.items()}
-            missing = self._call("POST", f"checkpoints/{uuid}/missing",
-                                 {"hashes": sorted(by_hash)})["missing"]
-            commit = {"batches_trained": int(batches_trained), "metadata": metadata,
-                      "files": {name: list(entry) for name, entry in files.items()}}
-            for _ in range(3):  # blobs lost meanwhile (a daemon restart) are sent again
-                for sha in missing:
-                    self._upload(sha, by_hash[sha])
-                try:
-                    self._call("POST", f"checkpoints/{uuid}/commit", commit)
-                    return
-                except _MissingBlobs as lacking:
-                    missing = lacking.missing
-            raise ReportError(f"checkpoint {uuid}'s files kept going missing in the store; "
-                              "check the daemon's log")
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-
-    def _upload(self, sha256: str, path: Path) -> None:
-        size = path.stat().st_size
-        for _ in range(3):  # bytes that arrive changed (hashed differently) are sent again
-            try:
-                with open(path, "rb") as source:
-                    def body():
-                        source.seek(0)
-                        return source
-
-                    self._exchange("PUT", f"blobs/{sha256}", body, self._answer,
-                                   {"Content-Type": "application/octet-stream",
-                                    "Content-Length": str(size)})
-                return
-            except _MissingBlobs:
-                continue
-        raise ReportError(f"checkpoint file '{path}' kept arriving corrupted at the daemon")
 
     def wait_for_checkpoints(self) -> None:
         pending, self._pending = self._pending, None
@@ -522,18 +321,3 @@ class HTTPReporter:
             self._batch.notify_all()
 
 
-class _MissingBlobs(ReportError):
-    def __init__(self, missing: list, message: str):
-        super().__init__(message)
-        self.missing = missing
-
-
-def _always(value: Any) -> Callable[[], Any]:
-    return lambda: value
-
-
-def _message(data: bytes) -> str:
-    try:
-        return str(json.loads(data)["error"])
-    except (ValueError, KeyError, TypeError):
-        return data.decode("utf-8", "replace").strip() or "no message"
