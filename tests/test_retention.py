@@ -394,7 +394,7 @@ def test_a_trial_restore_holds_the_checkpoint_until_its_files_are_verified(layou
     def slow_verification(files):
         check = verification(files)
         run = check.run
-        check.run = lambda: (release.wait(30), run())[1]
+        check.run = lambda *worker: (release.wait(30), run(*worker))[1]
         return check
 
     reporter.store.verification = slow_verification

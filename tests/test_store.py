@@ -5,6 +5,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -291,7 +292,7 @@ def test_linked_restore_shares_blobs_and_a_corrupt_blob_is_still_caught(tmp_path
 
 def _chunked(store: Store, tmp_path: Path, data: bytes, name: str = MODEL) -> FileEntry:
     folder = tmp_path / "chunked"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / name).write_bytes(data)
     entry = store.put_directory(folder)[name]
     assert len(entry.chunks) > 8
@@ -343,8 +344,6 @@ def test_a_chunked_file_with_a_missing_or_short_chunk_fails_to_read(store: Store
 
 def test_a_check_shared_by_threads_finds_every_bad_file_once(store: Store, tmp_path: Path
                                                               ) -> None:
-    import threading
-
     entry = _chunked(store, tmp_path, os.urandom(4 << 20))
     src = make_checkpoint(tmp_path / "ckpt")
     files = {**store.put_directory(src), "big.h5": entry}
@@ -377,3 +376,37 @@ def test_a_chunk_of_another_length_than_its_manifest_says_is_bad(store: Store, t
     assert store.verify({MODEL: entry}) == [MODEL]
     blob.write_bytes(data)
     assert store.verify({MODEL: entry}) == []
+
+
+def test_a_hash_worker_process_finds_the_bad_blobs_and_a_dead_one_is_stood_in_for(
+        store: Store, tmp_path: Path) -> None:
+    from localdet.checkpoints.hash_worker import HashWorker
+
+    entry = _chunked(store, tmp_path, os.urandom(4 << 20))
+    corrupt, gone = entry.chunks[2][0], entry.chunks[6][0]
+    store.blob_path(corrupt).chmod(0o644)
+    store.blob_path(corrupt).write_bytes(b"x" * entry.chunks[2][1])
+    store.blob_path(gone).unlink()
+    listed = [(str(store.blob_path(sha)), sha, size) for sha, size in entry.chunks]
+    worker = HashWorker.start()
+    assert worker is not None
+    try:
+        assert worker.check(listed) == [2, 6]
+        assert worker.check(listed[:2]) == []
+        # Run by a worker a batch at a time, with a thread of this process beside it.
+        other = _chunked(store, tmp_path / "other", os.urandom(3 << 20))
+        files = {MODEL: entry, "other.h5": other}
+        checked: set[str] = set()
+        check = store.verification(files, checked)
+        helper = threading.Thread(target=check.run)
+        helper.start()
+        check.run(worker, batch=4)
+        helper.join()
+        assert check.bad == [MODEL]
+        assert blobs({"other.h5": other}) <= checked
+    finally:
+        worker.close()
+    assert worker._process.returncode == 0, "it ends when its input closes"
+    assert worker.check(listed) is None  # gone: the caller checks the blobs itself
+    check = store.verification({MODEL: entry})
+    assert check.run(worker) == [MODEL]

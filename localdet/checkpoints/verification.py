@@ -1,31 +1,28 @@
 """Checking a checkpoint's blobs against their hashes, shareable between threads.
 
     check = Verification(store.blob_path, files)
-    background = pool.submit(check.run)     # checks blobs while the caller loads the files
+    background = pool.submit(check.run, worker)  # checks blobs while the caller loads them
     ...load...
     check.run()                             # the caller, done loading, checks what is left
     background.result()
     assert not check.bad                    # names of files with a missing or corrupt blob
 
-Each runner takes the next unchecked blob, so a restore's caller that has finished loading
-helps the background thread finish instead of waiting for it: for a 70 MB model, hashing
-(about 40 ms of one core) is then shared by both cores.
+Each runner takes the next unchecked blobs, so a restore's caller that has finished loading
+helps the background thread finish instead of waiting for it. The background runner hands
+its blobs to a `HashWorker` process where it has one: hashing in a thread of the loading
+process would wait on the GIL that h5py and TensorFlow hold (`hash_worker` says more).
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from localdet.checkpoints.errors import StoreError
+from localdet.checkpoints.hash_worker import BUFFER_SIZE, HashWorker, blob_is_sound
 
 if TYPE_CHECKING:
     from localdet.checkpoints.store import FileEntry
-
-_BUFFER_SIZE = 1 << 20
-
 
 class Verification:
     """The blobs of `files` to check; `checked` (shared with the caller) holds blobs taken
@@ -49,45 +46,37 @@ class Verification:
         runner has returned."""
         return [name for name in self._order if name in self._bad]
 
-    def run(self) -> list[str]:
-        """Check blobs until none is left unchecked; returns `bad` as this runner sees it."""
-        buffer = bytearray(_BUFFER_SIZE)  # one a runner: not one a blob
-        while (item := self._next()) is not None:
-            name, sha256, size = item
-            if self._sound(sha256, size, buffer):
-                with self._lock:
-                    self._checked.add(sha256)
-            else:
-                with self._lock:
-                    self._bad.add(name)
+    def run(self, worker: HashWorker | None = None, batch: int = 64) -> list[str]:
+        """Check blobs until none is left unchecked; returns `bad` as this runner sees it.
+        With a `worker` (`HashWorker`), `batch` blobs at a time are hashed in its process,
+        off this one's GIL (by this thread where it cannot answer)."""
+        buffer = bytearray(BUFFER_SIZE)  # one a runner: not one a blob
+        while taken := self._take(batch if worker is not None else 1):
+            blobs = [(self._path(sha256), sha256, size) for _, sha256, size in taken]
+            failed = worker.check(blobs) if worker is not None else None
+            if failed is None:
+                failed = [i for i, blob in enumerate(blobs) if not blob_is_sound(*blob, buffer)]
+            with self._lock:
+                for index, (name, sha256, _) in enumerate(taken):
+                    if index in failed:
+                        self._bad.add(name)
+                    else:
+                        self._checked.add(sha256)
         return self.bad
 
-    def _next(self) -> tuple[str, str, int] | None:
+    def _path(self, sha256: str) -> str:
+        try:
+            return str(self._blob_path(sha256))
+        except StoreError:  # a digest that cannot name a blob: no file has that name
+            return ""
+
+    def _take(self, count: int) -> list[tuple[str, str, int]]:
+        """Up to `count` blobs no runner has taken, of files not found bad yet."""
+        taken: list[tuple[str, str, int]] = []
         with self._lock:
             for name, sha256, size in self._todo:
                 if name not in self._bad and sha256 not in self._checked:
-                    return name, sha256, size
-        return None
-
-    def _sound(self, sha256: str, size: int, buffer: bytearray) -> bool:
-        try:
-            fd = os.open(self._blob_path(sha256), os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, StoreError):  # missing, or a digest that cannot name a blob
-            return False
-        view = memoryview(buffer)
-        try:
-            if size < len(buffer):
-                # A chunk in one read (one byte more: a longer file shows), hashed in one
-                # call: few hand-overs of the GIL while the caller loads beside it.
-                got = os.readv(fd, [view[:size + 1]])
-                while 0 < got < size and (more := os.readv(fd, [view[got:size + 1]])):
-                    got += more
-                return got == size and hashlib.sha256(view[:size]).hexdigest() == sha256
-            digest = hashlib.sha256()
-            while n := os.readv(fd, [buffer]):
-                digest.update(view[:n])  # hashlib lets go of the GIL for large updates
-            return digest.hexdigest() == sha256
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
+                    taken.append((name, sha256, size))
+                    if len(taken) == count:
+                        break
+        return taken

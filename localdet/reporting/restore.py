@@ -17,6 +17,7 @@ from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Collection, Dict, Mapping
 
+from localdet.checkpoints.hash_worker import HashWorker
 from localdet.checkpoints.locks import Lease
 from localdet.checkpoints.store import FileEntry, Store
 from localdet.checkpoints.verification import Verification
@@ -36,11 +37,12 @@ class Restore:
 
     @classmethod
     def begin(cls, store: Any, uuid: str, files_of: Callable[[str], Mapping[str, FileEntry]],
-              destination: Path, read_in_place: Collection[str], pool: Executor) -> "Restore":
+              destination: Path, read_in_place: Collection[str], pool: Executor,
+              worker: HashWorker | None = None) -> "Restore":
         """Take the checkpoint's lease, then look its files up (`files_of(uuid)`, under the
         lease: a collector may have deleted it just before), link or write them into
         `destination` except the chunked ones named in `read_in_place` (local store only),
-        and start checking every blob on `pool`."""
+        and start checking every blob on `pool`, hashed by `worker` where given."""
         lease = store.reading(uuid)
         try:
             files = files_of(uuid)
@@ -54,7 +56,7 @@ class Restore:
         restore = cls(path, store, in_place, lease)
         # The local store's check is shared: the caller, done loading, helps it finish.
         restore._check = store.verification(files) if isinstance(store, Store) else None
-        restore._verifying = pool.submit(restore._verify_in_background, files)
+        restore._verifying = pool.submit(restore._verify_in_background, files, worker)
         return restore
 
     def open(self, name: str) -> BinaryIO:
@@ -85,9 +87,10 @@ class Restore:
         if in_place:
             self._drop()
 
-    def _verify_in_background(self, files: Mapping[str, FileEntry]) -> list[str]:
+    def _verify_in_background(self, files: Mapping[str, FileEntry],
+                              worker: HashWorker | None) -> list[str]:
         try:
-            return self._check.run() if self._check is not None else \
+            return self._check.run(worker) if self._check is not None else \
                 self._store.verify(files)  # type: ignore[no-any-return]
         finally:
             self._drop()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -19,6 +20,7 @@ from typing import Any, BinaryIO, Collection, Dict, Iterator, cast
 
 from determined.core import TrialInfo
 from localdet.checkpoints.disk_space import DiskFull, Reserve
+from localdet.checkpoints.hash_worker import HashWorker
 from localdet.checkpoints.manifest import build_manifest, files_of
 from localdet.checkpoints.storage import checkpoint_store, experiment_store
 from localdet.checkpoints.store import FileEntry, StoreError
@@ -41,12 +43,16 @@ class SQLiteReporter:
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
         self._restore: Restore | None = None  # the last restore, until verified
+        self._worker: HashWorker | None = None
         self._reserve = Reserve.from_environment()
         self._first_batch_reported = False
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
         reporter = cls(Layout.from_environment(), trial_id)
+        info = reporter.trial_info()
+        if info.latest_checkpoint or info.warm_start_checkpoint:
+            reporter._hash_worker()  # started now, beside the imports: ready to restore
         reporter._await_launch_record()
         return reporter
 
@@ -157,7 +163,7 @@ class SQLiteReporter:
         self._end_restore()
         self._restore = Restore.begin(
             self._store_of(uuid), uuid, lambda u: files_of(self.db.checkpoint(u).manifest),
-            destination, read_in_place, self._saver)
+            destination, read_in_place, self._saver, self._hash_worker())
         return self._restore.path
 
     def open_restored(self, name: str) -> BinaryIO:
@@ -166,6 +172,15 @@ class SQLiteReporter:
         if self._restore is None:
             raise RuntimeError("open_restored before restore_checkpoint")
         return self._restore.open(name)
+
+    def _hash_worker(self) -> HashWorker | None:
+        """The process that hashes restored blobs off this one's GIL (`hash_worker`),
+        started on first need; closed when this process exits."""
+        if self._worker is None:
+            self._worker = HashWorker.start()
+            if self._worker is not None:
+                atexit.register(self._worker.close)
+        return self._worker
 
     def _store_of(self, uuid: str) -> Any:
         """This experiment's store, or for a checkpoint of another experiment (a warm
