@@ -670,7 +670,6 @@ class TrialController:
                   flush=True)
         return state
 
-
     def _load_restored(self, directory: Path) -> Dict[str, Any]:
         """Put the restored checkpoint's weights, optimizer and generator states into this
         trial's model and optimizers; returns the saved trial state."""
@@ -701,6 +700,7 @@ class TrialController:
                 _state.restore_optimizer_from_h5(self.model.optimizer, self.model, h5)
             _state.restore(state["generators"], self.model, self._optimizers(), h5)
         return state
+
 
 def saves_whole(model: Any) -> bool:
     """Whether Keras saves `model` whole in an `.h5`: a Functional or Sequential model (a
