@@ -15,12 +15,10 @@ import bisect
 import io
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from localdet.checkpoints.errors import MissingBlobError
-
-if TYPE_CHECKING:
-    from localdet.checkpoints.store import FileEntry
+from localdet.checkpoints.file_entry import FileEntry
 
 
 class ChunkedFile(io.RawIOBase):

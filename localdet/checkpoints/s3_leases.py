@@ -27,10 +27,10 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
-if TYPE_CHECKING:
-    from localdet.checkpoints.s3_store import S3Store
+# An S3Store, named loosely: s3_store imports this module, and this one reaches into it.
+S3Store = Any
 
 STALE_READER_SECONDS = 24 * 3600  # a reader lease this old was left by a crashed reader
 STALE_COLLECTOR_SECONDS = 300     # a collector marks a checkpoint only inside one transaction

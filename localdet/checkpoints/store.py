@@ -28,7 +28,6 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator, Mapping, Protocol
 
@@ -41,6 +40,7 @@ from localdet.checkpoints.chunking import (
     sha256_beside,
 )
 from localdet.checkpoints.errors import CorruptBlobError, MissingBlobError, StoreError
+from localdet.checkpoints.file_entry import Blob, FileEntry
 from localdet.checkpoints.locks import Lease
 from localdet.checkpoints.verification import Verification
 
@@ -49,26 +49,6 @@ __all__ = ["Blob", "CorruptBlobError", "FileEntry", "MissingBlobError", "Store",
 CHUNK_SIZE = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _LEASE_NAME_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
-
-
-Blob = tuple[str, int]  # (sha256, size) of one stored blob
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """Identity of one stored file: ``FileEntry(sha256="ab12...", size=1024)``. `chunks`
-    lists its content-defined chunks in order, ``(sha256, size)`` each; empty, the file is
-    the one blob named by its own sha256 (stored whole, or one chunk long). Two entries are
-    equal when their bytes are, however they are stored."""
-
-    sha256: str
-    size: int
-    chunks: tuple[Blob, ...] = field(default=(), compare=False)
-
-    @property
-    def blobs(self) -> tuple[Blob, ...]:
-        """The blobs that make up the file, in order."""
-        return self.chunks or ((self.sha256, self.size),)
 
 
 class _ReadsInto(Protocol):

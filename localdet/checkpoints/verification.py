@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from localdet.checkpoints.errors import StoreError
+from localdet.checkpoints.file_entry import FileEntry
 from localdet.checkpoints.hash_worker import BUFFER_SIZE, HashWorker, blob_is_sound
 
-if TYPE_CHECKING:
-    from localdet.checkpoints.store import FileEntry
 
 class Verification:
     """The blobs of `files` to check; `checked` (shared with the caller) holds blobs taken
