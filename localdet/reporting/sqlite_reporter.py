@@ -23,7 +23,7 @@ from localdet.checkpoints.disk_space import DiskFull, Reserve
 from localdet.checkpoints.hash_worker import HashWorker
 from localdet.checkpoints.manifest import build_manifest, files_of
 from localdet.checkpoints.storage import checkpoint_store, experiment_store
-from localdet.checkpoints.store import FileEntry, StoreError
+from localdet.checkpoints.store import FileEntry, Store, StoreError
 from localdet.config.experiment import length_to_batches
 from localdet.paths import Layout
 from localdet.records import lifecycle
@@ -51,7 +51,8 @@ class SQLiteReporter:
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
         reporter = cls(Layout.from_environment(), trial_id)
         info = reporter.trial_info()
-        if info.latest_checkpoint or info.warm_start_checkpoint:
+        if (info.latest_checkpoint or info.warm_start_checkpoint) \
+                and isinstance(reporter.store, Store):  # S3 checks hashes as it downloads
             reporter._hash_worker()  # started now, beside the imports: ready to restore
         reporter._await_launch_record()
         return reporter
@@ -161,9 +162,10 @@ class SQLiteReporter:
         not written and read back)."""
         self.wait_for_checkpoints()
         self._end_restore()
+        store = self._store_of(uuid)
         self._restore = Restore.begin(
-            self._store_of(uuid), uuid, lambda u: files_of(self.db.checkpoint(u).manifest),
-            destination, read_in_place, self._saver, self._hash_worker())
+            store, uuid, lambda u: files_of(self.db.checkpoint(u).manifest), destination,
+            read_in_place, self._saver, self._hash_worker() if isinstance(store, Store) else None)
         return self._restore.path
 
     def open_restored(self, name: str) -> BinaryIO:
