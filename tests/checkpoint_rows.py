@@ -59,3 +59,31 @@ def folder_with(folder: Path, weights: bytes) -> Path:
     (folder / "metadata.json").write_text('{"framework": "tensorflow"}')
     (folder / MODEL).write_bytes(weights)
     return folder
+
+
+def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float],
+                after_round) -> None:
+    """`rounds` times: fork a writer (`writer(round)`: its target and arguments) and a
+    collector (`collector(round)`), kill each with SIGKILL at a random moment in `window`
+    seconds, then call `after_round(round)` (which checks the store)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    fork = multiprocessing.get_context("fork")
+    for round_ in range(rounds):
+        processes = [fork.Process(target=target, args=args)
+                     for target, args in (writer(round_), collector(round_))]
+        for process in processes:
+            process.start()
+        started = time.monotonic()
+        for process, at in sorted([(p, rng.uniform(*window)) for p in processes],
+                                  key=lambda pair: pair[1]):
+            time.sleep(max(0.0, at - (time.monotonic() - started)))
+            assert process.is_alive(), "it ended before being killed"
+            os.kill(process.pid, signal.SIGKILL)
+        for process in processes:
+            process.join()
+        assert [p.exitcode for p in processes] == [-signal.SIGKILL] * 2
+        after_round(round_)

@@ -5,15 +5,20 @@ points never leave a listed checkpoint with a missing chunk."""
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
-import os
 import random
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from checkpoint_rows import MODEL, commit, folder_with, live_blobs, make_experiment, make_trial
+from checkpoint_rows import (
+    MODEL,
+    commit,
+    folder_with,
+    kill_rounds,
+    live_blobs,
+    make_experiment,
+    make_trial,
+)
 from click.testing import CliRunner
 
 from localdet.checkpoints import gc
@@ -183,25 +188,16 @@ def test_a_writer_and_a_collector_killed_at_random_points_leave_every_chunk_list
                                         save_experiment_best=0)
         trial_id = make_trial(db, experiment_id)
     store = Store(layout.store)
-    fork = multiprocessing.get_context("fork")
     home = str(layout.home)
-    for round_ in range(5):
-        writer = fork.Process(target=_write_forever,
-                              args=(home, experiment_id, trial_id, seed + round_))
-        collector = fork.Process(target=_collect_forever, args=(home, experiment_id))
-        writer.start(), collector.start()
-        started = time.monotonic()
-        for process, at in sorted([(writer, rng.uniform(0.15, 0.5)),
-                                   (collector, rng.uniform(0.15, 0.5))], key=lambda p: p[1]):
-            time.sleep(max(0.0, at - (time.monotonic() - started)))
-            assert process.is_alive(), f"seed {seed}: it ended before being killed"
-            os.kill(process.pid, signal.SIGKILL)
-        writer.join(), collector.join()
-        assert (writer.exitcode, collector.exitcode) == (-signal.SIGKILL, -signal.SIGKILL)
+
+    def checked(round_: int) -> None:
         with StateDB.open(layout.db) as db:
             for checkpoint in db.checkpoints():
                 assert store.verify(files_of(checkpoint.manifest)) == [], \
                     f"seed {seed}, round {round_}: checkpoint {checkpoint.uuid} lost a chunk"
+
+    kill_rounds(5, lambda r: (_write_forever, (home, experiment_id, trial_id, seed + r)),
+                lambda r: (_collect_forever, (home, experiment_id)), rng, (0.15, 0.5), checked)
     with StateDB.open(layout.db) as db:
         assert len(db.checkpoints(include_deleted=True)) > len(db.checkpoints()) >= 1, seed
         gc.collect(layout, db, grace_seconds=0)

@@ -4,15 +4,19 @@ no listed checkpoint is ever left with a missing or bad chunk, and in the end th
 exactly the chunks the kept checkpoints use. S3 is moto's server in a process of its own."""
 from __future__ import annotations
 
-import multiprocessing
-import os
 import random
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from checkpoint_rows import commit, folder_with, live_blobs, make_experiment, make_trial
+from checkpoint_rows import (
+    commit,
+    folder_with,
+    kill_rounds,
+    live_blobs,
+    make_experiment,
+    make_trial,
+)
 from s3_server import blob_keys, s3_config, s3_store, start_process
 
 from localdet.checkpoints import gc
@@ -72,26 +76,18 @@ def test_an_s3_writer_and_collector_killed_at_random_points_leave_every_chunk_li
                                         save_trial_best=0, save_experiment_best=0)
         trial_id = make_trial(db, experiment_id)
     store = s3_store(endpoint, storage["prefix"])  # this process's own client, never forked
-    fork = multiprocessing.get_context("fork")
     home = str(layout.home)
-    for round_ in range(4):
-        writer = fork.Process(target=_write_forever,
-                              args=(home, experiment_id, trial_id, seed + round_))
-        collector = fork.Process(target=_collect_forever, args=(home, experiment_id, seed + round_))
-        writer.start(), collector.start()
-        started = time.monotonic()
-        for process, at in sorted([(writer, rng.uniform(0.5, 2.5)),
-                                   (collector, rng.uniform(0.5, 2.5))], key=lambda p: p[1]):
-            time.sleep(max(0.0, at - (time.monotonic() - started)))
-            assert process.is_alive(), f"seed {seed}: it ended before being killed"
-            os.kill(process.pid, signal.SIGKILL)
-        writer.join(), collector.join()
-        assert (writer.exitcode, collector.exitcode) == (-signal.SIGKILL, -signal.SIGKILL)
+
+    def checked(round_: int) -> None:
         _forget_marks(store)
         with StateDB.open(layout.db) as db:
             for checkpoint in db.checkpoints():
                 assert store.verify(files_of(checkpoint.manifest)) == [], \
                     f"seed {seed}, round {round_}: checkpoint {checkpoint.uuid} lost a chunk"
+
+    kill_rounds(4, lambda r: (_write_forever, (home, experiment_id, trial_id, seed + r)),
+                lambda r: (_collect_forever, (home, experiment_id, seed + r)), rng,
+                (0.5, 2.5), checked)
     with StateDB.open(layout.db) as db:
         assert len(db.checkpoints(include_deleted=True)) > len(db.checkpoints()) >= 1, seed
         assert not gc.collect(layout, db, grace_seconds=0).blobs_deferred
