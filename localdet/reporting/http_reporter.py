@@ -45,32 +45,13 @@ from determined.core._reporting import (
     TRIAL_ID_VAR,
 )
 from localdet.reporting import chunk_upload, whole_file_upload
-from localdet.reporting.chunk_upload import UPLOADS_IN_FLIGHT
 from localdet.reporting.report_transport import (
     DEFAULT_RETRY_SECONDS,
     ReportError,
     ReportTransport,
     StaleLaunch,
 )
-from localdet.reporting.report_wire import (
-    API,
-    CHUNK,
-    CHUNKS_HEADER,
-    INSUFFICIENT_STORAGE,
-    LAUNCH_HEADER,
-    MISSING_BLOBS,
-    NOT_RUNNING,
-    PGRP_HEADER,
-    STALE,
-    TOKEN_HEADER,
-)
-
-# The wire's names and the transport's errors, importable from here as before.
-__all__ = [
-    "API", "CHUNK", "CHUNKS_HEADER", "DEFAULT_RETRY_SECONDS", "INSUFFICIENT_STORAGE",
-    "LAUNCH_HEADER", "MISSING_BLOBS", "NOT_RUNNING", "PGRP_HEADER", "STALE", "START_SECONDS",
-    "TOKEN_HEADER", "UPLOADS_IN_FLIGHT", "HTTPReporter", "ReportError", "StaleLaunch",
-]
+from localdet.reporting.report_wire import CHUNK, STALE
 
 START_SECONDS = 30.0      # how long a new process waits for the daemon to record its launch
 
