@@ -25,7 +25,7 @@ from typing import IO, Sequence
 
 BUFFER_SIZE = 1 << 20
 
-Blob = tuple[str, str, int]  # (path, sha256, size)
+BlobToCheck = tuple[str, str, int]  # (path, sha256, size): not file_entry.Blob
 
 
 def blob_is_sound(path: str, sha256: str, size: int, buffer: bytearray) -> bool:
@@ -70,7 +70,7 @@ class HashWorker:
             return None
         return cls(process)
 
-    def check(self, blobs: Sequence[Blob]) -> list[int] | None:
+    def check(self, blobs: Sequence[BlobToCheck]) -> list[int] | None:
         """Indices of the blobs that are missing, of another size or corrupt; None if the
         worker could not answer (the caller checks them itself)."""
         stdin, stdout = self._process.stdin, self._process.stdout
