@@ -18,7 +18,11 @@ NumPy `(x, y[, sample_weights])` (x: an array, a list or a dict of arrays)
     `_sequence`.
 A user's `tf.data.Dataset` (already batched)
     Repeated endlessly; its position, shuffle buffers included, lives in the tf iterator,
-    which the controller checkpoints with `tf.train.Checkpoint(iterator=...)`.
+    which the controller checkpoints with `tf.train.Checkpoint(iterator=...)`. TensorFlow
+    cannot save an iterator whose pipeline holds a stateful op (a random augmentation
+    layer, `tf.random.*` in a `map`, `tf.py_function`, `from_generator`): such a stream
+    resumes by position, rebuilt and read up to batch k ("skip"), as Determined resumed
+    every dataset. `context.fit` over data of unknown length reads it one pass an epoch.
 
 Validation data is one finite pass, re-iterable (evaluate runs it many times).
 """
@@ -26,6 +30,7 @@ Validation data is one finite pass, re-iterable (evaluate runs it many times).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +48,8 @@ from determined.keras._sequence_batches import DataLoaderError, is_keras_sequenc
 from determined.keras._sequence_loaders import close_all
 
 __all__ = ["ACCEPTED_FORMS", "DataLoaderError", "KerasDataAdapter", "SequenceAdapter",
-           "TrainingStream", "close_workers", "is_sequence", "training_stream",
+           "TrainingStream", "cardinality", "close_workers", "has_unknown_length",
+           "is_sequence", "resumes_by_position", "stateful_op", "training_stream",
            "validation_stream", "with_class_weight"]
 
 ACCEPTED_FORMS = ("(x, y) or (x, y, sample_weights) NumPy arrays, where x may be a list or "
@@ -71,6 +77,8 @@ class TrainingStream:
     dataset: tf.data.Dataset
     position_in_iterator: bool
     batches_per_pass: int | None
+    # Read one pass at a time (repeat=False): every pass after the first, whole.
+    each_pass: tf.data.Dataset | None = None
     _closers: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
 
     def close(self) -> None:
@@ -181,9 +189,40 @@ def _repeated(dataset: tf.data.Dataset) -> tf.data.Dataset:
     input, the shuffle's state, seed generator included, is not saved
     (tensorflow/tensorflow#48178). `tf_data_resume="skip"` is exact there.
     """
+    return _without_read_ahead(dataset.repeat())
+
+
+def _without_read_ahead(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
-    return dataset.repeat().with_options(options)
+    return dataset.with_options(options)
+
+
+def stateful_op(error: BaseException) -> str:
+    """The op TensorFlow names when it refuses to save an iterator ("ReadVariableOp is
+    stateful"): a random augmentation layer, `tf.random.*`, `tf.py_function` or
+    `from_generator` in the pipeline. Empty when the error names none."""
+    found = re.search(r"(\w+) is stateful", str(error))
+    return found.group(1) if found else ""
+
+
+# Where the stateful ops TensorFlow names come from in users' pipelines.
+_STATEFUL_SOURCES = {
+    "ReadVariableOp": "a variable read, such as a Keras random augmentation layer's seed",
+    "RngReadAndSkip": "a random op drawing from a tf.random.Generator",
+    "EagerPyFunc": "tf.py_function",
+    "PyFunc": "Dataset.from_generator or tf.numpy_function",
+}
+
+
+def resumes_by_position(op: str) -> str:
+    """What the trial log says, once, when the training pipeline's iterator cannot be saved."""
+    source = _STATEFUL_SOURCES.get(op, "a tf.random op" if op.startswith("Random") else "")
+    named = f"{op}: {source}" if op and source else op
+    held = f" holds a stateful op ({named})" if named else " holds a stateful op"
+    return ("the training data's tf.data pipeline" + held + ", so its iterator cannot be "
+            "saved in a checkpoint: a resume rebuilds the pipeline and skips the batches "
+            "already trained (the same batches, unless its random ops draw differently)")
 
 
 # -- the streams ---------------------------------------------------------------------------
@@ -197,7 +236,7 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
                     use_multiprocessing: bool | None = None,
                     max_queue_size: int | None = None,
                     tf_data_resume: str = "iterator",
-                    part: tuple[int, int] = (0, 1)) -> TrainingStream:
+                    part: tuple[int, int] = (0, 1), repeat: bool = True) -> TrainingStream:
     """The endless training batches of `loader`, starting at batch `start_batch`.
 
     part: (rank, size) of a process among the trial's several: NumPy batches are then the
@@ -214,6 +253,9 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
         restores exactly) or "skip" (the stream starts at start_batch by reading and
         dropping the batches before it: exact for any deterministic pipeline, at the cost
         of one read of the data up to there; position_in_iterator is then False).
+    repeat: False for a tf.data.Dataset read one pass at a time (the caller starts a new
+        iterator over `dataset` for each pass); start_batch then counts from the start of
+        the first pass.
     """
     if start_batch < 0:
         raise ValueError(f"start_batch must be 0 or more, not {start_batch}")
@@ -231,15 +273,16 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
                                               part),
                               position_in_iterator=False, batches_per_pass=count // batch_size)
     if isinstance(loader, tf.data.Dataset):
-        cardinality = int(loader.cardinality() if tf.executing_eagerly()
-                          else tf.keras.backend.get_value(loader.cardinality()))  # graph mode
-        per_pass = cardinality if cardinality > 0 else None
+        per_pass = cardinality(loader)
+        # One pass, iterated anew each epoch: data whose epochs end where the data does.
+        stream = _repeated(loader) if repeat else _without_read_ahead(loader)
+        each_pass = None if repeat else stream
         if tf_data_resume == "iterator":
-            return TrainingStream(_repeated(loader), position_in_iterator=True,
-                                  batches_per_pass=per_pass)
+            return TrainingStream(stream, position_in_iterator=True,
+                                  batches_per_pass=per_pass, each_pass=each_pass)
         if tf_data_resume == "skip":
-            return TrainingStream(_repeated(loader).skip(start_batch),
-                                  position_in_iterator=False, batches_per_pass=per_pass)
+            return TrainingStream(stream.skip(start_batch), position_in_iterator=False,
+                                  batches_per_pass=per_pass, each_pass=each_pass)
         raise ValueError(f"tf_data_resume must be 'iterator' or 'skip', not {tf_data_resume!r}")
     adapter = adapt(loader, workers, use_multiprocessing, max_queue_size)
     if adapter is not None:
@@ -247,6 +290,21 @@ def training_stream(loader: Any, batch_size: int, seed: int, start_batch: int = 
         return TrainingStream(stream.dataset, position_in_iterator=False,
                               batches_per_pass=stream.length, _closers=[stream.close])
     raise _reject(loader, "training")
+
+
+def cardinality(dataset: tf.data.Dataset) -> int | None:
+    """Batches in one pass of a finite dataset; None for an infinite one or one of unknown
+    length (a generator, a filter)."""
+    count = int(dataset.cardinality() if tf.executing_eagerly()
+                else tf.keras.backend.get_value(dataset.cardinality()))  # graph mode
+    return count if count > 0 else None
+
+
+def has_unknown_length(dataset: Any) -> bool:
+    """A tf.data.Dataset whose passes end where its data does, at a length it cannot say
+    (`from_generator`, `filter`); not an infinite (repeated) one."""
+    return (isinstance(dataset, tf.data.Dataset) and tf.executing_eagerly()
+            and int(dataset.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY))
 
 
 def validation_stream(loader: Any, batch_size: int, *, workers: int | None = None,

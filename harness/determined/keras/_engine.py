@@ -81,7 +81,8 @@ def _not_resharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
-def _batches(dataset: tf.data.Dataset) -> int:
+def count_batches(dataset: tf.data.Dataset) -> int:
+    """Batches in one pass of `dataset`: read through when it cannot say."""
     count = int(dataset.cardinality())
     return count if count >= 0 else int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
 
@@ -201,7 +202,7 @@ class MultiWorkerMirrored(Single):
             # feeds empty batches, which count for nothing. Validation data does not change:
             # counted once.
             if id(dataset) not in self._steps:
-                self._steps[id(dataset)] = max(self.distributed.allgather(_batches(part)))
+                self._steps[id(dataset)] = max(self.distributed.allgather(count_batches(part)))
             steps = self._steps[id(dataset)]
         distributed = self.strategy.distribute_datasets_from_function(lambda _: part)
         return super().evaluate(model, distributed, steps, callbacks)

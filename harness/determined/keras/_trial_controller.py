@@ -51,6 +51,8 @@ MODEL_FORM = "keras-model-h5"  # architecture, weights, compile settings: Keras'
 STATE_FILENAME = "trial_state.pkl"
 ITERATOR_FOLDER = "data_iterator"
 log = logging.getLogger("determined.keras")
+# The length of a context.fit over data of unknown length, until its last epoch ends.
+UNTIL_THE_DATA_ENDS = 2 ** 62
 GRAPH_MODE_NEEDS_KERAS_2 = ("the trial disables eager execution, which Keras 3 cannot run; "
                             "set TF_USE_LEGACY_KERAS=1 in environment.environment_variables")
 
@@ -167,6 +169,13 @@ class TrialController:
         self.epochs_completed = fit.initial_epoch if fit else 0
         self.paused = False
         self.train_stream: Optional[_data.TrainingStream] = None
+        # Set at the first checkpoint that found the pipeline's iterator cannot be saved.
+        self.position_only = False
+        # context.fit over data of unknown length: an epoch is one pass, ended by the data.
+        self.epochs_end_with_data = False
+        self.epoch_start_batch = 0
+        self._counted_pass = 0  # on several processes: batches in one pass, counted once
+        self._workload_began_at = 0
         self._restore_dir: Optional[Path] = None
         # Eager execution disabled by the trial's code: batches go through Keras's session.
         self.graph_mode = _graph_mode.active()
@@ -267,15 +276,31 @@ class TrialController:
             return max(1, math.ceil(records / global_batch))
         if records and "global_batch_size" in self.info.hparams:
             return max(1, math.ceil(records / self.context.get_global_batch_size()))
+        if self._counted_pass:
+            return self._counted_pass
         return (self.train_stream.batches_per_pass or 0) if self.train_stream else 0
+
+    def _read_pass_by_pass(self) -> bool:
+        """context.fit given epochs and no length, over a tf.data.Dataset of unknown length
+        (a generator, a filter): as in Keras, an epoch ends where the data does. On several
+        processes, whose passes must end together, one pass is counted instead (the
+        shortest rank's) and stands for every epoch's length."""
+        if not self.fit or self.target or self._batches_per_epoch() \
+                or not _data.has_unknown_length(self.train_loader):
+            return False
+        if self.distributed.size == 1:
+            return True
+        self._counted_pass = min(self.distributed.allgather(
+            _engine.count_batches(self._training_part())))
+        return False
 
     def _set_length_from_epochs(self, fit: FitOptions) -> None:
         """The searcher set no length: train the epochs `context.fit` was given."""
         per_epoch = self._batches_per_epoch()
         if not per_epoch:
-            raise TrialError("context.fit() cannot count epochs over data of unknown length; "
-                             "pass steps_per_epoch=, or set searcher.max_length in the "
-                             "experiment config")
+            raise TrialError("context.fit() cannot count epochs over endless data (a repeated "
+                             "dataset, a PyDataset without a length); pass steps_per_epoch=, "
+                             "or set searcher.max_length in the experiment config")
         self.target = max(0, fit.epochs - fit.initial_epoch) * per_epoch
         if self.is_chief:
             self.reporter.set_target_batches(self.target)
@@ -294,22 +319,33 @@ class TrialController:
         fit_config = self.context.fit_config
         workers = {key: fit_config.get(key)
                    for key in ("workers", "use_multiprocessing", "max_queue_size")}
+        self.epochs_end_with_data = self._read_pass_by_pass()
+        # A checkpoint without the iterator's own (its pipeline has a stateful op) resumes
+        # by position, as does every stream on several slots (a distributed iterator
+        # cannot be checkpointed) and in graph mode (its v1 iterator has none).
+        by_position = bool(state) and not state["iterator_checkpoint"]
+        self.position_only = by_position
+        if by_position and isinstance(self.train_loader, tf.data.Dataset) \
+                and self.engine.iterator_checkpoints and not self.graph_mode:
+            print(f"[trial {self.info.trial_id}] the training data resumes by position: its "
+                  f"pipeline is rebuilt and read up to where training stopped", flush=True)
         self.train_stream = _data.training_stream(
             self._training_part(), self._batch_size(), self.info.seed,
-            start_batch=self.batches_trained, shuffle=fit_config.get("shuffle", True),
+            start_batch=self.batches_trained - (
+                self.epoch_start_batch if self.epochs_end_with_data else 0),
+            shuffle=fit_config.get("shuffle", True),
             part=(self.distributed.rank, self.distributed.size),
-            # A distributed iterator cannot be checkpointed: on several slots a tf.data
-            # stream finds its place by reading up to it.
-            # So does a graph-mode one: its v1 iterator has no checkpoint of its own.
             tf_data_resume=("iterator" if self.engine.iterator_checkpoints
-                            and not self.graph_mode else "skip"),
-            **workers)
+                            and not self.graph_mode and not by_position else "skip"),
+            repeat=not self.epochs_end_with_data, **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         self.validation_data = _data.validation_stream(
             self.validation_loader, validation_batch_size, **workers)
         if self.graph_mode:
             self.validation_data = _graph_mode.Batches(self.validation_data)
-        if self.fit and not self.target:
+        if self.epochs_end_with_data:
+            self.target = UNTIL_THE_DATA_ENDS
+        elif self.fit and not self.target:
             self._set_length_from_epochs(self.fit)
         try:
             self._train(state, self.train_stream)
@@ -355,11 +391,12 @@ class TrialController:
         if self.last_validation != self.batches_trained:
             self.validate()
 
-    def _train(self, state: Optional[Dict[str, Any]], stream: _data.TrainingStream) -> None:
-        dataset = stream.dataset
+    def _weighed(self, dataset: Any) -> Any:
         class_weight = self.context.fit_config.get("class_weight")
-        if class_weight:
-            dataset = _data.with_class_weight(dataset, class_weight)
+        return _data.with_class_weight(dataset, class_weight) if class_weight else dataset
+
+    def _train(self, state: Optional[Dict[str, Any]], stream: _data.TrainingStream) -> None:
+        dataset = self._weighed(stream.dataset)
         try:
             self.engine.prepare(self.model, dataset)
         except _engine.EngineError as error:
@@ -373,7 +410,11 @@ class TrialController:
         per_epoch = self._batches_per_epoch()
         verbose = self.context.fit_config.get("verbose", 0)
         if self.fit:  # Keras's own epochs: the progress bar and History count them
-            epochs = self.fit.initial_epoch + math.ceil(self.target / per_epoch) if per_epoch else 1
+            if self.epochs_end_with_data:
+                epochs = self.fit.epochs
+            else:
+                epochs = (self.fit.initial_epoch + math.ceil(self.target / per_epoch)
+                          if per_epoch else 1)
             callbacks = tf.keras.callbacks.CallbackList(
                 self.user_callbacks + [self.fit.history], add_history=False,
                 add_progbar=bool(verbose), model=self.model, verbose=verbose, epochs=epochs,
@@ -414,7 +455,7 @@ class TrialController:
         if self.fit:
             # A resumed fit is inside an epoch that began in another process; Keras's own
             # callbacks (the progress bar) need its on_epoch_begin all the same.
-            want_epoch_begin = bool(per_epoch)
+            want_epoch_begin = bool(per_epoch) or self.epochs_end_with_data
         elif per_epoch:  # every records_per_epoch; mid-epoch, the epoch began before the pause
             want_epoch_begin = self.batches_trained % per_epoch == 0
         else:  # no records_per_epoch: one epoch that never ends
@@ -431,9 +472,20 @@ class TrialController:
             if want_workload_begin:
                 self._begin_workload()
                 want_workload_begin = False
-            batch = self.batches_trained % per_epoch if self.fit and per_epoch else step
+            if self.epochs_end_with_data:
+                batch = self.batches_trained - self.epoch_start_batch
+            else:
+                batch = self.batches_trained % per_epoch if self.fit and per_epoch else step
             callbacks.on_train_batch_begin(batch)
-            logs = train_step(self.iterator)
+            try:
+                logs = train_step(self.iterator)
+            except tf.errors.OutOfRangeError:
+                if not self.epochs_end_with_data:
+                    raise
+                if self._data_ended(callbacks, logs):
+                    break
+                want_epoch_begin = True
+                continue
             callbacks.on_train_batch_end(batch, logs)
             if first_batch:
                 first_batch = False
@@ -462,6 +514,30 @@ class TrialController:
             # Training ended inside an epoch: that partial epoch still gets its History row.
             callbacks.on_epoch_end(self.epochs_completed,
                                    self._epoch_logs(self.fit, logs, always=True))
+
+    def _data_ended(self, callbacks: Any, logs: Dict[str, Any]) -> bool:
+        """A pass over data of unknown length ended: so does the epoch, as in Keras. True
+        when it was the last epoch (the trial's length is now known); else the next pass
+        begins."""
+        assert self.fit is not None and self.train_stream is not None
+        if self.batches_trained == self.epoch_start_batch:
+            raise TrialError("the training data ended before its first batch of an epoch; "
+                             "check that its pipeline yields data on every pass (a generator "
+                             "function, not a generator object already used up)")
+        callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(self.fit, logs))
+        self.epochs_completed += 1
+        self.epoch_start_batch = self.batches_trained
+        if self.epochs_completed >= self.fit.epochs:
+            self.target = self.batches_trained
+            if self.is_chief:
+                self.reporter.set_target_batches(self.target)
+            if self._workload_began_at < self.batches_trained:  # else it trained nothing
+                self.end_workload(logs)
+            return True
+        assert self.train_stream.each_pass is not None
+        self.iterator = self.engine.training_iterator(
+            self._weighed(self.train_stream.each_pass))
+        return False
 
     def _first_batch_ended(self, logs: Dict[str, Any]) -> None:
         """Tell the reporter when this launch's first batch ended (the chief alone records),
@@ -508,6 +584,7 @@ class TrialController:
                 getattr(callback, hook)(*args)
 
     def _begin_workload(self) -> None:
+        self._workload_began_at = self.batches_trained
         self._call("on_train_workload_begin", self.batches_trained,
                    self._next_boundary() - self.batches_trained, {})
 
@@ -516,7 +593,8 @@ class TrialController:
         metrics = self.engine.training_metrics(logs)
         if self.is_chief:
             self.reporter.report_training_metrics(batches_trained, metrics)
-            print(f"[trial {self.info.trial_id}] batches {batches_trained}/{self.target} "
+            length = "" if self.target == UNTIL_THE_DATA_ENDS else f"/{self.target}"
+            print(f"[trial {self.info.trial_id}] batches {batches_trained}{length} "
                   + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         self._call("on_train_workload_end", batches_trained, metrics)
         stop = self._agreed(self.context.get_stop_requested())
@@ -626,16 +704,33 @@ class TrialController:
             "generators": _state.capture(self.model, self._optimizers(), in_h5),
             "callbacks": [c.get_state() if hasattr(c, "get_state") else None
                           for c in self.user_callbacks],
-            "iterator_checkpoint": None,
+            "iterator_checkpoint": self._save_iterator(directory),
+            "epoch_start_batch": self.epoch_start_batch,
         }
-        if self.train_stream is not None and self.train_stream.position_in_iterator:
-            prefix = tf.train.Checkpoint(iterator=self.iterator).write(
-                str(directory / ITERATOR_FOLDER / "iterator"))
-            state["iterator_checkpoint"] = os.path.relpath(prefix, directory)
         with open(directory / STATE_FILENAME, "wb") as handle:
             # Protocol 5 writes the optimizers' numpy buffers to the file uncopied (PEP 574):
             # a third of the pickling time of a 70 MB model's checkpoint.
             pickle.dump(state, handle, protocol=5)
+
+    def _save_iterator(self, directory: Path) -> Optional[str]:
+        """The training iterator's own checkpoint (its path in `directory`), or None where
+        the stream finds its place by position: always, or since TensorFlow refused to save
+        an iterator whose pipeline has a stateful op (said once, in the trial's log)."""
+        if self.train_stream is None or not self.train_stream.position_in_iterator \
+                or self.position_only:
+            return None
+        try:
+            prefix = tf.train.Checkpoint(iterator=self.iterator).write(
+                str(directory / ITERATOR_FOLDER / "iterator"))
+        except tf.errors.FailedPreconditionError as error:
+            if not _data.stateful_op(error):
+                raise
+            shutil.rmtree(directory / ITERATOR_FOLDER, ignore_errors=True)
+            self.position_only = True
+            print(f"[trial {self.info.trial_id}] note: "
+                  f"{_data.resumes_by_position(_data.stateful_op(error))}", flush=True)
+            return None
+        return os.path.relpath(prefix, directory)
 
     def _restore(self, uuid: str) -> Dict[str, Any]:
         """Load a checkpoint; returns the saved trial state for the parts that can only be
@@ -661,6 +756,7 @@ class TrialController:
         self.epochs_completed = state["epochs_completed"]
         self.last_validation = state["last_validation"]
         self.last_checkpoint = self.batches_trained
+        self.epoch_start_batch = state.get("epoch_start_batch", 0)
         if state["iterator_checkpoint"]:
             state["iterator_checkpoint"] = str(directory / state["iterator_checkpoint"])
         print(f"[trial {self.info.trial_id}] restored checkpoint {uuid} at "
