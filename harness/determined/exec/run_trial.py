@@ -133,6 +133,9 @@ def main() -> int:
     info = reporter.trial_info()
     os.chdir(info.model_dir)
     sys.path.insert(0, str(info.model_dir))
+    from determined import _old_releases
+
+    _old_releases.install(info.config, info.model_dir)  # before the code meets NumPy or Keras
     entrypoint = info.config.get("trial_class") or info.config["entrypoint"]
     # import: the trial's module; setup: its __init__, build_model and loaders; training:
     # the loop. Before training, no batch was trained, so a repeat is deterministic.
@@ -162,6 +165,13 @@ def main() -> int:
             # Only an error about Keras needs to know the line (importing TensorFlow).
             line = _current_keras_line() if about_keras_line(error) else ""
             message = keras_version_hint(error, line)
+            remedy = _old_releases.refusal(error)  # a removal since the code's release
+            if remedy:
+                message = f"{exception_line(error)} ({remedy})"
+            # An ImportError of what a failed startup-hook.sh line was installing names it.
+            from determined.exec import hook_failures
+
+            message = hook_failures.named(error, message)
         print(f"error: {message}", file=sys.stderr, flush=True)
         signature = message if trial_error else exception_line(error)
         point = _point(error, controller) if stage == "training" else None

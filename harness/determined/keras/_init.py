@@ -52,5 +52,8 @@ def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None
                                        os.environ.get(CONFIG_VAR) or None,
                                        record=_recording(record))
     info = reporter.trial_info()
+    from determined import _old_releases
+
+    _old_releases.install(info.config, info.model_dir)  # what the script's release allowed
     prepare_process(info)
     return KerasContext(info, reporter, managed=managed)
