@@ -73,6 +73,7 @@ class Daemon:
     max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES  # each trial log's cap
     reserve: disk_space.Reserve = field(default_factory=disk_space.Reserve)  # free space kept
     warm: int | None = None  # warm trial processes; None: one per spare core (at most 2)
+    allow_system_hooks: bool = False  # run startup hooks' apt-get, yum, conda install, sudo
     ray: str | None = None   # a Ray cluster's address ("auto"): its slots, trials run there
     cluster: Any = None      # or the cluster itself (RayCluster's methods): a simulated one
     # Where trials run, behind one interface (localdet/scheduling/local_machine.py): this
@@ -129,7 +130,8 @@ class Daemon:
             layout, db, self.search, self.memory, self.pool, self.backend, local=self.local,
             watched=watched, experiments=self.experiments, exits=self.exits,
             waiters=self._waiters, mine=self._mine, log=log, batch=self.BATCH,
-            max_log_bytes=self.max_log_bytes, reserve=self.reserve, report_url=self.report_url)
+            max_log_bytes=self.max_log_bytes, reserve=self.reserve, report_url=self.report_url,
+            allow_system_hooks=self.allow_system_hooks)
         self.scheduler = Scheduler(
             db, self.backend, local=self.local, machine=machine, intake=self.intake,
             watched=watched, experiments=self.experiments, space=self.space,

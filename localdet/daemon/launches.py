@@ -43,6 +43,7 @@ class Launches:
     max_log_bytes: int
     reserve: disk_space.Reserve
     report_url: str | None  # set while the report server runs
+    allow_system_hooks: bool = False  # startup hooks' machine-changing lines run
 
     def launch(self, trial: Trial, slots: list[int], machine: list[Slot]) -> tuple | None:
         """Start the trial's process; None if it cannot start (the trial is then ERROR).
@@ -53,7 +54,8 @@ class Launches:
                 self.layout, experiment, trial, slots,
                 visible_devices=cuda_visible_devices([machine[i] for i in slots]),
                 max_log_bytes=self.max_log_bytes, reserve=self.reserve,
-                report_url=self.report_url, report_local=self.local)
+                report_url=self.report_url, report_local=self.local,
+                allow_system_hooks=self.allow_system_hooks)
             log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             launched_at = now()
             process = self.backend.start(

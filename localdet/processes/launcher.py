@@ -67,11 +67,13 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                 slots: list[int], visible_devices: str | None = None,
                 max_log_bytes: int = capped_log.DEFAULT_MAX_BYTES,
                 reserve: disk_space.Reserve | None = None,
-                report_url: str | None = None, report_local: bool = True) -> LaunchSpec:
+                report_url: str | None = None, report_local: bool = True,
+                allow_system_hooks: bool = False) -> LaunchSpec:
     """`visible_devices`: the trial's CUDA_VISIBLE_DEVICES (its GPUs, or "" on CPU slots);
     `report_url`: the daemon's report server, for a trial that reports over HTTP
     (`localdet daemon --report http`) rather than into SQLite; `report_local`: the trial
-    runs on this machine (not on a cluster's node)."""
+    runs on this machine (not on a cluster's node); `allow_system_hooks`: a startup hook's
+    lines that change the machine run (`localdet daemon --allow-system-hooks`)."""
     user_env = {str(k): str(v) for k, v in
                 experiment.config["environment"]["environment_variables"].items()}
     line, reason, engine = _line_and_engine(layout, experiment, user_env)
@@ -96,7 +98,9 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         # Determined ran it): localdet/processes/startup_hook.py.
         argv=startup_hook.wrapped(supervised_argv(argv_for(experiment.config), engine,
                                                   len(slots), experiment.config.get("launcher")),
-                                  Path(experiment.model_dir)),
+                                  Path(experiment.model_dir), allow_system=allow_system_hooks,
+                                  strict=experiment.config["environment"].get(
+                                      "startup_hook") == "strict"),
         env=env,
         cwd=Path(experiment.model_dir),
         log_path=layout.trial_log(experiment.id, trial.id),

@@ -111,10 +111,14 @@ def cli() -> None:
               help="Copy the records (localdet.db) into $LOCALDET_HOME/backups at start and "
                    "this often, keeping the newest 3; `localdet doctor --restore` brings "
                    "one back.")
+@click.option("--allow-system-hooks", is_flag=True,
+              help="Run the lines of model folders' startup-hook.sh that change the machine "
+                   "(apt-get, yum, conda install, sudo ...); without it they are skipped with "
+                   "a warning.")
 def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
            trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
            min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
-           report_port: int | None, backup_minutes: float) -> None:
+           report_port: int | None, backup_minutes: float, allow_system_hooks: bool) -> None:
     """Watch the queue folder and run the experiments dropped into it."""
     from localdet.checkpoints.disk_space import Reserve
     from localdet.daemon.daemon import Daemon
@@ -136,7 +140,7 @@ def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
                trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
                reserve=Reserve(min_free_space, min_free_percent), warm=warm,
                report=report, report_port=report_port, ray=ray_address,
-               backup_minutes=backup_minutes).run()
+               backup_minutes=backup_minutes, allow_system_hooks=allow_system_hooks).run()
     except (DaemonAlreadyRunning, ReportServerError, RayError) as error:
         _fail(str(error))
 
@@ -182,7 +186,12 @@ def submit(config: Path, model_dir: Path | None) -> None:
               help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
                    "one slot per GPU.")
 @click.option("--quiet", is_flag=True, help="Show progress bars, not the trials' logs.")
-def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
+@click.option("--allow-system-hooks", is_flag=True,
+              help="Run the lines of model folders' startup-hook.sh that change the machine "
+                   "(apt-get, yum, conda install, sudo ...); without it they are skipped with "
+                   "a warning.")
+def run(config: Path, model_dir: Path, slots: int, quiet: bool,
+        allow_system_hooks: bool) -> None:
     """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
     from localdet.daemon.submissions import SubmissionError
     from localdet.ui import foreground
@@ -195,7 +204,8 @@ def run(config: Path, model_dir: Path, slots: int, quiet: bool) -> None:
         sys.exit(2)  # nothing was recorded
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
-    sys.exit(foreground.drive(layout, experiment_id, slots, console, show_logs=not quiet))
+    sys.exit(foreground.drive(layout, experiment_id, slots, console, show_logs=not quiet,
+                              allow_system_hooks=allow_system_hooks))
 
 
 @cli.group()

@@ -110,9 +110,9 @@ class _Logs:
 
 
 def drive(layout: Layout, experiment_id: int, slots: int, console: Console,
-          show_logs: bool = True) -> int:
+          show_logs: bool = True, allow_system_hooks: bool = False) -> int:
     """Run the experiment to its end (or to PAUSED); returns the exit status: 0 when it
-    COMPLETED, else 1."""
+    COMPLETED, else 1. `allow_system_hooks`: as `localdet daemon --allow-system-hooks`."""
     lock = DaemonLock(layout.run_lock(experiment_id))
     lock.acquire()  # tells a daemon this experiment has a live runner
     db = StateDB.open(layout.db)
@@ -124,7 +124,7 @@ def drive(layout: Layout, experiment_id: int, slots: int, console: Console,
         progress.console.print(Text(message, style="dim"))
 
     daemon = Daemon(layout, slots=slots, poll_seconds=POLL_SECONDS, log=log,
-                    only=experiment_id).open(db)
+                    only=experiment_id, allow_system_hooks=allow_system_hooks).open(db)
     logs = _Logs(layout, experiment_id)
     tasks: dict[int, TaskID] = {}  # trial id -> its progress bar
     asked = 0
