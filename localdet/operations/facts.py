@@ -121,7 +121,8 @@ def _search_facts(db: StateDB, experiment: Experiment, trials: list[dict]) -> di
 
 
 # The events an experiment's facts are made of (not every trial's state changes).
-_FACT_EVENTS = ("trial_launched", "script_run_started", "trial_first_batch", "config_warning")
+_FACT_EVENTS = ("trial_launched", "script_run_started", "trial_first_batch", "config_warning",
+                "startup_hook_warning")
 
 
 # A search's events that leave a full-length search's progress what its trials trained.
@@ -268,9 +269,13 @@ def experiment_facts(db: StateDB, experiment: Experiment) -> dict[str, Any]:
 
 
 def _warnings(db: StateDB, experiment: Experiment, events: list[dict]) -> list[str]:
-    """The config's warnings; a custom searcher's "waits for a search method" only while no
-    runner has posted to it (the runner's own experiment never waited)."""
+    """The config's warnings, then its trials' startup-hook.sh lines that failed or were
+    not run (localdet/processes/startup_hook.py; each once, however many launches ran
+    it); a custom searcher's "waits for a search method" only while no runner has posted to
+    it (the runner's own experiment never waited)."""
     found = [e["payload"]["message"] for e in events if e["kind"] == "config_warning"]
+    found += dict.fromkeys(e["payload"]["message"] for e in events
+                           if e["kind"] == "startup_hook_warning")
     if experiment.searcher == "custom" and db.db.execute(
             "SELECT 1 FROM custom_search_batches WHERE experiment_id = ? LIMIT 1",
             [experiment.id]).fetchone():
