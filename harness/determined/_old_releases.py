@@ -65,7 +65,8 @@ _RELEASE = r"(?:^|[-:/_.])(?:tf|tensorflow)-?(\d+)\.(\d+)"  # compiled when used
 def release_of_image(image: Any) -> Optional[Release]:
     """The TensorFlow release an image (a name, or Determined's {cpu:, cuda:, ...}) names;
     the oldest where its names disagree."""
-    names = image.values() if isinstance(image, dict) else [image]
+    names = image.values() if isinstance(image, dict) else \
+        image if isinstance(image, (list, tuple)) else [image]
     found = [(int(m.group(1)), int(m.group(2))) for name in names if isinstance(name, str)
              for m in re.finditer(_RELEASE, name.rsplit("/", 1)[-1], re.IGNORECASE)]
     return min(found) if found else None
@@ -283,11 +284,8 @@ def _bridge_numpy(np: ModuleType) -> None:
     table = _numpy_aliases(np)
 
     def __getattr__(name: str) -> Any:
-        try:
+        if name not in table:  # NumPy's own (its lazy submodules, its messages)
             return original(name)
-        except AttributeError:
-            if name not in table:
-                raise
         value, release, instead = table[name]
         _warn(f"numpy.{name}", f"np.{name} was removed in NumPy {release}; localdet maps it to "
                                f"{instead} for code written before it: replace it with {instead}")
@@ -515,9 +513,10 @@ _REFUSALS: Tuple[Tuple[str, str], ...] = (
 
 
 def refusal(error: BaseException) -> Optional[str]:
-    """One sentence naming what to change, for a removal localdet did not bridge."""
-    text = str(error)
-    for pattern, sentence in _REFUSALS:
-        if re.search(pattern, text):
-            return sentence
+    """For a removal localdet did not bridge: the error's own line that says what failed
+    (a traced error's first line is only "in user code:"), then what to change."""
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines():
+        for pattern, sentence in _REFUSALS:
+            if re.search(pattern, line):
+                return f"{type(error).__name__}: {line.strip()} ({sentence})"
     return None

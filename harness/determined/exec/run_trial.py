@@ -165,9 +165,7 @@ def main() -> int:
             # Only an error about Keras needs to know the line (importing TensorFlow).
             line = _current_keras_line() if about_keras_line(error) else ""
             message = keras_version_hint(error, line)
-            remedy = _old_releases.refusal(error)  # a removal since the code's release
-            if remedy:
-                message = f"{exception_line(error)} ({remedy})"
+            message = _old_releases.refusal(error) or message  # removed since its release
             # An ImportError of what a failed startup-hook.sh line was installing names it.
             from determined.exec import hook_failures
 
