@@ -1,19 +1,27 @@
-"""Rewrite the architecture a Keras 3 `.h5` records (its `model_config` attribute) in the
-form Keras 2 reads. Pure Python, tested without TensorFlow.
+"""Rewrite the architecture an `.h5` records (its `model_config` attribute) in the form the
+other Keras line reads. Pure Python, tested without TensorFlow.
 
     config = keras3_model_config_for_keras2(json.loads(h5.attrs["model_config"]))
+    config = keras2_model_config_for_keras3(json.loads(h5.attrs["model_config"]), custom)
 
 Keras 2 reads Keras 3's nested objects (`module`/`class_name`/`config`/`registered_name`)
 itself, but not: a dtype policy object (Keras 2 takes the dtype's name), an `InputLayer`'s
 `batch_shape` (Keras 2: `batch_input_shape`), the call records of a functional model
 (Keras 3: `{"args": [tensors], "kwargs": ...}`; Keras 2: `[[layer, node, tensor, kwargs]]`),
 and arguments Keras 3 added (`optional`, `quantization_config`, an initializer's axes) that
-hold their defaults. (Keras 3 reads Keras 2's `.h5` as it is.)
+hold their defaults.
+
+Keras 3 reads Keras 2's nested objects, but its built-in layers refuse arguments only Keras 2
+has: which TensorFlow generator a random layer draws from (`rng_type`, which Keras 2 records
+once `enable_tf_random_generator()` ran, as in every trial process), and arguments Keras 3
+dropped (`time_major`, a transposed convolution's `groups`, the build shapes
+`MultiHeadAttention` records...). Where they hold values Keras 3 behaves by, they are left
+out; another value is named. A class of the trial's own (`custom_names`) keeps all of its.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, FrozenSet, List, Optional
 
 # Arguments Keras 3 added to built-in classes, left out where they hold these values.
 _KERAS3_ONLY_DEFAULTS: Dict[str, tuple] = {
@@ -22,9 +30,34 @@ _KERAS3_ONLY_DEFAULTS: Dict[str, tuple] = {
 }
 _TENSOR = "__keras_tensor__"
 
+_ANY = None  # an argument left out whatever it holds
+_TRANSPOSED = ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose", "DepthwiseConv1D",
+               "DepthwiseConv2D")
+_SEPARABLE = ("SeparableConv1D", "SeparableConv2D")
+_SPATIAL_DROPOUT = ("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D")
+# Arguments Keras 2 records that Keras 3's built-in classes do not take, by class ("*": any),
+# with the values at which leaving them out keeps the model's behaviour.
+_KERAS2_ONLY: Dict[str, Dict[str, Optional[tuple]]] = {
+    # Keras 3's random layers draw from their own seed generators.
+    "*": {"rng_type": _ANY, "time_major": (False,)},
+    **{name: {"groups": (1,)} for name in _TRANSPOSED},
+    # Keras 2 records its convolution base's `kernel_*`, which a separable one never uses.
+    **{name: {"groups": (1,), "kernel_initializer": _ANY, "kernel_regularizer": _ANY,
+              "kernel_constraint": _ANY} for name in _SEPARABLE},
+    # Keras 3 builds it from its first call, not from recorded shapes.
+    "MultiHeadAttention": {"query_shape": _ANY, "key_shape": _ANY, "value_shape": _ANY,
+                           "softmax_robust_masking": (False,)},
+    # Weightless layers whose Keras 3 constructors take no `trainable`.
+    **{name: {"trainable": _ANY, "noise_shape": (None,)} for name in _SPATIAL_DROPOUT},
+    "Discretization": {"trainable": _ANY},
+    # Keras 3's `.h5` reader turns the string "dot" into its function `dot`; it is the
+    # default anyway.
+    "Attention": {"score_mode": ("dot",)},
+}
+
 
 class ArchitectureNotTranslatable(ValueError):
-    """An argument Keras 3 added holds a value Keras 2 has no form for."""
+    """An argument one Keras line has holds a value the other has no form for."""
 
 
 def _history(value: Any) -> List[List[Any]]:
@@ -85,3 +118,52 @@ def _rewrite(value: Any) -> Any:
 def keras3_model_config_for_keras2(model_config: Dict[str, Any]) -> Dict[str, Any]:
     """`model_config` (parsed from a Keras 3 `.h5`) in the form Keras 2 reads."""
     return _rewrite(model_config)
+
+
+def _without_keras2_only(value: Any, custom_names: FrozenSet[str]) -> Any:
+    if isinstance(value, list):
+        return [_without_keras2_only(item, custom_names) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: _without_keras2_only(item, custom_names) for key, item in value.items()}
+    class_name, config = out.get("class_name"), out.get("config")
+    if not isinstance(config, dict) or class_name in custom_names:
+        return out
+    rules = {**_KERAS2_ONLY["*"], **_KERAS2_ONLY.get(str(class_name), {})}
+    for key, kept_at in rules.items():
+        if key not in config:
+            continue
+        setting = config.pop(key)
+        if kept_at is not _ANY and setting not in kept_at:
+            raise ArchitectureNotTranslatable(
+                f"'{config.get('name') or class_name}' has {key}={setting!r}, which Keras 3 "
+                "has no form for")
+    return out
+
+
+def keras2_model_config_for_keras3(model_config: Dict[str, Any],
+                                   custom_names: FrozenSet[str] = frozenset()) -> Dict[str, Any]:
+    """`model_config` (parsed from a Keras 2 `.h5`) in the form Keras 3 reads; the classes
+    `custom_names` names are the trial's own, and keep their arguments."""
+    return _without_keras2_only(model_config, custom_names)
+
+
+def without_generator_choice(model_config: Dict[str, Any]) -> bool:
+    """Leave out of a Keras 2 architecture, in place, the generator choice the trial
+    process made for every random layer (`enable_tf_random_generator()` has each record
+    `rng_type: "stateful"`): it is the harness's, not the model's, and Keras 3 refuses it.
+    True where any was left out."""
+    changed = False
+    stack: List[Any] = [model_config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            config = value.get("config")
+            if "class_name" in value and isinstance(config, dict) \
+                    and config.get("rng_type") == "stateful":
+                del config["rng_type"]
+                changed = True
+            stack.extend(value.values())
+    return changed

@@ -682,6 +682,10 @@ class TrialController:
             with quiet_keras_warnings():
                 self.model.save(directory / MODEL_FILENAME)
             record_missing_arguments(self.model, directory / MODEL_FILENAME)  # Keras 3's
+            if keras_line() == "keras2":  # prepare_process's generator choice, not the model's
+                from determined.keras._saved_architecture import drop_generator_choice
+
+                drop_generator_choice(directory / MODEL_FILENAME)
             if self.graph_mode:
                 _graph_mode.portable_h5(directory / MODEL_FILENAME)
             return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
