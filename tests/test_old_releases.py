@@ -248,3 +248,29 @@ def test_the_module_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True).stdout
     assert out.strip() == "['determined._old_releases']", out
+
+
+def test_keras_3_gets_the_removed_methods_and_optimizer_arguments_back(capsys):
+    import numpy as np
+    import tensorflow as tf
+
+    keras = tf.keras
+    if not keras.__version__.startswith("3."):
+        pytest.skip("this process runs Keras 2")
+    x, y = np.random.default_rng(0).random((8, 4), "float32"), np.arange(8) % 2
+
+    def batches():
+        while True:
+            yield x, y
+    with _old_releases.bridged({"environment": {"image": IMAGE_24}}, None):
+        adam = keras.optimizers.Adam(lr=0.01, decay=0.5)
+        steps = [float(adam._learning_rate(s)) for s in (0, 2)]
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+        model.compile(keras.optimizers.SGD(lr=0.1), "sparse_categorical_crossentropy")
+        model.fit_generator(batches(), steps_per_epoch=2, epochs=1, verbose=0, workers=2)
+        assert model.predict_classes(x).shape == (8,)
+    assert steps == [pytest.approx(0.01), pytest.approx(0.005)]  # 0.01 / (1 + 0.5 * 2)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+    err = capsys.readouterr().err
+    assert "Model.fit_generator was removed in TensorFlow 2.16 (Keras 3)" in err
+    assert not hasattr(model, "fit_generator")  # taken away again

@@ -432,8 +432,6 @@ def _bridge_generator_methods(model: type) -> None:
                                    f"generator: write model.{method}(...)")
             for key in _LOADER_ONLY:
                 kwargs.pop(key, None)
-            if name == "fit_generator" and "shuffle" in kwargs:
-                kwargs.pop("shuffle")  # a generator is never shuffled by fit
             return getattr(self, method)(generator, *args, **kwargs)
         call.__name__ = name
         return call
@@ -518,5 +516,6 @@ def refusal(error: BaseException) -> Optional[str]:
     for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines():
         for pattern, sentence in _REFUSALS:
             if re.search(pattern, line):
-                return f"{type(error).__name__}: {line.strip()} ({sentence})"
+                said = re.sub(r"^\w+(Error|Exception): ", "", line.strip())  # traced: repeated
+                return f"{type(error).__name__}: {said} ({sentence})"
     return None
