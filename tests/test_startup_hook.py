@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
+import json
 import subprocess
 import sys
 import zipfile
@@ -209,14 +209,14 @@ def test_a_trial_missing_what_a_failed_line_was_installing_names_the_line(tmp_pa
 def test_a_trial_class_missing_it_names_the_line_too(monkeypatch):
     from determined.exec import hook_failures, run_trial
 
-    monkeypatch.setenv(hook_failures.VAR, '[{"line": 4, "command": "pip install opencv-python==4.1", '
-                       '"reason": "failed: no network", "packages": ["opencv-python"]}]')
-    try:
-        import cv2  # noqa: F401
-    except ImportError as error:  # (not installed here: the common case)
-        message = hook_failures.named(error, run_trial.exception_line(error))
-        assert message.endswith("; it was to come from startup-hook.sh line 4, `pip install "
-                                "opencv-python==4.1`, which failed: no network")
+    monkeypatch.setenv(hook_failures.VAR, json.dumps([{
+        "line": 4, "command": "pip install opencv-python==4.1", "reason": "failed: no network",
+        "packages": ["opencv-python"]}]))
+    # What the trial class's module raised: its import name is not the distribution's.
+    error = ModuleNotFoundError("No module named 'cv2'", name="cv2")
+    assert hook_failures.named(error, run_trial.exception_line(error)) == (
+        "ModuleNotFoundError: No module named 'cv2'; it was to come from startup-hook.sh line "
+        "4, `pip install opencv-python==4.1`, which failed: no network")
     unrelated = ModuleNotFoundError("No module named 'yaml_free'", name="yaml_free")
     assert hook_failures.hint(unrelated) == ""
     from determined.core._reporting import FAILURE_MARK
