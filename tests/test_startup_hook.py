@@ -346,3 +346,15 @@ def test_a_hook_runs_before_the_trial_and_a_failing_one_is_its_error(home, tmp_p
     assert strict["trials"][0]["error"].startswith(
         "startup-hook.sh failed with exit code 1; its last output line: ERROR: No matching "
         "distribution found for hooktest-missing==9.9")
+
+
+def test_each_node_of_a_cluster_trial_runs_the_hook_with_the_daemons_options(tmp_path):
+    from localdet.processes.launcher import supervised_argv, unsupervised_argv
+
+    (tmp_path / startup_hook.HOOK).write_text("true\n")
+    argv = [sys.executable, "train.py"]
+    hooked = startup_hook.wrapped(supervised_argv(argv, "multi_worker_mirrored", 2), tmp_path,
+                                  allow_system=True, strict=True)
+    assert unsupervised_argv(hooked) == [sys.executable, "-P", "-m", startup_hook.MODULE,
+                                         "--allow-system", "--strict", "--", *argv]
+    assert startup_hook.unwrapped(argv) == ([], argv)
