@@ -34,6 +34,7 @@ installing costs nothing until TensorFlow or NumPy loads, and imports nothing it
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -217,6 +218,10 @@ def _when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
 
 # --- NumPy ---------------------------------------------------------------------------------
 
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
 def _numpy_aliases(np: ModuleType) -> Dict[str, Tuple[Callable[[], Any], str, str]]:
     """name: (its old meaning, the NumPy release that removed it, what to write instead)."""
     def asscalar(a: Any) -> Any:
@@ -241,7 +246,7 @@ def _numpy_aliases(np: ModuleType) -> Dict[str, Tuple[Callable[[], Any], str, st
                        invert=invert, **kwargs)
 
     table: Dict[str, Tuple[Callable[[], Any], str, str]] = {
-        name: ((lambda value=value: value), "1.24", name)
+        name: (_constant(value), "1.24", name)
         for name, value in (("float", float), ("int", int), ("object", object), ("str", str),
                             ("complex", complex))}
     table["unicode"] = (lambda: str, "1.24", "str")
@@ -324,7 +329,8 @@ def _bridge_tf_keras_optimizers(module: ModuleType) -> None:
     """tf_keras's optimizers (2.11 and after): `_process_kwargs` drops `lr` and refuses
     `decay` at the end of the base `__init__`, and the subclass then builds its learning rate:
     the old arguments are kept in between."""
-    from tf_keras.src.optimizers.schedules import learning_rate_schedule as schedules
+    schedules = importlib.import_module(
+        "tf_keras.src.optimizers.schedules.learning_rate_schedule")
 
     base, optimizer = module._BaseOptimizer, module.Optimizer
     process, build = base._process_kwargs, optimizer._build_learning_rate
@@ -348,7 +354,7 @@ def _bridge_tf_keras_optimizers(module: ModuleType) -> None:
 
 
 def _bridge_keras3_optimizers(module: ModuleType) -> None:
-    from keras.src.optimizers.schedules import learning_rate_schedule as schedules
+    schedules = importlib.import_module("keras.src.optimizers.schedules.learning_rate_schedule")
 
     base = module.BaseOptimizer
     init = base.__init__
@@ -371,7 +377,7 @@ def _bridge_keras3_optimizers(module: ModuleType) -> None:
 def _bridge_model_input_check(module: ModuleType) -> None:
     """TensorFlow 2.3 and before did not check a model's inputs against the shape it was
     built with: it warned and handed the data to its layers, which ran or failed on it."""
-    from tf_keras.src.engine import input_spec as specs
+    specs = importlib.import_module("tf_keras.src.engine.input_spec")
 
     functional = module.Functional
     spec_property = functional.__dict__["input_spec"]
