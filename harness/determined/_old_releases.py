@@ -510,9 +510,6 @@ _REFUSALS: Tuple[Tuple[str, str], ...] = (
     (r"object has no attribute 'predict_(classes|proba)'",
      "Sequential.predict_classes and predict_proba were removed in TensorFlow 2.6: use "
      "np.argmax(model.predict(x), axis=-1), or model.predict(x)"),
-    (r"Argument\(s\) not recognized: \{'lr'",
-     "optimizers take learning_rate, not lr, since TensorFlow 2.11 (Keras 3 refuses lr): "
-     "write learning_rate="),
 )
 
 
