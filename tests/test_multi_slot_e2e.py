@@ -103,6 +103,39 @@ def test_a_script_on_two_slots_ends_like_one_without_code_changes(home, tmp_path
     assert two["launch_seconds"] > 0
 
 
+GENERATOR_SCRIPT = SCRIPT.replace('''x_train, y_train = context.wrap_data(x[:1400], y[:1400])
+''', '''def rows():  # 1,120 rows of 1,400: data of unknown length
+    yield from ((x[i], y[i]) for i in range(1400) if i % 5)
+
+
+train = context.wrap_data(tf.data.Dataset.from_generator(rows, output_signature=(
+    tf.TensorSpec((64,), tf.float32), tf.TensorSpec((), tf.int32))).batch(
+        context.distributed.shard_batch_size(32)))
+''').replace("x=x_train, y=y_train, batch_size=context.distributed.shard_batch_size(32),",
+              "train,")
+
+
+@pytest.mark.parametrize("line", ["keras3", "keras2"])
+def test_a_fit_over_data_of_unknown_length_on_two_slots_trains_its_epochs(home, tmp_path,
+                                                                         line):
+    """Keras 3 (one process) ends each epoch where the data does; Keras 2's ranks, whose
+    passes must end together, count one pass first (each rank's half: 560 rows, 35 batches
+    of 16), as long as on one slot (1,120 rows, 35 batches of 32)."""
+    model = tmp_path / "script"
+    model.mkdir()
+    (model / "train.py").write_text(GENERATOR_SCRIPT)
+    variables = [f"TF_USE_LEGACY_KERAS={int(line == 'keras2')}"]
+    config = write_config(tmp_path, "generated", entrypoint="python3 train.py",
+                          resources={"slots_per_trial": 2},
+                          searcher={"name": "single", "metric": "val_accuracy",
+                                    "smaller_is_better": False},  # no length: the epochs
+                          environment={"environment_variables": variables})
+    home.cli("run", config, model, "--slots", "2", "--quiet")
+    trial = trial_of(home, home.experiment_named("generated")["id"])
+    assert trial["state"] == "COMPLETED"
+    assert trial["batches_trained"] == trial["target_batches"] == 70  # 2 epochs
+
+
 KERAS2 = dict(SHORT, environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1",
                                                              "TF_USE_LEGACY_KERAS=1"]})
 
@@ -226,7 +259,12 @@ class DatasetDigits(keras.TFKerasTrial):
     def build_training_data_loader(self):
         data = self.context.wrap_dataset(
             tf.data.Dataset.from_tensor_slices((self.x[:1400], self.y[:1400])))
-        return data.shuffle(1400, seed=3).batch(self.context.get_per_slot_batch_size())
+        # A stateful op (PyFunc), as augmentation pipelines have: no iterator of it can be
+        # saved, on one slot or several.
+        halve = lambda a: tf.ensure_shape(
+            tf.numpy_function(lambda v: v * 0.5, [a], tf.float32, stateful=True), a.shape)
+        return data.shuffle(1400, seed=3).batch(self.context.get_per_slot_batch_size()).map(
+            lambda a, b: (halve(a), b))
 
     def build_validation_data_loader(self):
         data = self.context.wrap_dataset(
@@ -240,8 +278,9 @@ class DatasetDigits(keras.TFKerasTrial):
                          ids=["keras3", "keras2"])
 def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_run(
         home, tmp_path, base, engine, daemons):
-    """A distributed tf.data iterator cannot be checkpointed; on several slots the stream
-    finds its place again by reading up to it, which ends exactly where a straight run does.
+    """A distributed tf.data iterator cannot be checkpointed (nor one with a stateful op);
+    on several slots the stream finds its place again by reading up to it, which ends
+    exactly where a straight run does.
     (Keras 2 asks for multi_worker_mirrored by name: it stays available.)"""
     model = tmp_path / "dataset_trial"
     model.mkdir()

@@ -323,7 +323,7 @@ class TrialController:
         # A checkpoint without the iterator's own (its pipeline has a stateful op) resumes
         # by position, as does every stream on several slots (a distributed iterator
         # cannot be checkpointed) and in graph mode (its v1 iterator has none).
-        by_position = bool(state) and not state["iterator_checkpoint"]
+        by_position = state is not None and not state["iterator_checkpoint"]
         self.position_only = by_position
         if by_position and isinstance(self.train_loader, tf.data.Dataset) \
                 and self.engine.iterator_checkpoints and not self.graph_mode:
