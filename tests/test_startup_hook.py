@@ -241,12 +241,12 @@ def test_lines_that_change_the_machine_are_skipped_unless_allowed(tmp_path):
     fake = tmp_path / "fake-bin"  # stand-ins for the machine's own commands
     fake.mkdir()
     for name in ("apt-get", "sudo", "conda", "yum"):
-        (fake / name).write_text(f"#!/bin/sh\necho \"{name} ran: $*\"\n")
+        (fake / name).write_text(f"#!/bin/sh\necho \"the machine's {name}: $*\"\n")
         (fake / name).chmod(0o755)
     path = f"{fake}:/usr/bin:/bin"
     result = run_wrapped(tmp_path, SYSTEM_HOOK, [sys.executable, "train.py"], path=path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " ran: " not in result.stdout
+    assert "the machine's " not in result.stdout
     assert "script done" in result.stdout and "script sees HOOK_VALUE=after" in result.stdout
     told = ("was not run: it changes the machine, not the experiment (start the daemon with "
             "`localdet daemon --allow-system-hooks`, or `localdet run --allow-system-hooks`, "
@@ -256,15 +256,15 @@ def test_lines_that_change_the_machine_are_skipped_unless_allowed(tmp_path):
         f"[localdet] warning: startup-hook.sh line 3: `sudo apt-get install -y libgl1` {told}",
         "[localdet] warning: startup-hook.sh line 4: `conda install -y -c conda-forge "
         f"cudatoolkit` {told}",
-        f"[localdet] warning: startup-hook.sh line (a script it ran): `yum install -y gcc` {told}",
+        f"[localdet] warning: a script startup-hook.sh ran: `yum install -y gcc` {told}",
     ]
     allowed = run_wrapped(tmp_path, SYSTEM_HOOK, [sys.executable, "train.py"], path=path,
                           allow_system=True)
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     assert warnings_in(allowed.stdout) == []
-    for ran in ("apt-get ran: update", "sudo ran: apt-get install -y libgl1",
-                "conda ran: install -y -c conda-forge cudatoolkit", "yum ran: install -y gcc"):
-        assert ran in allowed.stdout
+    for ran in ("apt-get: update", "sudo: apt-get install -y libgl1",
+                "conda: install -y -c conda-forge cudatoolkit", "yum: install -y gcc"):
+        assert f"the machine's {ran}" in allowed.stdout
 
 
 def test_strict_hooks_end_the_trial_at_a_failing_line(tmp_path):

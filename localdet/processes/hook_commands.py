@@ -46,12 +46,17 @@ _VALUED = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-t"
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([<>=!~;@ ]|$)")
 
 
+def where(line: str | int) -> str:
+    """`startup-hook.sh line 3`, or for a line of a script the hook ran (line "-"), that."""
+    return f"{HOOK} line {line}" if str(line).isdigit() else f"a script {HOOK} ran"
+
+
 def note(kind: str, line: str, command: str, reason: str,
          packages: list[str] | None = None) -> None:
     """Tell the log (now, at the line's place) and the hook's runner (its notes file)."""
     strict = os.environ.get(STRICT_VAR) == "1"
     goes_on = "" if strict else "; the hook goes on"
-    print(f"[localdet] warning: {HOOK} line {line}: `{command}` {reason}{goes_on}",
+    print(f"[localdet] warning: {where(line)}: `{command}` {reason}{goes_on}",
           file=sys.stderr, flush=True)
     path = os.environ.get(NOTES_VAR)
     if path:

@@ -97,13 +97,12 @@ sudo() {
 }
 """
 # Programs of the same names first on PATH while the hook runs, for what the hook's own
-# scripts run (they see no shell functions); the line is the hook's line that ran them.
+# scripts run (they see no shell functions; "-": no line of the hook's own).
 _PIP_PROGRAM = """#!/bin/sh
-exec "$_LOCALDET_HOOK_RUNNER" -P -m localdet.processes.hook_commands pip "(a script it ran)" "$@"
+exec "$_LOCALDET_HOOK_RUNNER" -P -m localdet.processes.hook_commands pip - "$@"
 """
 _SYSTEM_PROGRAM = """#!/bin/sh
-exec "$_LOCALDET_HOOK_RUNNER" -P -m localdet.processes.hook_commands refuse \
-"(a script it ran)" {name} "$@"
+exec "$_LOCALDET_HOOK_RUNNER" -P -m localdet.processes.hook_commands refuse - {name} "$@"
 """
 
 # After the hook: the folder it left the shell in, then the environment, NUL-separated, on
@@ -245,7 +244,7 @@ def read_notes(scratch: Path) -> list[dict]:
 
 
 def warning_text(note: dict) -> str:
-    return f"{HOOK} line {note['line']}: `{note['command']}` {note['reason']}"
+    return f"{hook_commands.where(note['line'])}: `{note['command']}` {note['reason']}"
 
 
 def record(notes: list[dict], env: dict[str, str]) -> None:

@@ -53,6 +53,10 @@ def lines_for(module: str) -> list:
     return named or [f for f in failures() if not f.get("packages")]
 
 
+def _where(line: object) -> str:
+    return f"{HOOK} line {line}" if str(line).isdigit() else f"a script {HOOK} ran"
+
+
 def hint(error: BaseException) -> str:
     """What to add to an ImportError's message: the hook lines that failed to install the
     module; "" for any other error, or when no failed line concerns it."""
@@ -64,7 +68,7 @@ def hint(error: BaseException) -> str:
     found = lines_for(name)
     if not found:
         return ""
-    told = "; and from ".join(f"{HOOK} line {f.get('line')}, `{f.get('command')}`, which "
+    told = "; and from ".join(f"{_where(f.get('line'))}, `{f.get('command')}`, which "
                               f"{f.get('reason')}" for f in found)
     return f"; it was to come from {told}"
 
