@@ -17,6 +17,8 @@ once `enable_tf_random_generator()` ran, as in every trial process), and argumen
 dropped (`time_major`, a transposed convolution's `groups`, the build shapes
 `MultiHeadAttention` records...). Where they hold values Keras 3 behaves by, they are left
 out; another value is named. A class of the trial's own (`custom_names`) keeps all of its.
+Keras 3 also reads a tensor passed by keyword only in its own form of a call record, and
+means another function by `hard_sigmoid`.
 """
 
 from __future__ import annotations
@@ -120,12 +122,56 @@ def keras3_model_config_for_keras2(model_config: Dict[str, Any]) -> Dict[str, An
     return _rewrite(model_config)
 
 
+# Keras 2's `hard_sigmoid` is clip(0.2 x + 0.5, 0, 1); Keras 3's, by the same name, is
+# clip(x / 6 + 0.5, 0, 1). A Keras 2 architecture names Keras 2's by this name in Keras 3
+# (the reader supplies the function: `_load`).
+KERAS2_HARD_SIGMOID = "keras2_hard_sigmoid"
+
+
+def _is_history(value: Any) -> bool:
+    """Keras 2's record of a tensor passed to a call: [layer, node, tensor]."""
+    return isinstance(value, list) and len(value) == 3 and isinstance(value[0], str) \
+        and all(isinstance(index, int) for index in value[1:])
+
+
+def _keras3_tensor(history: List[Any]) -> Dict[str, Any]:
+    # Keras 3 replaces it by the output of `history` it has built: shape and dtype unused.
+    return {"class_name": _TENSOR,
+            "config": {"shape": [], "dtype": "float32", "keras_history": list(history)}}
+
+
+def _tensors_in_keyword_arguments(value: Any) -> Any:
+    if _is_history(value):
+        return _keras3_tensor(value)
+    if isinstance(value, list):
+        return [_tensors_in_keyword_arguments(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _tensors_in_keyword_arguments(item) for key, item in value.items()}
+    return value
+
+
+def _keras3_node(node: Any) -> Any:
+    """A Keras 2 call record that passes tensors by keyword (`MultiHeadAttention`'s
+    `value`) in Keras 3's form: Keras 3 reads Keras 2's form but passes those on as lists."""
+    if not isinstance(node, list) or not all(isinstance(entry, list) and len(entry) == 4
+                                             for entry in node) or not node:
+        return node
+    kwargs = node[0][3]
+    if not isinstance(kwargs, dict) or _tensors_in_keyword_arguments(kwargs) == kwargs:
+        return node
+    tensors = [_keras3_tensor(entry[:3]) for entry in node]
+    return {"args": [tensors[0] if len(tensors) == 1 else tensors],
+            "kwargs": _tensors_in_keyword_arguments(kwargs)}
+
+
 def _without_keras2_only(value: Any, custom_names: FrozenSet[str]) -> Any:
     if isinstance(value, list):
         return [_without_keras2_only(item, custom_names) for item in value]
     if not isinstance(value, dict):
         return value
     out = {key: _without_keras2_only(item, custom_names) for key, item in value.items()}
+    if isinstance(out.get("inbound_nodes"), list):
+        out["inbound_nodes"] = [_keras3_node(node) for node in out["inbound_nodes"]]
     class_name, config = out.get("class_name"), out.get("config")
     if not isinstance(config, dict) or class_name in custom_names:
         return out
@@ -138,6 +184,9 @@ def _without_keras2_only(value: Any, custom_names: FrozenSet[str]) -> Any:
             raise ArchitectureNotTranslatable(
                 f"'{config.get('name') or class_name}' has {key}={setting!r}, which Keras 3 "
                 "has no form for")
+    for key, setting in config.items():
+        if key.endswith("activation") and setting == "hard_sigmoid":
+            config[key] = KERAS2_HARD_SIGMOID
     return out
 
 

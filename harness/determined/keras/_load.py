@@ -293,7 +293,10 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
             "from; it cannot be loaded")
     custom = _custom_objects(saved)
     try:
-        with quiet_keras_warnings(), _readable_here(h5_path, line) as readable:
+        with quiet_keras_warnings(), \
+                _readable_here(h5_path, line, frozenset(custom)) as readable:
+            if line == "keras3":
+                custom = {**_keras2_layers_kept_aside(), **custom}
             model = tf.keras.models.load_model(str(readable), compile=False,
                                                custom_objects=custom)
             compiled = compile_as_saved(model, h5_path, custom)
@@ -316,35 +319,59 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
 
 
 @contextlib.contextmanager
-def _readable_here(h5_path: Path, line: str) -> Iterator[Path]:
-    """The `.h5` itself, or under Keras 2 for one Keras 3 wrote, a copy whose architecture
-    is rewritten in Keras 2's form (Keras 3 reads Keras 2's as it is)."""
+def _readable_here(h5_path: Path, line: str,
+                   custom_names: frozenset = frozenset()) -> Iterator[Path]:
+    """The `.h5` itself, or a copy whose architecture is rewritten in this line's form where
+    the other line wrote it (`_architecture_translation`; `custom_names`: the trial's own
+    classes, which keep their arguments)."""
     import h5py
 
-    from determined.keras._architecture_translation import keras3_model_config_for_keras2
+    from determined.keras import _architecture_translation as translation
 
     if h5_path.suffix != ".h5":  # Determined 0.12's: Keras reads HDF5 only by its suffix
         with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
             named = Path(scratch) / MODEL_FILENAME
             shutil.copyfile(h5_path, named)
-            with _readable_here(named, line) as readable:
+            with _readable_here(named, line, custom_names) as readable:
                 yield readable
         return
     with h5py.File(h5_path, "r") as h5:
         version = h5.attrs.get("keras_version")
         raw = h5.attrs.get("model_config")
     version = version.decode() if isinstance(version, bytes) else str(version or "")
-    if line != "keras2" or not version.startswith("3.") or raw is None:
+    writer = "keras3" if version.startswith("3.") else "keras2"
+    if raw is None or writer == line:
         yield h5_path
         return
-    config = keras3_model_config_for_keras2(
-        json.loads(raw.decode() if isinstance(raw, bytes) else raw))
+    recorded = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    config = translation.keras3_model_config_for_keras2(recorded) if line == "keras2" \
+        else translation.keras2_model_config_for_keras3(recorded, custom_names)
+    if config == recorded:
+        yield h5_path
+        return
     with tempfile.TemporaryDirectory(prefix="localdet-load-") as scratch:
         copy = Path(scratch) / h5_path.name
         shutil.copyfile(h5_path, copy)
         with h5py.File(copy, "r+") as h5:
             h5.attrs["model_config"] = json.dumps(config)
         yield copy
+
+
+def _keras2_layers_kept_aside() -> Dict[str, Any]:
+    """What a Keras 2 architecture names that Keras 3's `.h5` reader does not find: built-in
+    layers Keras 3 keeps only under `tf.keras.layers` (`ThresholdedReLU`, `RandomHeight`,
+    `RandomWidth`), and Keras 2's `hard_sigmoid` (see `_architecture_translation`)."""
+    import tensorflow as tf
+
+    from determined.keras._architecture_translation import KERAS2_HARD_SIGMOID
+
+    def keras2_hard_sigmoid(x: Any) -> Any:
+        return tf.clip_by_value(0.2 * x + 0.5, 0.0, 1.0)
+
+    return {KERAS2_HARD_SIGMOID: keras2_hard_sigmoid,
+            **{name: value for name, value in vars(tf.keras.layers).items()
+               if inspect.isclass(value)
+               and getattr(value, "__module__", "").startswith("keras.src.legacy.")}}
 
 
 def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str) -> None:
