@@ -118,7 +118,10 @@ def test_mnist_const_canonical_values():
     assert cfg["min_checkpoint_period"] == {"batches": 0}
     # "=" inside the value must survive: split on the first "=" only.
     assert cfg["environment"] == {"environment_variables": {"TF_CPP_MIN_LOG_LEVEL": "2",
-                                                            "EXTRA": "a=b"}}
+                                                            "EXTRA": "a=b"},
+                                  # kept for the TensorFlow release it names
+                                  "image": "determinedai/environments:cuda-11.3-tf-2.8-gpu-0.19.4",
+                                  "startup_hook": "warn"}
     assert cfg["resources"] == {"slots_per_trial": 1, "priority": None, "max_slots": None,
                                 "engine": "auto", "max_memory": None}
     assert "bind_mounts" not in cfg
@@ -159,7 +162,7 @@ def test_defaults_filled_on_minimal_config():
                                          "save_trial_latest": 1}
     assert cfg["resources"]["slots_per_trial"] == 1
     assert cfg["reproducibility"] == {"experiment_seed": None}
-    assert cfg["environment"] == {"environment_variables": {}}
+    assert cfg["environment"] == {"environment_variables": {}, "startup_hook": "warn"}
     assert cfg["searcher"]["smaller_is_better"] is True
 
 
@@ -566,7 +569,7 @@ def test_a_job_config_becomes_the_canonical_form_the_launcher_needs():
         "script", "python3 batch_inference.py", None)
     assert cfg["data"] == {"trial_id": 777, "batch_size": 64}
     assert cfg["resources"]["slots_per_trial"] == 1
-    assert cfg["environment"] == {"environment_variables": {}}
+    assert cfg["environment"] == {"environment_variables": {}, "startup_hook": "warn"}
     assert cfg["max_restarts"] == 0
     assert cfg["name"] == "job"
     # What the reporter and the daemon read from any config is there too.

@@ -125,17 +125,15 @@ def test_the_release_an_image_names(image, release):
     assert _old_releases.release_of_image(image) == release
 
 
-def test_the_image_is_read_from_the_model_folders_config_when_the_parsed_one_dropped_it(
-        tmp_path):
-    (tmp_path / "experiment.yaml").write_text(
-        "name: x\nenvironment:\n  image:\n    cpu: 'determinedai/environments:py-3.7-tf-2.2-cpu'"
-        "  # old\n    gpu: determinedai/environments:cuda-10.2-tf-2.2-gpu\n  environment_"
-        "variables: []\nentrypoint: model_def:T\n")
-    (tmp_path / "other.yaml").write_text(f"environment:\n  image: {IMAGE_28}\n")
-    assert _old_releases.release_named({"environment": {}}, tmp_path) == (2, 2)
-    (tmp_path / "experiment.yaml").unlink()
-    assert _old_releases.release_named({}, tmp_path) == (2, 8)
-    assert _old_releases.release_named({"environment": {"image": IMAGE_24}}, tmp_path) == (2, 4)
+def test_the_image_is_kept_in_the_parsed_config_for_the_release_it_names():
+    from localdet.config.experiment import parse_config
+
+    parsed = parse_config({"entrypoint": "model_def:T", "searcher": {
+        "name": "single", "metric": "loss", "max_length": {"batches": 1}},
+        "environment": {"image": {"cpu": IMAGE_24, "gpu": IMAGE_28}}})
+    assert _old_releases.release_named(parsed.config) == (2, 4)  # the oldest it names
+    assert any("'environment.image'" in w for w in parsed.warnings)  # no container here
+    assert _old_releases.release_named({}) is None
 
 
 def test_which_bridges_a_release_gets():
@@ -154,7 +152,7 @@ def test_which_bridges_a_release_gets():
 def test_numpy_aliases_mean_what_they_meant_with_one_warning_each(capsys):
     import numpy as np
 
-    with _old_releases.bridged({}, None):
+    with _old_releases.bridged({}):
         assert np.float is float and np.object is object and np.unicode_ is np.str_
         assert np.asscalar(np.array([2.5])) == 2.5 and np.isinf(np.Inf) and np.NINF < 0
         assert np.product([2, 3]) == 6 and list(np.cumproduct([2, 3])) == [2, 6]
@@ -197,7 +195,7 @@ def test_a_tensorflow_2_3_trial_trains_and_its_checkpoint_loads(home, tmp_path):
         from determined.keras._checkpoint_formats import read_checkpoint
 
         saved = read_checkpoint(Path({str(tmp_path / "best")!r}))
-        with _old_releases.bridged(saved.config, saved.code) as plan:
+        with _old_releases.bridged(saved.config) as plan:
             model = load_model_from_checkpoint_path({str(tmp_path / "best")!r})
             classes = model.predict_classes(np.zeros((3, 64), "float32"))
         print("plan", plan.release, "classes", classes.shape, type(model.optimizer).__name__)
@@ -244,7 +242,7 @@ def test_what_the_release_did_not_allow_is_refused_in_one_sentence(home, tmp_pat
 
 def test_the_module_imports_nothing_heavy():
     code = ("import sys, determined; before = set(sys.modules); import determined._old_releases"
-            " as o; o.install({}, None); print(sorted(set(sys.modules) - before))")
+            " as o; o.install({}); print(sorted(set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True).stdout
     assert out.strip() == "['determined._old_releases']", out
@@ -262,7 +260,7 @@ def test_keras_3_gets_the_removed_methods_and_optimizer_arguments_back(capsys):
     def batches():
         while True:
             yield x, y
-    with _old_releases.bridged({"environment": {"image": IMAGE_24}}, None):
+    with _old_releases.bridged({"environment": {"image": IMAGE_24}}):
         adam = keras.optimizers.Adam(lr=0.01, decay=0.5)
         steps = [float(adam._learning_rate(s)) for s in (0, 2)]
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])

@@ -6,7 +6,7 @@ or tightened something trial code uses, and the old meaning can be had exactly, 
 gives it back and says so once in the log (the old behaviour, the release that changed it,
 what to write instead). The list with every removal's status is docs/old-releases.md.
 
-Bridges (`install(config, model_dir)` in a trial process, `bridged(...)` around a
+Bridges (`install(config)` in a trial process, `bridged(...)` around a
 checkpoint's load):
 
 - NumPy aliases (always): `np.float`, `np.int`, `np.object`, `np.str`, `np.complex`,
@@ -41,7 +41,6 @@ import importlib.util
 import os
 import re
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -73,47 +72,10 @@ def release_of_image(image: Any) -> Optional[Release]:
     return min(found) if found else None
 
 
-def _image_lines(text: str) -> List[str]:
-    """The values of the `image` key of `environment` in a config's YAML text."""
-    values: List[str] = []
-    indent: Optional[int] = None
-    for line in text.splitlines():
-        stripped = line.split("#", 1)[0].rstrip()
-        if not stripped.strip():
-            continue
-        depth = len(stripped) - len(stripped.lstrip())
-        if indent is not None and depth > indent:
-            values.append(stripped.split(":", 1)[-1])
-            continue
-        indent = None
-        key, _, value = stripped.strip().partition(":")
-        if key.strip("'\"") == "image":
-            indent = depth
-            values.append(value)
-    return values
-
-
-def release_named(config: Dict[str, Any], model_dir: Optional[Path]) -> Optional[Release]:
-    """The release the experiment's `environment.image` names. localdet's parsed config
-    drops `image` (no container here), so the model folder's YAML is read for it."""
-    image = (config.get("environment") or {}).get("image")
-    if image:
-        return release_of_image(image)
-    folder = Path(model_dir) if model_dir else None
-    if folder is None or not folder.is_dir():
-        return None
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
-    chosen = [p for p in files if p.name == "experiment.yaml"] or files
-    releases = set()
-    for path in chosen:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        release = release_of_image([v.strip().strip("'\"") for v in _image_lines(text)])
-        if release:
-            releases.add(release)
-    return next(iter(releases)) if len(releases) == 1 else None  # files that disagree: none
+def release_named(config: Dict[str, Any]) -> Optional[Release]:
+    """The release the experiment's `environment.image` names (kept in the parsed config for
+    this alone: no container runs here)."""
+    return release_of_image((config.get("environment") or {}).get("image"))
 
 
 class Plan(NamedTuple):
@@ -144,8 +106,8 @@ class Plan(NamedTuple):
         return not self.keras2 and self.release is not None and self.release < (2, 16)
 
 
-def plan_for(config: Dict[str, Any], model_dir: Optional[Path]) -> Plan:
-    return Plan(release_named(config, model_dir), os.environ.get("TF_USE_LEGACY_KERAS") == "1")
+def plan_for(config: Dict[str, Any]) -> Plan:
+    return Plan(release_named(config), os.environ.get("TF_USE_LEGACY_KERAS") == "1")
 
 
 # --- Patching a module when it is imported -------------------------------------------------
@@ -469,21 +431,21 @@ def _install(plan: Plan) -> None:
         _when_imported("keras.src.models.model", lambda m: _bridge_generator_methods(m.Model))
 
 
-def install(config: Dict[str, Any], model_dir: Optional[Path]) -> Plan:
+def install(config: Dict[str, Any]) -> Plan:
     """In a trial process, before the trial's code is imported: the bridges for this
     experiment, for the rest of the process."""
-    plan = plan_for(config, model_dir)
+    plan = plan_for(config)
     _install(plan)
     return plan
 
 
 @contextlib.contextmanager
-def bridged(config: Dict[str, Any], model_dir: Optional[Path]) -> Iterator[Plan]:
+def bridged(config: Dict[str, Any]) -> Iterator[Plan]:
     """Around loading a checkpoint in someone's own process: the bridges its code needs,
     taken away again afterwards."""
     mark = len(_undo)
     pending = {name: list(patches) for name, patches in _finder.patches.items()}
-    plan = install(config, model_dir)
+    plan = install(config)
     try:
         yield plan
     finally:

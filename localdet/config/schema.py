@@ -76,12 +76,13 @@ def resolve(node: Any) -> Any:
 def fill_defaults(instance: dict[str, Any], node: dict[str, Any], path: str,
                   warnings: list[str]) -> None:
     """Fill schema defaults in place, recursively; drop x-ignored keys with one warning per
-    reason."""
+    reason (those also marked x-kept stay in the config, read for a part of their meaning)."""
     ignored: dict[str, list[str]] = {}
     for key, sub in resolve(node).get("properties", {}).items():
         if key in instance and isinstance(sub, dict) and "x-ignored" in sub:
             ignored.setdefault(sub["x-ignored"], []).append(f"'{join_path(path, key)}'")
-            del instance[key]
+            if not sub.get("x-kept"):
+                del instance[key]
             continue
         if key not in instance and isinstance(sub, dict) and "default" in sub:
             instance[key] = copy.deepcopy(sub["default"])

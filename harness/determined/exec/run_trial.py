@@ -135,7 +135,7 @@ def main() -> int:
     sys.path.insert(0, str(info.model_dir))
     from determined import _old_releases
 
-    _old_releases.install(info.config, info.model_dir)  # before the code meets NumPy or Keras
+    _old_releases.install(info.config)  # before the code meets NumPy or Keras
     entrypoint = info.config.get("trial_class") or info.config["entrypoint"]
     # import: the trial's module; setup: its __init__, build_model and loaders; training:
     # the loop. Before training, no batch was trained, so a repeat is deterministic.

@@ -54,6 +54,6 @@ def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None
     info = reporter.trial_info()
     from determined import _old_releases
 
-    _old_releases.install(info.config, info.model_dir)  # what the script's release allowed
+    _old_releases.install(info.config)  # what the script's release allowed
     prepare_process(info)
     return KerasContext(info, reporter, managed=managed)
