@@ -158,6 +158,83 @@ def test_a_keras3_functional_architecture_is_rewritten_in_keras2s_form():
         keras3_model_config_for_keras2(config)
 
 
+KERAS2_FUNCTIONAL = {"class_name": "Functional", "config": {
+    "name": "f", "input_layers": [["input_1", 0, 0]], "output_layers": [["mha", 0, 0]],
+    "layers": [
+        {"class_name": "InputLayer", "name": "input_1", "inbound_nodes": [],
+         "config": {"batch_input_shape": [None, 6, 4], "dtype": "float32", "name": "input_1"}},
+        {"class_name": "Bidirectional", "name": "bi", "inbound_nodes": [[["input_1", 0, 0, {}]]],
+         "config": {"name": "bi", "layer": {"class_name": "LSTM", "config": {
+             "name": "lstm", "rng_type": "stateful", "time_major": False, "dropout": 0.1,
+             "recurrent_activation": "hard_sigmoid"}}}},
+        {"class_name": "MultiHeadAttention", "name": "mha",
+         "inbound_nodes": [[["bi", 0, 0, {"value": ["input_1", 0, 0]}]]],
+         "config": {"name": "mha", "num_heads": 2, "key_dim": 3, "query_shape": [None, 6, 4],
+                    "key_shape": [None, 6, 4], "value_shape": [None, 6, 4],
+                    "softmax_robust_masking": False}},
+        {"class_name": "Dropout", "name": "mine", "inbound_nodes": [[["mha", 0, 0, {}]]],
+         "config": {"name": "mine", "rate": 0.1, "rng_type": "stateful"}}]}}
+
+
+def test_a_keras2_architecture_is_rewritten_in_keras3s_form():
+    import copy
+
+    translate = _architecture_translation.keras2_model_config_for_keras3
+    rewritten = translate(copy.deepcopy(KERAS2_FUNCTIONAL), frozenset({"Dropout"}))["config"]
+    lstm = rewritten["layers"][1]["config"]["layer"]["config"]
+    assert lstm == {"name": "lstm", "dropout": 0.1,
+                    "recurrent_activation": _architecture_translation.KERAS2_HARD_SIGMOID}
+    mha = rewritten["layers"][2]
+    assert mha["config"] == {"name": "mha", "num_heads": 2, "key_dim": 3}
+    tensor = {"class_name": "__keras_tensor__", "config": {"shape": [], "dtype": "float32"}}
+    assert mha["inbound_nodes"] == [{
+        "args": [{**tensor, "config": {**tensor["config"], "keras_history": ["bi", 0, 0]}}],
+        "kwargs": {"value": {**tensor, "config": {**tensor["config"],
+                                                  "keras_history": ["input_1", 0, 0]}}}}]
+    # A class of the trial's own keeps what it records; a call with no tensor by keyword
+    # keeps Keras 2's form, which Keras 3 reads.
+    assert rewritten["layers"][3]["config"]["rng_type"] == "stateful"
+    assert rewritten["layers"][1]["inbound_nodes"] == [[["input_1", 0, 0, {}]]]
+    time_major = copy.deepcopy(KERAS2_FUNCTIONAL)
+    time_major["config"]["layers"][1]["config"]["layer"]["config"]["time_major"] = True
+    with pytest.raises(ArchitectureNotTranslatable, match="'lstm' has time_major=True"):
+        translate(time_major)
+
+
+def test_the_trial_processs_generator_choice_is_left_out_of_what_it_saves():
+    import copy
+
+    config = copy.deepcopy(KERAS2_FUNCTIONAL)
+    config["config"]["layers"][3]["config"]["rng_type"] = "stateless"  # the model's own
+    assert _architecture_translation.without_generator_choice(config)
+    assert "rng_type" not in config["config"]["layers"][1]["config"]["layer"]["config"]
+    assert config["config"]["layers"][3]["config"]["rng_type"] == "stateless"
+    assert not _architecture_translation.without_generator_choice(config)
+
+
+@pytest.mark.parametrize("other", ["keras2", "keras3"])
+def test_a_model_only_the_other_line_builds_is_refused_remedy_first(other, tmp_path):
+    """Either way round: one line that starts with what to set, then why."""
+    from determined.keras import _load
+    from determined.keras._checkpoint_formats import SavedCheckpoint
+
+    here = "keras3" if other == "keras2" else "keras2"
+    saved = SavedCheckpoint(folder=tmp_path, format="localdet",
+                            weights=tmp_path / "determined-keras-model.h5",
+                            trial_spec="model_def:Trial", keras_line=other)
+    attempt = _load._Attempt()
+    attempt.tried_h5 = True
+    with pytest.raises(_load.CheckpointLoadError) as refused:
+        _load._load_from_other_line(saved, here, attempt,
+                                    AttributeError("no attribute '_trainable_weights'\nmore"))
+    switch = "1" if other == "keras2" else "0"
+    spoken = {"keras2": "Keras 2", "keras3": "Keras 3"}
+    assert str(refused.value) == (
+        f"set TF_USE_LEGACY_KERAS={switch} before TensorFlow is imported and load it again: "
+        f"the model in '{tmp_path}' needs {spoken[other]}, which wrote it, and cannot be "
+        f"rebuilt under {spoken[here]} (AttributeError: no attribute '_trainable_weights')")
+
+
 # -- every shared class and name, both ways -----------------------------------------------
 # (kind, class) -> cases: the arguments and the data it is computed on. Every parameter
 # both lines' constructors share is given a value other than its default somewhere.
@@ -533,9 +610,14 @@ def test_a_layer_written_against_keras_2_internals_falls_back_and_names_the_line
     checkpoints, trial = lines["checkpoints"], lines["keras2"]["trials"]["HeadsTrial"]
     _like_recorded(lines["keras2"]["loaded"]["HeadsTrial"], trial["recorded"])
     with caplog.at_level(logging.WARNING, logger="determined.keras"), \
-            pytest.raises(CheckpointLoadError, match=r"needs Keras 2: .*_trainable_weights.*"
-                                                     r"set TF_USE_LEGACY_KERAS=1"):
+            pytest.raises(CheckpointLoadError) as refused:
         checkpoints.evaluate_loaded(Path(trial["folder"]), checkpoints.trial_validation())
+    # One line, the remedy first, then the cause.
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported and "
+                              f"load it again: the model in '{trial['folder']}' needs Keras 2; ")
+    assert "_trainable_weights" in message
     assert "under Keras 3 failed (AttributeError: 'Heads' object has no attribute " \
            "'_trainable_weights')" in caplog.text
 

@@ -134,11 +134,11 @@ def _load_in_this_line(saved: SavedCheckpoint, line: str, attempt: _Attempt) -> 
     try:
         load_weights(model, saved.weights)
     except (WeightsMismatch, ValueError) as error:
+        trained = saved.keras_line or "keras2"
         raise CheckpointLoadError(
-            f"the checkpoint's weights do not fit the model '{saved.trial_spec}' builds "
-            f"under {line} ({exception_line(error)}); load it with the Keras line that trained it "
-            f"({saved.keras_line or 'keras2'}): {_switch(saved.keras_line or 'keras2')}") \
-            from error
+            f"{_remedy(trained)} under {_spoken(trained)}, which trained it: the checkpoint's "
+            f"weights do not fit the model '{saved.trial_spec}' builds under {_spoken(line)} "
+            f"({exception_line(error)})") from error
     return model
 
 
@@ -180,9 +180,8 @@ def _load_from_other_line(saved: SavedCheckpoint, line: str, attempt: _Attempt,
     own_h5 = saved.whole_model is not None and saved.keras_line == other
     if own_h5 and attempt.tried_h5:
         raise CheckpointLoadError(
-            f"the model in '{saved.folder}' needs {_spoken(other)}, which wrote it: it cannot "
-            f"be rebuilt under {_spoken(line)} ({reason}); {_switch(other)} and load it "
-            "again") from error
+            f"{_remedy(other)}: the model in '{saved.folder}' needs {_spoken(other)}, which "
+            f"wrote it, and cannot be rebuilt under {_spoken(line)} ({reason})") from error
     if own_h5 and saved.whole_model is not None:
         log.warning("Building the model of '%s' under %s failed (%s); loading the %s .h5 "
                     "the checkpoint holds instead.", saved.folder, _spoken(line), reason,
@@ -210,15 +209,20 @@ def _handed_over(saved: SavedCheckpoint, h5_path: Path, line: str, other: str,
         return _whole_model(saved, h5_path, line)
     except Exception as error:
         raise CheckpointLoadError(
-            f"the model in '{saved.folder}' needs {_spoken(other)}: under {_spoken(line)} "
-            f"building it failed ({reason}), and the model {_spoken(other)} built cannot be "
-            f"rebuilt here either ({exception_line(error)}); {_switch(other)} and load it "
-            "again") from error
+            f"{_remedy(other)}: the model in '{saved.folder}' needs {_spoken(other)}; under "
+            f"{_spoken(line)} building it failed ({reason}), and so did rebuilding the model "
+            f"{_spoken(other)} built ({exception_line(error)})") from error
 
 
 def _switch(line: str) -> str:
     value = "1" if line == "keras2" else "0"
     return f"set TF_USE_LEGACY_KERAS={value} before TensorFlow is imported"
+
+
+def _remedy(line: str) -> str:
+    """What to do where only the Keras line `line` hosts the model: the words an error
+    starts with, its cause following."""
+    return f"{_switch(line)} and load it again"
 
 
 @contextlib.contextmanager
@@ -305,12 +309,12 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
         unknown = "Unknown" in str(error) or "Could not locate" in str(error)
         if not unknown and _is_keras_line_error(error):
             raise  # the other line may build it
-        hint = ("wrap the call in `with tf.keras.utils.custom_object_scope({...}):` naming "
-                "the custom layers, losses and metrics the model uses"
-                if unknown or saved.keras_line in (None, line)
-                else _switch(saved.keras_line or "keras2"))
-        raise CheckpointLoadError(f"the model in '{h5_path}' cannot be rebuilt here "
-                                  f"({exception_line(error)}); {hint}") from error
+        remedy = ("wrap the call in `with tf.keras.utils.custom_object_scope({...}):` naming "
+                  "the custom layers, losses and metrics the model uses"
+                  if unknown or saved.keras_line in (None, line)
+                  else _remedy(saved.keras_line or "keras2"))
+        raise CheckpointLoadError(f"{remedy}: the model in '{h5_path}' cannot be rebuilt "
+                                  f"under {_spoken(line)} ({exception_line(error)})") from error
     if compiled and saved.keras_line == line:
         # The same line saved the optimizer's state; continue training from it.
         with contextlib.suppress(RuntimeError, ValueError, KeyError):
@@ -387,16 +391,15 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     if result.returncode == _NOT_HANDED_OVER:
         raise CheckpointLoadError(
-            f"'{saved.folder}' holds a subclassed model ({lines[-1]}) whose code runs only "
-            f"under {_spoken(other)}, and only Functional and Sequential models can be handed "
-            f"from one Keras line to the other; load it under {_spoken(other)}: "
-            f"{_switch(other)}")
+            f"{_remedy(other)}: '{saved.folder}' holds a subclassed model ({lines[-1]}) whose "
+            f"code runs only under {_spoken(other)}, and only Functional and Sequential models "
+            "can be handed from one Keras line to the other")
     if result.returncode != 0:
+        trained = saved.keras_line or "keras2"
         raise CheckpointLoadError(
-            f"building the model of '{saved.folder}' failed here ({reason}) and under "
-            f"{_spoken(other)} too ({lines[-1] if lines else 'no output'}); load it with the "
-            f"line that trained it ({saved.keras_line or 'keras2'}): "
-            f"{_switch(saved.keras_line or 'keras2')}")
+            f"{_remedy(trained)} under {_spoken(trained)}, which trained it: building the "
+            f"model of '{saved.folder}' failed here ({reason}) and under {_spoken(other)} too "
+            f"({lines[-1] if lines else 'no output'})")
 
 
 def _save_whole_model(folder: str, out: str) -> None:
