@@ -17,7 +17,6 @@ slots is refused (the multi-process engines exchange eager values).
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -182,15 +181,9 @@ def portable_h5(h5_path: Path) -> None:
     """Make a graph-mode model's `.h5` architecture read as an eager one's: Keras 2 writes
     its graph-mode (TensorFlow 1) initializers with a `dtype` argument that Keras 3's, and
     Keras 2's own eager ones, do not take; the layer's dtype decides anyway."""
-    import h5py
+    from determined.keras._saved_architecture import rewrite_architecture
 
-    with h5py.File(h5_path, "r+") as h5:
-        raw = h5.attrs.get("model_config")
-        if raw is None:
-            return
-        config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-        if _drop_initializer_dtypes(config):
-            h5.attrs["model_config"] = json.dumps(config)
+    rewrite_architecture(h5_path, _drop_initializer_dtypes)
 
 
 def _drop_initializer_dtypes(value: Any) -> bool:
