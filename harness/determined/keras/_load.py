@@ -37,6 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from determined import _old_releases
 from determined.exec.run_trial import exception_line
 from determined.keras._checkpoint_formats import (
     LEGACY_MODEL_FILENAME,
@@ -82,7 +83,7 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     try:
         saved = read_checkpoint(Path(path))
     except CheckpointFormatError as error:
-        from determined.keras._callback import weights_only_refusal  # (core helper's edit)
+        from determined.keras._callback import weights_only_refusal
 
         raise CheckpointLoadError(weights_only_refusal(Path(path)) or str(error)) from None
     from determined.keras._line import keras_line
@@ -90,7 +91,10 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     line = keras_line()
     attempt = _Attempt()
     try:
-        return _load_in_this_line(saved, line, attempt)
+        # The checkpoint's code may be written for an older TensorFlow or NumPy: the bridges
+        # its trial had, for this load only.
+        with _old_releases.bridged(saved.config):
+            return _load_in_this_line(saved, line, attempt)
     except CheckpointLoadError:
         raise
     except Exception as error:
