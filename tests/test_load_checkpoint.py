@@ -207,3 +207,40 @@ def test_what_cannot_be_loaded_says_why_in_one_sentence(tmp_path, determined_che
     shutil.copy(determined_checkpoints / "0.38.0" / "load_data.json", bare)
     with pytest.raises(CheckpointLoadError, match="no code/ folder"):
         load_model_from_checkpoint_path(str(bare))
+
+
+MIXED_PRECISION_MODEL = '''
+import sys
+import numpy as np
+import tensorflow as tf
+
+tf.keras.mixed_precision.set_global_policy("mixed_float16")
+inputs = tf.keras.Input((4,))
+hidden = tf.keras.layers.Dense(3)(inputs)
+model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, dtype="float32")(hidden))
+model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse")
+model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0)
+model.save(sys.argv[1] + "/determined-keras-model.h5")
+np.save(sys.argv[1] + "/predicted.npy", model.predict(np.ones((2, 4)), verbose=0))
+'''
+
+
+@pytest.mark.parametrize("writer", ["keras2", "keras3"])
+def test_a_mixed_precision_model_loads_with_its_loss_scaling_in_either_line(tmp_path, writer):
+    """Mixed precision's LossScaleOptimizer wraps the compiled optimizer: the loader builds
+    the inner one and wraps it again in this line's; a Keras 2 layer's dtype policy object
+    is read by Keras 3 as the policy's name."""
+    subprocess.run([sys.executable, "-c", MIXED_PRECISION_MODEL, str(tmp_path)], check=True,
+                   env={**os.environ, "TF_USE_LEGACY_KERAS": str(int(writer == "keras2"))},
+                   capture_output=True)
+    try:
+        model = load_model_from_checkpoint_path(str(tmp_path))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    optimizer = model.optimizer
+    assert "LossScaleOptimizer" in type(optimizer).__name__
+    assert type(optimizer.inner_optimizer).__name__ == "Adam"
+    assert float(optimizer.inner_optimizer.learning_rate) == pytest.approx(0.01)
+    assert model.layers[1].dtype_policy.name == "mixed_float16"
+    np.testing.assert_allclose(model.predict(np.ones((2, 4)), verbose=0),
+                               np.load(tmp_path / "predicted.npy"), rtol=1e-3)

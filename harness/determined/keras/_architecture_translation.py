@@ -187,6 +187,10 @@ def _without_keras2_only(value: Any, custom_names: FrozenSet[str]) -> Any:
     for key, setting in config.items():
         if key.endswith("activation") and setting == "hard_sigmoid":
             config[key] = KERAS2_HARD_SIGMOID
+    dtype = config.get("dtype")
+    if isinstance(dtype, dict) and dtype.get("class_name") == "Policy":
+        # Keras 2's mixed-precision policy object; Keras 3 takes the policy's name.
+        config["dtype"] = (dtype.get("config") or {}).get("name", "float32")
     return out
 
 

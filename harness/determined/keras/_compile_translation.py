@@ -247,6 +247,9 @@ class _Translator:
             return None
         name = entry["class_name"].split(">")[-1]  # Keras 2's "Custom>Adam"
         config = dict(entry.get("config") or {})
+        if "inner_optimizer" in config:  # mixed precision: Keras 2's LossScaleOptimizerV3 too
+            config["inner_optimizer"] = self.optimizer(config["inner_optimizer"])
+            return {"class_name": "LossScaleOptimizer", "config": config}
         if "lr" in config:  # Keras 2's legacy spelling
             config.setdefault("learning_rate", config.pop("lr"))
         for key, defaults in _OPTIMIZER_ONLY_IN[self.source].items():

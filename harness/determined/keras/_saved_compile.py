@@ -221,6 +221,10 @@ def _optimizer(spec: Optional[Dict[str, Any]], notes: List[str]) -> Any:
     if not spec:
         return "rmsprop"
     name, settings = spec["class_name"], dict(spec.get("config") or {})
+    if isinstance(settings.get("inner_optimizer"), dict):  # mixed precision's loss scaling
+        inner = _optimizer(settings.pop("inner_optimizer"), notes)
+        cls = tf.keras.mixed_precision.LossScaleOptimizer
+        return cls(tf.keras.optimizers.get(inner), **_accepted(cls, settings))
     try:
         cls = tf.keras.optimizers.get(name).__class__
     except ValueError:
@@ -235,10 +239,14 @@ def _optimizer(spec: Optional[Dict[str, Any]], notes: List[str]) -> Any:
             notes.append(f"the learning-rate schedule '{schedule.get('class_name')}' has no "
                          f"{_spoken()} equivalent; the optimizer's default rate is used")
             settings.pop("learning_rate")
-    # Named by the class or the bases it passes its keyword arguments on to.
+    return cls(**_accepted(cls, settings))
+
+
+def _accepted(cls: Any, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings named by the class or the bases it passes its keyword arguments on to."""
     accepted = {key for base in cls.__mro__ if "__init__" in vars(base)
                 for key in inspect.signature(base.__init__).parameters}
-    return cls(**{k: v for k, v in settings.items() if k in accepted})
+    return {k: v for k, v in settings.items() if k in accepted and k != "self"}
 
 
 def build_compile_arguments(config: Dict[str, Any], custom: Dict[str, Any],
