@@ -16,10 +16,11 @@ Usage::
     parsed.settings.searcher.max_trials  # the same config as frozen dataclasses (typed.py)
     job = load_job_config_file("job.yaml").config   # a batch job, in the same canonical form
 
-The schema holds the structure and every default (plus the extension keywords ``x-ignored``, ``x-kept``,
-``x-messages``, ``x-supported`` and ``x-defaults-by-name``); this module turns schema errors
-into one-sentence messages and does the checks a schema cannot express. schema.py reads the
-schema and fills its defaults, here and into stored configs (`typed.ExperimentConfig.from_dict`).
+The schema holds the structure and every default (plus the extension keywords ``x-ignored``,
+``x-kept``, ``x-messages``, ``x-supported`` and ``x-defaults-by-name``); this module turns
+schema errors into one-sentence messages and does the checks a schema cannot express.
+schema.py reads the schema and fills its defaults, here and into stored configs
+(`typed.ExperimentConfig.from_dict`).
 """
 
 from __future__ import annotations
