@@ -439,7 +439,7 @@ def test_s3_without_credentials_is_one_sentence(s3_endpoint, tmp_path, monkeypat
 
 
 def test_a_checkpoints_config_hides_the_storage_credentials():
-    from determined.keras._trial_controller import without_secrets
+    from determined.keras._trial_checkpoints import without_secrets
 
     config = {"name": "x", "checkpoint_storage": {"type": "s3", "bucket": "b",
                                                   "access_key": "AKIA", "secret_key": "s3cr3t"}}
