@@ -217,6 +217,9 @@ def init(*, distributed: Optional[DistributedContext] = None,
     info = det.get_cluster_info()
     reporter = process_reporter()
     trial = reporter.trial_info()
+    from determined import _old_releases
+
+    _old_releases.install(trial.config)  # what the script's TensorFlow and NumPy allowed
     if checkpoint_storage is not None:
         logger.warning("core.init(checkpoint_storage=...) is ignored under localdet: "
                        "checkpoints go to the experiment's checkpoint_storage")
