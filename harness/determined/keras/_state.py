@@ -21,9 +21,19 @@ from determined.keras._weights_file import ordered_weights
 H5Source = Union[Path, h5py.File, None]  # a checkpoint's `.h5`: its path, or open
 
 
+def _keras2_loss_scaled(optimizer: Any) -> Any:
+    """The optimizer Keras 2's mixed precision wraps (its LossScaleOptimizer, whose own
+    state is the dynamic loss scale), or None."""
+    scale = getattr(optimizer, "_loss_scale", None)
+    return optimizer.inner_optimizer if hasattr(scale, "_current_loss_scale") else None
+
+
 def _variables(optimizer: Any) -> List[Any]:
     variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
+    found = list(variables() if callable(variables) else variables)
+    if _keras2_loss_scaled(optimizer) is not None:  # the scale and its count of good steps
+        found += [optimizer._loss_scale._current_loss_scale, optimizer._loss_scale._counter]
+    return found
 
 
 def build_optimizer(optimizer: Any, model: Any, var_list: Optional[List[Any]] = None) -> None:
@@ -31,6 +41,9 @@ def build_optimizer(optimizer: Any, model: Any, var_list: Optional[List[Any]] = 
     or all the model's trainable variables."""
     if var_list is None:
         var_list = model.trainable_variables
+    inner = _keras2_loss_scaled(optimizer)
+    if inner is not None:
+        optimizer = inner
     if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy optimizers
         optimizer._create_all_weights(var_list)
     elif not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
@@ -50,6 +63,9 @@ def _legacy_var_key(optimizer: Any) -> Callable[[Any], Any]:
 def _built_on(optimizer: Any) -> Optional[Tuple[Callable[[Any], Any], List[Any]]]:
     """(how to key a variable, the variables the optimizer keeps state for in the order it
     was built on them), or None while it is unbuilt (no per-variable state yet)."""
+    inner = _keras2_loss_scaled(optimizer)
+    if inner is not None:
+        return _built_on(inner)
     if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy: slots made per variable
         if not _variables(optimizer):
             return None
