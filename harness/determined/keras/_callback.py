@@ -47,12 +47,12 @@ import pickle
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, TypeAlias, Union
+from typing import Any, Dict, List, Optional, Tuple, TypeAlias, Union
 
 import numpy as np
 import tensorflow as tf
 
-from determined.keras import _state
+from determined.keras import _state, _unbuilt
 from determined.keras._line import keras_line
 
 logger = logging.getLogger("determined.keras")
@@ -165,6 +165,9 @@ class DeterminedCallback(_ProgbarLogger):
         self._validating = _Progress()
         self._restored: Optional[contextlib.ExitStack] = None
         self._generators: Optional[Dict[str, Any]] = None  # restored before the first batch
+        # The fit's own train function while the first call of ours loads the checkpoint
+        # into a model that only the first batch builds.
+        self._deferred: Optional[Any] = None
 
     # -- saving and loading the model: override to change how ----------------------------
     def save_model(self, model: Any, path: str, distributed: Any) -> None:
@@ -184,13 +187,16 @@ class DeterminedCallback(_ProgbarLogger):
         if keras_line() == "keras2":
             model.load_weights(path)
             return
-        model.load_weights(path + KERAS3_SUFFIX)
+        with _unbuilt.counted_as_built(model):
+            model.load_weights(path + KERAS3_SUFFIX)
         optimizer_file = Path(path + ".optimizer.npz")
         if optimizer_file.exists() and getattr(model, "optimizer", None) is not None:
             with np.load(optimizer_file) as saved:
                 values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-            _state.build_optimizer(model.optimizer, model)
             variables = _state._variables(model.optimizer)
+            if len(variables) != len(values):  # saved built (a GAN's compiled one may not be)
+                _state.build_optimizer(model.optimizer, model)
+                variables = _state._variables(model.optimizer)
             if len(variables) != len(values):
                 raise RuntimeError(f"the checkpoint holds {len(values)} optimizer variables "
                                    f"but the optimizer has {len(variables)}; was it changed?")
@@ -202,7 +208,8 @@ class DeterminedCallback(_ProgbarLogger):
         if keras_line() == "keras2":
             model.save_weights(path)  # TensorFlow's format: the optimizer is in it
             return
-        model.save_weights(path + KERAS3_SUFFIX)
+        with _unbuilt.counted_as_built(model):  # a GAN's: its sub-models' weights all exist
+            model.save_weights(path + KERAS3_SUFFIX)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and _state._variables(optimizer):
             np.savez(path + ".optimizer.npz",
@@ -239,13 +246,8 @@ class DeterminedCallback(_ProgbarLogger):
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._epoch = epoch
-        if self._generators is not None:  # after Keras set up the epoch's data
-            try:
-                _state.restore(self._generators, self.model, [])
-            except ValueError as error:  # the model's variables differ from the saved run's
-                logger.warning("the random generators' states were not restored (%s): the "
-                               "resumed run may draw other random numbers", error)
-            self._generators = None
+        if self._deferred is None:  # else after the weights, at the first batch
+            self._restore_generators()  # after Keras set up the epoch's data
         if not self._is_chief:
             return
         self._core.train.set_status("training")
@@ -309,6 +311,8 @@ class DeterminedCallback(_ProgbarLogger):
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self._last_train_epoch > self._last_ckpt_epoch:
             self._save(self._last_train_epoch)
+        if self._deferred is not None:  # no batch ran
+            self.model.train_function, self._deferred = self._deferred, None
         if self._restored is not None:
             self._restored.close()
             self._restored = None
@@ -338,7 +342,7 @@ class DeterminedCallback(_ProgbarLogger):
                          "continue_id": self._continue_id,
                          "training_length": self._training_length,
                          "validation_length": self._validation_length,
-                         "generators": _state.capture(self.model, [])}
+                         "generators": _state.capture(self.model, self._optimizers())}
                 with open(path / CALLBACK_STATE, "wb") as handle:
                     pickle.dump(state, handle)
                 model_dir = _model_dir()
@@ -354,17 +358,68 @@ class DeterminedCallback(_ProgbarLogger):
             self._core.train.set_status("restoring")
         with contextlib.ExitStack() as stack:
             path = stack.enter_context(self._core.checkpoint.restore_path(checkpoint))
-            self.load_model(self.model, str(path / MODEL_CHECKPOINT), self._core.distributed)
-            self._continue(path / CALLBACK_STATE)
+            state = None
+            if (path / CALLBACK_STATE).exists():
+                with open(path / CALLBACK_STATE, "rb") as handle:
+                    state = pickle.load(handle)
+                self._continue(state)
+            weights = str(path / MODEL_CHECKPOINT)
+            if keras_line() == "keras2" or _unbuilt.loadable(self.model):
+                self._load_weights(weights, state)
+            else:
+                self._defer_load(weights, state)
             # Kept until the first batch: Keras 2 reads the optimizer's part then.
             return stack.pop_all()
         return None  # not reached: the block returns or raises
 
-    def _continue(self, state_file: Path) -> None:
-        if not state_file.exists():
+    def _load_weights(self, path: str, state: Optional[Dict[str, Any]]) -> None:
+        generators = (state or {}).get("generators")
+        _unbuilt.build_saved_optimizers(self.model, generators, self._optimizers())
+        self.load_model(self.model, path, self._core.distributed)
+
+    def _defer_load(self, path: str, state: Optional[Dict[str, Any]]) -> None:
+        """Load at the first batch: Keras 3 loads weights only into variables that exist,
+        and a subclassed model's layers make theirs on its first call, inside the first
+        training step. So that step's first call builds the model from the batch's spec,
+        loads and restores, and only then trains."""
+        model = self.model
+        if getattr(model, "train_function", None) is None:
+            model.make_train_function()
+        self._deferred = model.train_function
+
+        def load_then_train(iterator: Any) -> Any:
+            model.train_function, train = self._deferred, self._deferred
+            self._deferred = None
+            _unbuilt.build_from(model, iterator)
+            self._load_weights(path, state)
+            self._restore_generators()
+            return train(iterator)
+
+        model.train_function = load_then_train
+
+    def _optimizers(self) -> List[Any]:
+        """The optimizers whose state the callback state keeps: under Keras 3 those beside
+        the compiled one (Keras 2's weights file holds every one)."""
+        return [] if keras_line() == "keras2" else _unbuilt.other_optimizers(self.model)
+
+    def _restore_generators(self) -> None:
+        state, self._generators = self._generators, None
+        if state is None:
             return
-        with open(state_file, "rb") as handle:
-            state = pickle.load(handle)
+        optimizers = self._optimizers()
+        if len(state.get("optimizers", [])) != len(optimizers):
+            if state.get("optimizers"):
+                logger.warning("the checkpoint holds %d optimizers beside the compiled one "
+                               "but the model has %d: their states were not restored",
+                               len(state["optimizers"]), len(optimizers))
+            state, optimizers = {**state, "optimizers": [], "learning_rates": []}, []
+        try:
+            _state.restore(state, self.model, optimizers)
+        except (ValueError, _state.OptimizerStateError) as error:  # another model's state
+            logger.warning("the random generators' and optimizers' states were not restored "
+                           "(%s): the resumed run may differ", error)
+
+    def _continue(self, state: Dict[str, Any]) -> None:
         if state.get("continue_id") != self._continue_id:
             logger.info("checkpoint saved under continue_id %r, not %r: its weights are "
                         "loaded and training starts at epoch 0", state.get("continue_id"),
