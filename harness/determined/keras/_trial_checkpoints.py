@@ -104,16 +104,38 @@ class TrialCheckpoints:
         return uuid
 
     def _save_weights(self, directory: Path) -> Dict[str, str]:
-        """Write the model's weights; returns the metadata naming their file and form."""
+        """Write the model's weights; returns the metadata naming their file and form. A
+        model saved whole whose .h5 Keras cannot write (or that would not hold it all) keeps
+        its weights alone instead, the trial class building the model to load them."""
+        from determined.exec.run_trial import exception_line
+
         if saves_whole(self.model):
-            with quiet_keras_warnings():
-                self.model.save(directory / MODEL_FILENAME)
-            record_missing_arguments(self.model, directory / MODEL_FILENAME)  # Keras 3's
-            if keras_line() == "keras2":  # prepare_process's generator choice, not the model's
-                drop_generator_choice(directory / MODEL_FILENAME)
-            if self.graph_mode:
-                _graph_mode.portable_h5(directory / MODEL_FILENAME)
-            return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
+            path = directory / MODEL_FILENAME
+            # With eager execution disabled, the weights alone cannot be read or written.
+            refusal = None if self.graph_mode else _weights_file.whole_h5_refusal(self.model)
+            if refusal is None:
+                try:
+                    with quiet_keras_warnings():
+                        self.model.save(path)
+                except (NotImplementedError, ValueError, TypeError) as error:
+                    if self.graph_mode:
+                        raise
+                    path.unlink(missing_ok=True)
+                    refusal = ("two weights of one layer share a name, which Keras's .h5 "
+                               "format cannot hold" if "name already exists" in str(error)
+                               else f"Keras's .h5 writer refused it ({exception_line(error)})")
+            if refusal is None:
+                record_missing_arguments(self.model, path)  # Keras 3's
+                if keras_line() == "keras2":  # prepare_process's generator choice
+                    drop_generator_choice(path)
+                if self.graph_mode:
+                    _graph_mode.portable_h5(path)
+                return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
+            if not getattr(self, "_said_weights_alone", False):
+                self._said_weights_alone = True
+                print(f"[trial {self.info.trial_id}] note: checkpoints keep this model's "
+                      f"weights alone ({_weights_file.WEIGHTS_FILENAME}), read back into the model "
+                      f"the code builds, since {refusal}", flush=True)
         # Keras saves no other model whole in an .h5; the trial class rebuilds it.
         _weights_file.write_weights(self.model, directory / _weights_file.WEIGHTS_FILENAME)
         return _weights_file.describe()
