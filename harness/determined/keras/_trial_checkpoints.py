@@ -193,6 +193,8 @@ class TrialCheckpoints:
             h5: _state.H5Source = None
             if weights_file.is_file():
                 _weights_file.read_weights(self.model, weights_file)
+                # Why a model saved whole keeps its weights alone: said at its first checkpoint.
+                self._said_weights_alone = True
             elif _open_h5.loads_open_h5():
                 model_file = directory / MODEL_FILENAME
                 # A file written out is read by HDF5 itself; one read in place through Python.
