@@ -123,9 +123,10 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
         hparams = _json(folder / "hparams.json") if (folder / "hparams.json").is_file() else {}
         if config.get("trial_class") is None and weights.name != MODEL_FILENAME:
             raise CheckpointFormatError(
-                f"'{folder}' holds the weights of a subclassed model from a script, and no "
-                "trial class to build that model from; build it in your code and train on "
-                "from the checkpoint with context.fit (or save it with a TFKerasTrial)")
+                f"build the model in your code and read its weights with "
+                f"model.load_weights('{weights}'): '{folder}' holds a script's model as "
+                "weights alone (a subclassed model, or one whose .h5 Keras cannot write) and "
+                "no trial class to build it from")
         return SavedCheckpoint(folder, "localdet", weights, config.get("trial_class"), config,
                                hparams, metadata.get("keras_line"))
     if load_data_path.is_file():

@@ -4,7 +4,9 @@ exactly as if it had never stopped.
 
     <checkpoint>/
         determined-keras-model.h5   a Functional or Sequential model whole, Keras's own .h5;
-                                    any other model's weights alone (see `_weights_file`)
+                                    any other model's weights alone (see `_weights_file`), as
+                                    are those whose .h5 Keras cannot write (an adapted lookup
+                                    layer's vocabulary, two weights of one name)
         code/, config.yaml, hparams.json, metadata.json (names the weights' file and form)
         trial_state.pkl             batches, epochs, every optimizer's and generator's state,
                                     callback states, where the current epoch began
