@@ -23,7 +23,11 @@ Given a checkpoint, it loads the model's weights and optimizer state before the 
 batch; if the checkpoint was saved under the same `continue_id`, training goes on from the
 epoch after it, with the random generators as they were (a paused trial ends as if never
 paused, data order included when the data is not shuffled per epoch); otherwise only the
-weights are taken (a warm start, from epoch 0).
+weights are taken (a warm start, from epoch 0). Under Keras 3 a subclassed model not built
+yet (its layers make their weights on its first call) is built from the first batch's spec
+and loaded before that batch trains; a model never called itself (a GAN whose `train_step`
+calls its sub-models) is saved and loaded with the weights that exist; and the optimizers it
+holds beside its compiled one (a GAN's two) resume as they were.
 
 A checkpoint holds the weights at `model_checkpoint`, as `save_model` writes them: under
 Keras 2, TensorFlow's weight format with the optimizer in it, which
@@ -385,11 +389,10 @@ class DeterminedCallback(_ProgbarLogger):
         model = self.model
         if getattr(model, "train_function", None) is None:
             model.make_train_function()
-        self._deferred = model.train_function
+        train = self._deferred = model.train_function
 
         def load_then_train(iterator: Any) -> Any:
-            model.train_function, train = self._deferred, self._deferred
-            self._deferred = None
+            model.train_function, self._deferred = train, None
             _unbuilt.build_from(model, iterator)
             self._load_weights(path, state)
             self._restore_generators()
