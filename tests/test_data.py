@@ -301,7 +301,22 @@ def test_an_error_in_getitem_reaches_the_trainer_with_its_message(mode):
 
 class BadBatchSequence(CountingSequence):
     def __getitem__(self, index):
-        return np.zeros((2, 1))
+        return (np.zeros((2, 1)),) * 4
+
+
+class InputsOnlySequence(CountingSequence):
+    """Batches of inputs alone, as Keras takes them (a custom train_step reads them)."""
+
+    def __getitem__(self, index):
+        return np.full((2, 3), float(index), "float32")
+
+
+def test_a_sequence_of_inputs_alone_streams_them_as_they_are():
+    stream = _data.training_stream(InputsOnlySequence(length=3), 0, SEED, shuffle=False)
+    batches = [b.numpy() for b, _ in zip(stream, range(4), strict=False)]
+    np.testing.assert_array_equal(np.stack(batches)[:, 0, 0], [0.0, 1.0, 2.0, 0.0])
+    assert batches[0].shape == (2, 3)
+    stream.close()
 
 
 def test_wrong_loaders_get_one_sentence_naming_the_accepted_forms():
@@ -314,8 +329,9 @@ def test_wrong_loaders_get_one_sentence_naming_the_accepted_forms():
         keras.SequenceAdapter([1, 2, 3])
     with pytest.raises(DataLoaderError, match="workers must be an integer"):
         keras.SequenceAdapter(CountingSequence(), workers=-1)
-    with pytest.raises(DataLoaderError, match=r"sequence\[\d\] returned a ndarray; a Sequence "
-                                              r"must return \(inputs, targets\)"):
+    with pytest.raises(DataLoaderError, match=r"sequence\[\d\] returned a tuple of 4; a "
+                                              r"Sequence must return its inputs alone, "
+                                              r"\(inputs, targets\)"):
         _data.training_stream(BadBatchSequence(), 0, SEED)
     with pytest.raises(DataLoaderError, match="has no batches"):
         _data.training_stream(CountingSequence(length=0), 0, SEED)

@@ -55,16 +55,16 @@ def _structure(value: Any, where: str) -> Any:
     return _leaf(value, where)
 
 
-def normalise_batch(batch: Any, index: int) -> tuple:
-    """A batch as `(inputs, targets[, sample_weights])` of NumPy arrays (lists become tuples,
-    as Keras reads them)."""
+def normalise_batch(batch: Any, index: int) -> Any:
+    """A batch as Keras reads a Sequence's item, in NumPy arrays: `(inputs, targets[,
+    sample_weights])`, or the inputs alone (an array, a dict or a 1-tuple), which a custom
+    `train_step` takes as they are. Lists become tuples, as Keras reads them."""
     if isinstance(batch, list):
         batch = tuple(batch)
-    if not isinstance(batch, tuple) or len(batch) not in (2, 3):
-        described = (f"a tuple of {len(batch)}" if isinstance(batch, tuple)
-                     else f"a {type(batch).__name__}")
-        raise DataLoaderError(f"sequence[{index}] returned {described}; a Sequence must return "
-                              "(inputs, targets) or (inputs, targets, sample_weights)")
+    if isinstance(batch, tuple) and len(batch) not in (1, 2, 3):
+        raise DataLoaderError(f"sequence[{index}] returned a tuple of {len(batch)}; a Sequence "
+                              "must return its inputs alone, (inputs, targets) or (inputs, "
+                              "targets, sample_weights)")
     return _structure(batch, f"sequence[{index}]")
 
 
