@@ -203,3 +203,56 @@ def test_under_keras_2(tmp_path):
          "-k", "not under_keras_2", "--basetemp", str(tmp_path / "keras2")],
         env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+KERAS3_MODEL_IN_A_KERAS2_PROCESS = '''
+import sys
+from pathlib import Path
+
+import keras  # Keras 3 even on the Keras 2 line: a cold script launch does not alias it
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, sys.argv[2])
+from test_core_api import _Recorder
+
+from determined.keras import DeterminedCallback
+
+assert tf.keras.__name__.startswith("tf_keras") and not keras.__name__.startswith("tf_keras")
+
+
+def fit(folder, epochs, checkpoint=None, preempt_after_epochs=None):
+    core = _Recorder(Path(folder))
+    core.preempt_after_epochs = preempt_after_epochs
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    model.fit(x, x.sum(axis=1), batch_size=8, epochs=epochs, verbose=0, shuffle=False,
+              callbacks=[DeterminedCallback(core, checkpoint=checkpoint, continue_id=1)])
+    return model
+
+
+root = Path(sys.argv[1])
+fit(root / "paused", 2, preempt_after_epochs=1)
+saved = [p.parent.name for p in (root / "paused").glob("*/model_checkpoint.weights.h5")]
+resumed = fit(root / "paused", 2, checkpoint=saved[0])
+straight = fit(root / "straight", 2)
+same = all(np.array_equal(a, b) for a, b in zip(resumed.get_weights(), straight.get_weights()))
+print("saved", len(saved), "same", same)
+'''
+
+
+def test_a_keras_3_model_in_a_keras_2_process_is_saved_and_resumed_as_keras_3(tmp_path):
+    """A Core API script started cold on the Keras 2 line whose `import keras` is Keras 3:
+    the model's own line decides the checkpoint's form (its weights in `.weights.h5`)."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", KERAS3_MODEL_IN_A_KERAS2_PROCESS, str(tmp_path),
+         str(Path(__file__).parent)],
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert "saved 1 same True" in result.stdout, result.stdout[-2000:] + result.stderr[-3000:]

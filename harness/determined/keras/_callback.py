@@ -57,7 +57,6 @@ import numpy as np
 import tensorflow as tf
 
 from determined.keras import _state, _unbuilt
-from determined.keras._line import keras_line
 
 logger = logging.getLogger("determined.keras")
 
@@ -188,7 +187,7 @@ class DeterminedCallback(_ProgbarLogger):
 
     def load_model(self, model: Any, path: str, distributed: Any) -> None:
         """Load what `save_model` saved at `path` into `model`."""
-        if keras_line() == "keras2":
+        if not is_keras3_model(model):
             model.load_weights(path)
             return
         with _unbuilt.counted_as_built(model):
@@ -209,7 +208,7 @@ class DeterminedCallback(_ProgbarLogger):
 
     @staticmethod
     def _save_weights(model: Any, path: str) -> None:
-        if keras_line() == "keras2":
+        if not is_keras3_model(model):
             model.save_weights(path)  # TensorFlow's format: the optimizer is in it
             return
         with _unbuilt.counted_as_built(model):  # a GAN's: its sub-models' weights all exist
@@ -368,7 +367,7 @@ class DeterminedCallback(_ProgbarLogger):
                     state = pickle.load(handle)
                 self._continue(state)
             weights = str(path / MODEL_CHECKPOINT)
-            if keras_line() == "keras2" or _unbuilt.loadable(self.model):
+            if not is_keras3_model(self.model) or _unbuilt.loadable(self.model):
                 self._load_weights(weights, state)
             else:
                 self._defer_load(weights, state)
@@ -403,7 +402,7 @@ class DeterminedCallback(_ProgbarLogger):
     def _optimizers(self) -> List[Any]:
         """The optimizers whose state the callback state keeps: under Keras 3 those beside
         the compiled one (Keras 2's weights file holds every one)."""
-        return [] if keras_line() == "keras2" else _unbuilt.other_optimizers(self.model)
+        return _unbuilt.other_optimizers(self.model) if is_keras3_model(self.model) else []
 
     def _restore_generators(self) -> None:
         state, self._generators = self._generators, None
@@ -434,10 +433,18 @@ class DeterminedCallback(_ProgbarLogger):
         start = int(state["epoch"]) + 1
         self._last_train_epoch = self._last_ckpt_epoch = start - 1
         self._generators = state.get("generators")
-        if keras_line() == "keras2":
+        if not is_keras3_model(self.model):
             self.model._training_state = _ResumeAt(start)
         else:
             self.model._initial_epoch = start
+
+
+def is_keras3_model(model: Any) -> bool:
+    """Whether `model` is a Keras 3 model. Its own line, not the process's, decides how it
+    is saved and resumed: a script's `import keras` is Keras 3 in a process on the Keras 2
+    line unless the launch made `keras` tf_keras (a warm process does, a cold one cannot
+    before the script runs)."""
+    return any(c.__module__.startswith("keras.src.trainers") for c in type(model).__mro__)
 
 
 def weights_only_refusal(folder: Path) -> Optional[str]:
