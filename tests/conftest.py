@@ -387,6 +387,11 @@ LONGEST_FILES = [
     "test_scripts.py",          # ~120 (every benchmark's --smoke and the demo, two at a time)
     "test_request_races.py",    # ~110 (some 250 launches of the counter, forked warm)
     "test_exact_resume.py",     # ~135 (CPU ~85, a third of it the spawned Sequence readers)
+    "test_stateful_pipelines.py",  # ~150 (12 pipelines x forms here, then under Keras 2)
+    "test_cross_line_layers.py",   # ~90 (nine Keras 2 trials in one process, loaded here)
+    "test_mixed_precision.py",  # ~80 (a trial paused twice, in each line)
+    "test_h5_fallbacks.py",     # ~75 (two trials paused, in each line)
+    "test_old_releases.py",     # ~70 (three trials under localdet run)
     "test_search_e2e.py",       # ~110 (CPU ~125)
     "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
     "test_horovod_e2e.py",      # ~105 (CPU ~75)
@@ -401,6 +406,8 @@ LONGEST_FILES = [
     "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
     "test_fuzz_intake.py",      # ~30
     "test_core_api.py",         # ~30
+    "test_callback_models.py",  # ~30 (and again under Keras 2)
+    "test_startup_hook.py",     # ~30 (real venvs and pip; one daemon run)
     "test_foreground.py",       # ~30
     "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
     "test_data.py",             # ~25
