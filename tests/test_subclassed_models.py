@@ -184,8 +184,14 @@ def test_context_fit_of_a_subclassed_model_pauses_and_resumes_like_the_trial(str
     fitted = train(tmp_path, pause_at=(5,), fit=True)
     assert_same_run(straight, fitted)
     with pytest.raises(CheckpointLoadError, match=r"^build the model in your code and read "
-                                                  r"its weights with model.load_weights\("):
+                                                  r"its weights with determined.keras.load_"
+                                                  r"weights_from_checkpoint_path\(model, "):
         load_model_from_checkpoint_path(str(fitted["export"]))
+    # What it says to do: the model built downstream, never called, gets the trained weights.
+    model = NoisyGan(noise_dim=HPARAMS["noise_dim"], hidden=HPARAMS["hidden"])
+    det.keras.load_weights_from_checkpoint_path(model, str(fitted["export"]))
+    for a, b in zip(ordered_weights(model)[0], fitted["layer_weights"], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
 
 
 @pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") != "1",

@@ -35,7 +35,10 @@ from determined.keras._context import (
 from determined.keras._enqueuer import _build_enqueuer, _Enqueuer, _Sampler
 from determined.keras._init import init
 from determined.keras._keras_context import KerasContext, TrainingContext
-from determined.keras._load import load_model_from_checkpoint_path
+from determined.keras._load import (
+    load_model_from_checkpoint_path,
+    load_weights_from_checkpoint_path,
+)
 from determined.keras._rng import get_rng_state, set_rng_state
 from determined.keras._sequence import KerasDataAdapter, SequenceAdapter
 from determined.keras._trial import TFKerasTrial
@@ -62,6 +65,7 @@ __all__ = [
     "TFKerasExperimentalContext",
     "callbacks",
     "load_model_from_checkpoint_path",
+    "load_weights_from_checkpoint_path",  # localdet's: a script's checkpoint of weights alone
     "SequenceAdapter",
     "KerasDataAdapter",
     "ArrayLike",

@@ -123,10 +123,11 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
         hparams = _json(folder / "hparams.json") if (folder / "hparams.json").is_file() else {}
         if config.get("trial_class") is None and weights.name != MODEL_FILENAME:
             raise CheckpointFormatError(
-                f"build the model in your code and read its weights with "
-                f"model.load_weights('{weights}'): '{folder}' holds a script's model as "
-                "weights alone (a subclassed model, or one whose .h5 Keras cannot write) and "
-                "no trial class to build it from")
+                "build the model in your code and read its weights with "
+                "determined.keras.load_weights_from_checkpoint_path(model, "
+                f"'{folder}'): it holds a script's model as weights alone (a subclassed "
+                "model, or one whose .h5 Keras cannot write) and no trial class to build it "
+                "from")
         return SavedCheckpoint(folder, "localdet", weights, config.get("trial_class"), config,
                                hparams, metadata.get("keras_line"))
     if load_data_path.is_file():

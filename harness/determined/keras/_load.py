@@ -106,6 +106,35 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
         return _load_from_other_line(saved, line, attempt, error)
 
 
+def load_weights_from_checkpoint_path(model: Any, path: str) -> Any:
+    """Read the weights a checkpoint holds into `model`, built by your code; returns it.
+
+    For a script's checkpoint that holds its model as weights alone (a subclassed model, or
+    one whose `.h5` Keras cannot write), which `load_model_from_checkpoint_path` cannot
+    build. localdet's extension; Determined had no such checkpoints.
+
+        model = MyModel()
+        load_weights_from_checkpoint_path(model, "./best")
+    """
+    from determined.keras import _weights_file
+
+    folder = Path(path)
+    weights = folder / _weights_file.WEIGHTS_FILENAME
+    if weights.is_file():
+        try:
+            _weights_file.read_weights(model, weights)
+        except _weights_file.WeightsMismatch as error:
+            raise CheckpointLoadError(f"the weights in '{weights}' do not fit this model: "
+                                      f"{error}") from None
+        return model
+    if (folder / MODEL_FILENAME).is_file():
+        model.load_weights(str(folder / MODEL_FILENAME))
+        return model
+    raise CheckpointLoadError(f"'{folder}' holds no weights file of localdet's "
+                              f"({_weights_file.WEIGHTS_FILENAME} or {MODEL_FILENAME}); "
+                              "give the folder of an exported checkpoint")
+
+
 class _Attempt:
     """What loading in this line tried, for the fallback to the other line."""
 
