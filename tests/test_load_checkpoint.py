@@ -244,3 +244,40 @@ def test_a_mixed_precision_model_loads_with_its_loss_scaling_in_either_line(tmp_
     assert model.layers[1].dtype_policy.name == "mixed_float16"
     np.testing.assert_allclose(model.predict(np.ones((2, 4)), verbose=0),
                                np.load(tmp_path / "predicted.npy"), rtol=1e-3)
+
+
+class Scaling(tf.keras.layers.Layer):
+    """A custom layer whose __init__ takes no `trainable` or `dtype`, which its config holds:
+    Keras cannot rebuild it from its config, in either line."""
+
+    def __init__(self, name=None):
+        super().__init__(name=name)
+
+    def call(self, inputs):
+        return inputs * 2.0
+
+
+def test_a_model_its_own_line_cannot_rebuild_names_no_line_switch(tmp_path):
+    """Where the line that trained a script's model fails to rebuild it (and the other line
+    does too), the error leads with fixing the model's code, not with switching lines."""
+    from determined.keras import KerasContext
+    from determined.keras._line import keras_line
+    from determined.keras._trial_controller import prepare_process
+
+    x, y = custom_objects.make_data(seed=0, rows=64)
+    db, trial_id, reporter, info = start_trial(
+        tmp_path, 2, hparams={"global_batch_size": 32}, entrypoint="python3 train.py")
+    prepare_process(info)
+    context = KerasContext(info, reporter)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), Scaling(), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
+    context.fit(model, x, y, batch_size=32, validation_data=VALIDATION)
+    folder = export_latest(reporter, trial_id, tmp_path / "export")
+    with tf.keras.utils.custom_object_scope({"Scaling": Scaling}):
+        with pytest.raises(CheckpointLoadError) as refused:
+            load_model_from_checkpoint_path(str(folder))
+    said = str(refused.value)
+    assert said.startswith("fix what this error names in the model's code or custom objects:")
+    assert "Scaling" in said and "TF_USE_LEGACY_KERAS" not in said.split(":")[0]
+    assert f"under {'Keras 2' if keras_line() == 'keras2' else 'Keras 3'}, which trained it" \
+        in said

@@ -429,10 +429,16 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
             "can be handed from one Keras line to the other")
     if result.returncode != 0:
         trained = saved.keras_line or "keras2"
+        there = lines[-1] if lines else "no output"
+        if trained != other:  # this very line trained it: another line is no remedy
+            raise CheckpointLoadError(
+                f"fix what this error names in the model's code or custom objects: building "
+                f"the model of '{saved.folder}' failed under {_spoken(trained)}, which "
+                f"trained it ({reason}), and under {_spoken(other)} too ({there})")
         raise CheckpointLoadError(
             f"{_remedy(trained)} under {_spoken(trained)}, which trained it: building the "
             f"model of '{saved.folder}' failed here ({reason}) and under {_spoken(other)} too "
-            f"({lines[-1] if lines else 'no output'})")
+            f"({there})")
 
 
 def _save_whole_model(folder: str, out: str) -> None:
