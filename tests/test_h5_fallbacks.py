@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import start_trial
+from test_exact_resume import PausingReporter
 
 import determined as det
 from determined.keras import load_model_from_checkpoint_path
@@ -125,23 +126,6 @@ def op_determinism(monkeypatch):
     yield
     from tensorflow.python.framework import config as tf_config
     tf_config.disable_op_determinism()
-
-
-class PausingReporter:
-    """The real reporter, asking the trial to pause once, at `pause_at` batches."""
-
-    def __init__(self, inner, pause_at):
-        self._inner, self._pending = inner, set(pause_at)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def should_pause(self) -> bool:
-        batches = self._inner.db.trial(self._inner.trial_id).batches_trained
-        if batches in self._pending:
-            self._pending.discard(batches)
-            return True
-        return False
 
 
 def train(tmp_path: Path, class_name: str, pause_at=(), after_pause=lambda: None) -> dict:
