@@ -13,6 +13,12 @@ def refuse(what: str, instead: str) -> NotServedError:
                           f"{instead}.")
 
 
+def exception_line(error: BaseException) -> str:
+    """The exception's own message line: `TypeName: first line of the message`."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
 class InternalException(Exception):
     """A bug in localdet or Determined-compatible glue rather than in the trial."""
 

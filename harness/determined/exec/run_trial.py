@@ -19,6 +19,7 @@ import types
 from typing import Any, Dict, Optional
 
 from determined.core._reporting import FAILURE_MARK, KERAS_LINE_REASON_VAR
+from determined.errors import exception_line
 
 
 def load_trial_class(entrypoint: str) -> type:
@@ -37,12 +38,6 @@ def load_trial_class(entrypoint: str) -> type:
     return trial_class
 
 
-
-
-def exception_line(error: BaseException) -> str:
-    """The exception's own message line: `TypeName: first line of the message`."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _keras_name(name: object) -> bool:

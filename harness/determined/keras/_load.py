@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from determined import _old_releases
-from determined.exec.run_trial import exception_line
+from determined.errors import exception_line
 from determined.keras._checkpoint_formats import (
     LEGACY_MODEL_FILENAME,
     MODEL_FILENAME,

@@ -30,6 +30,7 @@ import tensorflow as tf
 import yaml
 
 from determined.core import TrialInfo, TrialReporter
+from determined.errors import exception_line
 from determined.keras import _data, _graph_mode, _open_h5, _state, _weights_file
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
@@ -109,8 +110,6 @@ class TrialCheckpoints:
         """Write the model's weights; returns the metadata naming their file and form. A
         model saved whole whose .h5 Keras cannot write (or that would not hold it all) keeps
         its weights alone instead, the trial class building the model to load them."""
-        from determined.exec.run_trial import exception_line
-
         if saves_whole(self.model):
             path = directory / MODEL_FILENAME
             # With eager execution disabled, the weights alone cannot be read or written.
