@@ -97,18 +97,18 @@ def test_a_trial_over_a_stateful_pipeline_pauses_and_resumes(pipeline, tmp_path,
                                               **BIT_FOR_BIT)
     capsys.readouterr()
     controller, paused, paused_metrics = run_trial(trial, tmp_path / "paused", target=40,
-                                                   pause_at=(7, 28, 35), **BIT_FOR_BIT)
+                                                   pause_at=(7, 28), **BIT_FOR_BIT)
     log = capsys.readouterr().out
     # Said once, at the first checkpoint, naming the op; each resume says how it resumes.
     notes = re.findall(r"note: the training data's tf.data pipeline holds a stateful op "
                        r"\((\w+)", log)
     assert notes == [STATEFUL_OPS[pipeline]]
-    assert log.count("the training data resumes by position") == 3
+    assert log.count("the training data resumes by position") == 2
     assert controller.batches_trained == 40
     assert _rows(paused_metrics) == _rows(straight_metrics)
     db = controller.reporter.db
     assert [c.batches_trained for c in db.checkpoints(trial_id=controller.info.trial_id)] == \
-        [7, 28, 35, 40]
+        [7, 28, 40]
     assert all(np.isfinite(m["loss"]) for kind, _, m in paused_metrics if kind == "training")
     if pipeline in DETERMINISTIC:
         assert _same(straight, paused)
@@ -169,7 +169,7 @@ def test_a_fit_over_a_stateful_pipeline_pauses_and_resumes(pipeline, tmp_path):
     straight, straight_metrics, _, done = fit_script(tmp_path / "a", pipeline, epochs=3)
     assert done.batches_trained == done.target_batches == 39
     paused, paused_metrics, epochs, trial = fit_script(tmp_path / "b", pipeline,
-                                                       pause_at=(4, 12, 20), epochs=3)
+                                                       pause_at=(4, 20), epochs=3)
     assert trial.batches_trained == trial.target_batches == 39
     assert _rows(paused_metrics) == _rows(straight_metrics)
     assert [e for launch in epochs for e in launch][-1] == 2  # the last launch ends epoch 3
@@ -246,16 +246,16 @@ def test_a_determined_callback_fit_over_a_stateful_pipeline_resumes(pipeline, tm
     assert len(saved) == 1  # preempted after epoch 1, checkpointed there
     events, resumed = callback_fit(tmp_path, pipeline, epochs=2, checkpoint=saved[0])
     assert [v[0] for kind, v in events if kind == "training"] == [20]  # epoch 2 only
-    _, straight = callback_fit(tmp_path / "straight", pipeline, epochs=2)
-    if pipeline in DETERMINISTIC:
+    if pipeline in DETERMINISTIC:  # the straight run, only where it must be matched
+        _, straight = callback_fit(tmp_path / "straight", pipeline, epochs=2)
         assert _same(straight, resumed)
 
 
 @pytest.mark.slow
 def test_under_keras_2(tmp_path):
-    """The same tests under the Keras 2 line, which needs a process of its own: the forms
-    Keras 2 users write (TFKerasTrial, DeterminedCallback), and a fit over data of unknown
-    length (its pass-by-pass reading is the same code in either line)."""
+    """Under the Keras 2 line, which needs a process of its own: the form Keras 2 users
+    write (TFKerasTrial) over Keras 2's augmentation layers (their generator's
+    RngReadAndSkip) and a generator, and a fit over data of unknown length."""
     import os
     import subprocess
     import sys
@@ -263,7 +263,7 @@ def test_under_keras_2(tmp_path):
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "trial_over or saveable or determined_callback or unknown_length",
+         "-k", "trial_over and (augmented or generated) or unknown_length",
          "--basetemp", str(tmp_path / "keras2")],
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
