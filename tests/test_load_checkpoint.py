@@ -281,3 +281,60 @@ def test_a_model_its_own_line_cannot_rebuild_names_no_line_switch(tmp_path):
     assert "Scaling" in said and "TF_USE_LEGACY_KERAS" not in said.split(":")[0]
     assert f"under {'Keras 2' if keras_line() == 'keras2' else 'Keras 3'}, which trained it" \
         in said
+
+
+LOAD_AND_PRINT = '''
+import sys
+from determined.keras import load_model_from_checkpoint_path
+from determined.keras._load import CheckpointLoadError
+try:
+    load_model_from_checkpoint_path(sys.argv[1])
+except CheckpointLoadError as error:
+    print(error)
+'''
+
+
+def test_a_script_model_with_keras_3_operations_loads_and_keras_2_says_what_to_do(tmp_path):
+    """Keras 3 records `inputs / 4.0` and `x + y` on symbolic tensors as operations, not
+    layers, which its `.h5` architecture cannot name (plain Keras 3 cannot load that `.h5`
+    either): the checkpoint keeps Keras 3's own serialisation beside it."""
+    from determined.keras import KerasContext
+    from determined.keras._line import keras_line
+    from determined.keras._saved_architecture import NATIVE_ARCHITECTURE
+    from determined.keras._trial_controller import prepare_process
+
+    if keras_line() == "keras2":
+        pytest.skip("Keras 2 wraps such arithmetic in layers of its own")
+    x, y = custom_objects.make_data(seed=0, rows=64)
+    db, trial_id, reporter, info = start_trial(
+        tmp_path, 2, hparams={"global_batch_size": 32}, entrypoint="python3 train.py")
+    prepare_process(info)
+    context = KerasContext(info, reporter)
+    inputs = tf.keras.Input(shape=(4,))
+    scaled = inputs / 4.0
+    hidden = tf.keras.layers.Dense(4)(scaled)
+    outputs = tf.keras.layers.Dense(1)(hidden + scaled)
+    model = tf.keras.Model(inputs, outputs)
+    model.compile(optimizer=context.wrap_optimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
+    context.fit(model, x, y, batch_size=32, validation_data=VALIDATION)
+    folder = export_latest(reporter, trial_id, tmp_path / "export")
+
+    loaded = load_model_from_checkpoint_path(str(folder))
+    np.testing.assert_allclose(loaded.predict(VALIDATION[0], verbose=0),
+                               model.predict(VALIDATION[0], verbose=0), atol=1e-6)
+    assert int(loaded.optimizer.iterations.numpy()) == 2
+    # Without it, the .h5 alone fails as plain Keras 3's load_model does.
+    import h5py
+
+    with h5py.File(folder / "determined-keras-model.h5", "r+") as h5:
+        kept = h5[NATIVE_ARCHITECTURE][()]
+        del h5[NATIVE_ARCHITECTURE]
+    with pytest.raises(CheckpointLoadError, match="TrueDivide"):
+        load_model_from_checkpoint_path(str(folder))
+    with h5py.File(folder / "determined-keras-model.h5", "r+") as h5:
+        h5.create_dataset(NATIVE_ARCHITECTURE, data=kept)
+
+    said = run_python("-c", LOAD_AND_PRINT, str(folder), keras2=True).stdout.strip()
+    assert said.startswith("set TF_USE_LEGACY_KERAS=0 before TensorFlow is imported and load "
+                           "it again: "), said
+    assert "Keras 3 operations (Add, TrueDivide" in said

@@ -101,7 +101,10 @@ def run_daemon() -> tuple[float, list[tuple[float, float, list[int]]]]:
             db = sqlite3.connect(Path(home) / "localdet.db", timeout=30)
             while True:
                 time.sleep(0.5)
-                rows = db.execute("SELECT state FROM experiments").fetchall()
+                try:
+                    rows = db.execute("SELECT state FROM experiments").fetchall()
+                except sqlite3.OperationalError:  # the daemon has yet to create its tables
+                    continue
                 if rows and rows[0][0] not in ("ACTIVE", "PAUSED"):
                     break
             wall = time.monotonic() - submitted

@@ -322,20 +322,31 @@ def _whole_model(saved: SavedCheckpoint, h5_path: Path, line: str) -> Any:
     import tensorflow as tf
 
     from determined.keras import _state
+    from determined.keras._saved_architecture import native_architecture, operation_names
     from determined.keras._saved_compile import compile_as_saved
 
     if h5_path.suffix != ".h5" and h5_path.name != LEGACY_MODEL_FILENAME:
         raise CheckpointLoadError(
             f"'{saved.folder}' holds only weights and no trial class to build their model "
             "from; it cannot be loaded")
+    native = native_architecture(h5_path)
+    if native is not None and line == "keras2":
+        raise CheckpointLoadError(
+            f"{_remedy('keras3')}: the model in '{h5_path}' holds Keras 3 operations "
+            f"({', '.join(sorted(set(operation_names(native))))}: `keras.ops` or arithmetic on "
+            "symbolic tensors), which Keras 2 cannot build")
     custom = _custom_objects(saved)
     try:
         with quiet_keras_warnings(), \
                 _readable_here(h5_path, line, frozenset(custom)) as readable:
-            if line == "keras3":
-                custom = {**_keras2_layers_kept_aside(), **custom}
-            model = tf.keras.models.load_model(str(readable), compile=False,
-                                               custom_objects=custom)
+            if native is not None:  # operations its `.h5` architecture cannot name
+                model = tf.keras.models.model_from_json(native, custom_objects=custom)
+                model.load_weights(str(h5_path))
+            else:
+                if line == "keras3":
+                    custom = {**_keras2_layers_kept_aside(), **custom}
+                model = tf.keras.models.load_model(str(readable), compile=False,
+                                                   custom_objects=custom)
             compiled = compile_as_saved(model, h5_path, custom)
     except (ValueError, TypeError) as error:
         # Keras 2 says "Unknown layer"; Keras 3 "Could not locate class".

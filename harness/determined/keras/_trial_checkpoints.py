@@ -35,7 +35,10 @@ from determined.keras import _data, _graph_mode, _open_h5, _state, _weights_file
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
 from determined.keras._quiet import quiet_keras_warnings
-from determined.keras._saved_architecture import drop_generator_choice
+from determined.keras._saved_architecture import (
+    drop_generator_choice,
+    keep_native_architecture,
+)
 from determined.keras._saved_compile import record_missing_arguments
 
 MODEL_FILENAME = "determined-keras-model.h5"
@@ -129,6 +132,8 @@ class TrialCheckpoints:
                 record_missing_arguments(self.model, path)  # Keras 3's
                 if keras_line() == "keras2":  # prepare_process's generator choice
                     drop_generator_choice(path)
+                else:
+                    keep_native_architecture(self.model, path)
                 if self.graph_mode:
                     _graph_mode.portable_h5(path)
                 return {"weights_file": MODEL_FILENAME, "weights_form": MODEL_FORM}
