@@ -60,8 +60,9 @@ ROWS = [(section, name, row[0]) for section, names in SECTIONS.items()
 ASSIGNABLE = [(section, name) for section, names in SECTIONS.items()
               for name, row in names.items() if row[2] == "yes"]
 DETERMINED_DATA = json.loads(DATA.read_text())
-CHECKOUT = os.environ.get("DETERMINED_CHECKOUT") or (
-    "/work/scratch/determined" if Path("/work/scratch/determined/.git").exists() else None)
+# A clone of determined-ai/determined with its tags, named only by the environment: no
+# machine's own path is written into the repository.
+CHECKOUT = os.environ.get("DETERMINED_CHECKOUT") or None
 
 
 @functools.lru_cache(maxsize=1)

@@ -346,10 +346,15 @@ def test_a_searched_batch_size_that_is_no_integer_is_refused():
 # -- Determined's own example configs, every version in its history -----------------------
 
 def determined_checkout() -> Path | None:
-    for candidate in (os.environ.get("DETERMINED_CHECKOUT"), "/work/scratch/determined"):
-        if candidate and (Path(candidate) / ".git").exists():
-            return Path(candidate)
-    return None
+    """The clone of determined-ai/determined that DETERMINED_CHECKOUT names, or None when it
+    is unset (no machine's own path is written into the repository)."""
+    candidate = os.environ.get("DETERMINED_CHECKOUT")
+    if not candidate:
+        return None
+    if not (Path(candidate) / ".git").exists():
+        pytest.fail(f"DETERMINED_CHECKOUT={candidate} is not a git clone of "
+                    "determined-ai/determined: point it at one, or unset it to skip")
+    return Path(candidate)
 
 
 # Keras and TensorFlow examples (and the harness's test trials), by their folders' names.
