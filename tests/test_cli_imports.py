@@ -99,7 +99,7 @@ def _schema(path) -> list[tuple]:
 def test_an_open_applies_the_newest_migration_a_database_lacks(tmp_path):
     names = db_module._migration_names()
     older = older_database(tmp_path / "older.db")
-    StateDB.open(older).close()
+    StateDB.open(older, migrate=True).close()
     fresh = tmp_path / "fresh.db"
     StateDB.open(fresh).close()
     assert _schema(older) == _schema(fresh)

@@ -188,7 +188,7 @@ def test_the_daemon_schedule_copies_at_start_then_every_interval(tmp_path):
 def test_a_pending_migration_is_preceded_by_a_backup(tmp_path):
     names = db_module._migration_names()
     path = older_database(tmp_path / "localdet.db")
-    StateDB.open(path).close()
+    StateDB.open(path, migrate=True).close()
     [copy] = backups.backups(path)
     assert copy.name.endswith("-before-migration.db")
     with sqlite3.connect(copy) as conn:

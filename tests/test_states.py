@@ -256,7 +256,7 @@ def test_a_database_made_before_the_checks_upgrades_with_its_rows(tmp_path):
                                  "'index' ORDER BY name").fetchall()
     old.close()
 
-    upgraded = StateDB.open(path)
+    upgraded = StateDB.open(path, migrate=True)
     try:
         # Later migrations add columns at the end (0006): the ones before keep their values.
         assert {table: [row[:len(before[table][0])] for row in rows] if before[table] else rows
@@ -289,7 +289,7 @@ def test_an_upgrade_names_a_row_the_checks_would_refuse_and_changes_nothing(tmp_
     old.close()
     with pytest.raises(RuntimeError, match="trials row 1 has state 'STUCK', which is none of "
                                            "QUEUED, RUNNING"):
-        StateDB.open(path)
+        StateDB.open(path, migrate=True)
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("SELECT state FROM trials").fetchone() == ("STUCK",)

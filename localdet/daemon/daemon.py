@@ -168,6 +168,8 @@ class Daemon:
         self._keep_log()
         try:
             records_copies.check_at_start(self.layout.db)  # DamagedDatabase: refused
+            # The daemon alone migrates older records (after a backup), under its lock.
+            StateDB.open(self.layout.db, migrate=True).close()
         except BaseException:
             lock.release()
             raise

@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from localdet.records.opening import RecordsUnavailable
 
-class DamagedDatabase(RuntimeError):
+
+class DamagedDatabase(RecordsUnavailable):
     """The database file is damaged (SQLite: "malformed", "not a database"); the message
     says what to do, in one sentence."""
 

@@ -24,10 +24,21 @@ from pathlib import Path
 from typing import Any, Iterable, cast
 
 from localdet.paths import state_formats_dir
+from localdet.records import opening
 from localdet.records.backups import (  # noqa: F401  (DamagedDatabase: also imported from here)
     BackupError,
     DamagedDatabase,
     back_up,
+)
+from localdet.records.opening import (  # noqa: F401  (the errors: also imported from here)
+    BUSY_TIMEOUT_S,
+    RecordsUnavailable,
+    SchemaBehind,
+    SchemaTooNew,
+    applied_migrations,
+    behind_message,
+    check_schema,
+    connect_readonly,
 )
 from localdet.records.sqlite_utils_without_arrays import (  # without pandas, numpy: fast
     Migrations,
@@ -62,26 +73,6 @@ def migrations() -> Migrations:
 def _migration_names() -> list[str]:
     """The migrations' names (their files' stems), without loading them."""
     return [path.stem for path in sorted((state_formats_dir() / "migrations").glob("[0-9]*.py"))]
-
-
-def _migrated(db: sqlite_utils.Database) -> bool:
-    """Whether every migration file has been applied to `db` (one indexed read): then
-    opening skips loading and applying the set, most of a command's open."""
-    names = _migration_names()
-    try:
-        applied = {name for (name,) in db.execute(
-            "SELECT name FROM _sqlite_migrations WHERE migration_set = 'localdet'").fetchall()}
-    except sqlite3.OperationalError:  # a new file: no such table yet
-        return False
-    return bool(names) and applied.issuperset(names)
-
-
-def _has_records(db: sqlite_utils.Database) -> bool:
-    """Whether some migration has run on `db` (so applying the rest upgrades records)."""
-    try:
-        return db.execute("SELECT 1 FROM _sqlite_migrations LIMIT 1").fetchone() is not None
-    except sqlite3.OperationalError:  # a new file
-        return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,41 +250,103 @@ class _Database(sqlite_utils.Database):
 
 
 class StateDB:
-    def __init__(self, db: sqlite_utils.Database):
+    """The records, open. `open` is a writer's (the daemon's, a trial's, a command that
+    changes something); `open_readonly` a reader's, which writes nothing anywhere."""
+
+    def __init__(self, db: sqlite_utils.Database, *, read_only: bool = False,
+                 nothing_recorded: bool = False):
         self.db = db
+        self.read_only = read_only
+        # Opened read-only where nothing is recorded yet: an empty database of this schema.
+        self.nothing_recorded = nothing_recorded
         # A context manager shared with this process's other writers of the file (the
         # daemon's and its report server's, `report_server.WriteTurns`): atomic() waits its
         # turn there before SQLite's lock. None: SQLite's lock alone.
         self.turns: contextlib.AbstractContextManager[Any] | None = None
 
     @classmethod
-    def open(cls, path: str | Path) -> "StateDB":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    def open(cls, path: str | Path, *, migrate: bool = False) -> "StateDB":
+        """The records at `path` for reading and writing, created with the current schema
+        where nothing is recorded yet. Records of an older schema are migrated (after a
+        backup) only with `migrate` (the daemon, `localdet migrate`): SchemaBehind
+        otherwise; records of a newer one are refused (SchemaTooNew)."""
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RecordsUnavailable(
+                f"cannot make the state folder {path.parent} ({error.strerror or error}): "
+                "set LOCALDET_HOME to a folder this user can write") from None
+        if path.is_dir():
+            raise RecordsUnavailable(
+                f"{path} is a directory where localdet keeps its records file: move it aside "
+                "(or set LOCALDET_HOME to another folder)")
         # No sqlite_utils plugins: loading them scans every installed package's entry points.
         db = _Database(path, execute_plugins=False)
         try:
-            db.execute("PRAGMA busy_timeout = 30000")
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            names = _migration_names()
+            applied = applied_migrations(db.conn)
+            missing = check_schema(path, applied, names)  # SchemaTooNew: before any write
+            if missing and applied:
+                if not migrate:
+                    raise SchemaBehind(behind_message(path, applied, names))
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA foreign_keys = ON")
             # Durable enough in WAL mode: a power cut may lose the last commits, never
             # consistency.
             db.execute("PRAGMA synchronous = NORMAL")
-            if not _migrated(db):
-                if _has_records(db):  # an upgrade: keep a copy from before it
+            if missing:
+                if applied:  # an upgrade: keep a copy from before it
                     try:
-                        back_up(Path(path), reason="before-migration", source=db.conn)
+                        back_up(path, reason="before-migration", source=db.conn)
                     except BackupError as error:  # the copy failed its check: so does this
-                        db.close()
                         raise DamagedDatabase.of(path, error) from None
                 migrations().apply(db)
             db.fix_schema()
-        except sqlite3.OperationalError:  # locked, read-only, ...: not damage
+        except RecordsUnavailable:
+            db.close()
+            raise
+        except sqlite3.OperationalError:  # locked, read-only, ...: not damage (callers say)
             db.close()
             raise
         except sqlite3.DatabaseError as error:
             db.close()
             raise DamagedDatabase.of(path, error) from None
         return cls(db)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> "StateDB":
+        """The records at `path` for reading only: never created, migrated, backed up or
+        switched to another journal mode. Where nothing is recorded yet, an empty database
+        of this schema in memory (`nothing_recorded`). Records of an older schema are read
+        as they are (a query of what they lack: SchemaBehind, from `opening.unavailable`);
+        a newer one is refused (SchemaTooNew). Every SQLite failure: RecordsUnavailable."""
+        conn = connect_readonly(path)
+        applied = None
+        try:
+            applied = applied_migrations(conn) if conn is not None else None
+            if applied is not None:
+                check_schema(path, applied, _migration_names())
+        except sqlite3.Error as error:
+            assert conn is not None
+            conn.close()
+            raise opening.unavailable(path, error) from None
+        except RecordsUnavailable:
+            assert conn is not None
+            conn.close()
+            raise
+        if conn is None or applied is None:  # nothing recorded yet
+            if conn is not None:
+                conn.close()
+            db = _Database(sqlite3.connect(":memory:", check_same_thread=False),
+                           execute_plugins=False)
+            migrations().apply(db)
+            db.fix_schema()
+            return cls(db, read_only=True, nothing_recorded=True)
+        db = _Database(conn, execute_plugins=False)
+        db.fix_schema()
+        return cls(db, read_only=True)
 
     def close(self) -> None:
         self.db.close()
