@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from localdet import __version__
 from localdet.config.schema import ConfigError  # (config.experiment's: parsing, jsonschema)
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
@@ -40,10 +41,17 @@ def _fail(message: str) -> None:
 
 
 def _open_db(layout: Layout) -> StateDB:
+    """The records for a command that changes them."""
     if not layout.db.exists():
         _fail(f"no localdet state at {layout.home}; start `localdet daemon` or submit an "
               "experiment first")
     return StateDB.open(layout.db)
+
+
+def _read_db(layout: Layout) -> StateDB:
+    """The records for a command that only reads them: opened read-only (nothing recorded
+    yet reads as no experiments)."""
+    return StateDB.open_readonly(layout.db)
 
 
 def _size_option(context: click.Context, parameter: click.Parameter, value: str) -> int:
@@ -59,6 +67,8 @@ def _size_option(context: click.Context, parameter: click.Parameter, value: str)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="localdet",
+                      message="%(prog)s %(version)s")
 def cli() -> None:
     """localdet: Determined-style Keras training on one machine."""
 
@@ -273,7 +283,7 @@ def status(experiment_id: int | None, as_json: bool, show_all: bool,
            labels: tuple[str, ...]) -> None:
     """Experiments and jobs, or one experiment's trials (one job's log)."""
     layout = Layout.from_environment()
-    with _open_db(layout) as db:
+    with _read_db(layout) as db:
         _status(layout, db, experiment_id, as_json, show_all, labels)
 
 
@@ -399,7 +409,7 @@ def kill(experiment_id: int | None, trial_id: int | None) -> None:
               help="Also the checkpoints deleted by retention, with their state.")
 def checkpoints(experiment_id: int, as_json: bool, best: bool, show_all: bool) -> None:
     """The checkpoints of an experiment (those kept by checkpoint_storage; --all for all)."""
-    with _open_db(Layout.from_environment()) as db:
+    with _read_db(Layout.from_environment()) as db:
         try:
             experiment = db.experiment(experiment_id)
         except NotFound as error:
@@ -430,7 +440,7 @@ def export(uuid: str, destination: Path) -> None:
     from localdet.operations.errors import OperationError
 
     layout = Layout.from_environment()
-    with _open_db(layout) as db:
+    with _read_db(layout) as db:
         try:
             found = db.checkpoint(uuid)
             download_checkpoint(layout, db, found.uuid, destination, reuse=False)
@@ -512,7 +522,7 @@ def metrics(experiment_id: int, trial_id: int | None, metric: str | None, as_csv
     from localdet.ui import metrics_report
     if as_csv and plot:
         _fail("--csv and --plot do not go together; choose one")
-    db = _open_db(Layout.from_environment())
+    db = _read_db(Layout.from_environment())
     try:
         experiment = db.experiment(experiment_id)
         report = metrics_report.collect(db, experiment, trial_id, metric)
@@ -537,7 +547,7 @@ def logs(trial_id: int, follow: bool) -> None:
     """Print a trial's log (with -f, follow it)."""
     from localdet.ui import trial_logs
     layout = Layout.from_environment()
-    db = _open_db(layout)
+    db = _read_db(layout)
     out = sys.stdout.buffer  # (click.get_binary_stream is deprecated since click 8.5)
     try:
         if follow:
@@ -565,7 +575,7 @@ def tensorboard(experiment_id: int, port: int, host: str, logdir_only: bool) -> 
 
     from localdet.ui import tensorboard_export
     layout = Layout.from_environment()
-    db = _open_db(layout)
+    db = _read_db(layout)
     try:
         folder = tensorboard_export.export(layout, db, db.experiment(experiment_id))
     except NotFound as error:
@@ -589,13 +599,11 @@ cli.add_command(doctor_commands.doctor)
 
 
 def main() -> None:
-    from localdet.records.db import DamagedDatabase
+    from localdet.records.opening import RecordsUnavailable, unavailable
 
     try:
         cli()
-    except DamagedDatabase as error:
+    except RecordsUnavailable as error:  # damaged, a newer schema, a directory, ...
         _fail(str(error))
-    except sqlite3.DatabaseError as error:  # met past the open, reading a damaged page
-        if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
-            raise
-        _fail(str(DamagedDatabase.of(Layout.from_environment().db, error)))
+    except sqlite3.Error as error:  # met past the open: locked, read-only, a damaged page
+        _fail(str(unavailable(Layout.from_environment().db, error)))
