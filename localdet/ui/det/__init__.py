@@ -81,9 +81,9 @@ class DetGroup(click.Group):
 def _version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from importlib.metadata import version
+    from localdet import __version__
 
-    click.echo(f"det {version('localdet')} (localdet; Determined's command line, "
+    click.echo(f"det {__version__} (localdet; Determined's command line, "
                "no cluster)")
     ctx.exit()
 

@@ -8,7 +8,7 @@ import click
 @click.command("version")
 def command() -> None:
     """show the version of det and localdet"""
-    from importlib.metadata import version
+    from localdet import __version__
 
-    click.echo(f"client:\n  version: {version('localdet')} (localdet)\n"
+    click.echo(f"client:\n  version: {__version__} (localdet)\n"
                "master:\n  none: localdet has no master; the state is $LOCALDET_HOME")
