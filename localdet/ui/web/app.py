@@ -16,7 +16,8 @@ JSON API over the same facts `localdet status` shows.
                                                         model versions naming them), log tail
     GET  /api/trials/{id}/curves?full=1                 every point of its curves
     GET  /api/jobs[?archived=1]                         jobs (archived ones when asked)
-    GET  /api/daemon                                    running?, what it holds back (disk)
+    GET  /api/daemon                                    running?, what it holds back (disk),
+                                                        localdet's version
     GET  /api/checkpoints/{uuid}.tar.gz                 a checkpoint's folder, as a download
     POST /api/experiments/{id}/{pause|resume|kill}      as `localdet pause|resume|kill ID`
     POST /api/trials/{id}/{pause|resume|kill}           as `... --trial ID`
@@ -67,6 +68,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from localdet import __version__
 from localdet.operations import experiments as catalog
 from localdet.operations.errors import OperationError
 from localdet.operations.importance import importances
@@ -223,12 +225,12 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         return [{**row, "continued": continued[row["id"]]} for row in rows]
 
     def daemon(request: Request) -> dict:
-        """Whether a daemon runs, and what it holds back and why."""
+        """Whether a daemon runs, and what it holds back and why; this localdet's version."""
         running = DaemonLock.holder(layout.daemon_lock) is not None
         if not running or not layout.db.exists():
-            return {"running": running, "notice": None}
+            return {"running": running, "notice": None, "version": __version__}
         with database() as db:
-            return {"running": True, "notice": views.daemon_notice(db)}
+            return {"running": True, "notice": views.daemon_notice(db), "version": __version__}
 
     def experiment(request: Request) -> dict:
         with database() as db:

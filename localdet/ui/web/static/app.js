@@ -332,7 +332,8 @@ async function refresh() {
     const notice = document.getElementById("notice");
     notice.hidden = !daemon.notice;
     notice.textContent = daemon.notice || "";
-    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    document.getElementById("updated").textContent =
+      `localdet ${daemon.version} · updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     main.dataset.path = "";
     main.innerHTML = `<p class="error">${esc(error.message)}</p>`;
