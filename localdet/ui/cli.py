@@ -29,7 +29,7 @@ from localdet.config.schema import ConfigError  # (config.experiment's: parsing,
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
-from localdet.ui import catalog_commands, compare, doctor_commands, views
+from localdet.ui import catalog_commands, compare, doctor_commands, migrate_command, views
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -324,6 +324,10 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
     notice = views.daemon_notice(db) if pid else None
     if notice:
         console.print(f"[yellow]{escape(notice)}[/]")
+    if experiment_id is None and db.nothing_recorded:
+        console.print(f"no experiments yet in {escape(str(layout.home))}; start with "
+                      "`localdet daemon start`, then `localdet submit CONFIG MODEL_DIR`")
+        return
     if experiment_id is None:
         jobs = [f for f in facts if f["kind"] == ExperimentKind.JOB]
         experiments = [f for f in facts if f["kind"] != ExperimentKind.JOB]
@@ -596,6 +600,7 @@ for _command in catalog_commands.COMMANDS:
     cli.add_command(_command)
 cli.add_command(compare.compare)
 cli.add_command(doctor_commands.doctor)
+cli.add_command(migrate_command.migrate)
 
 
 def main() -> None:
