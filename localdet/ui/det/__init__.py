@@ -111,19 +111,16 @@ def main() -> None:
     if os.environ.get("DET_MASTER"):
         click.echo(f"det: ignoring DET_MASTER={os.environ['DET_MASTER']}: localdet has no "
                    "master; commands work on the state folder $LOCALDET_HOME", err=True)
-    from localdet.records.db import DamagedDatabase
+    from localdet.records.opening import RecordsUnavailable, unavailable
 
     try:
         det(prog_name="det")
     except KeyboardInterrupt:
         click.echo("Interrupting...", err=True)
         sys.exit(3)
-    except DamagedDatabase as error:
+    except RecordsUnavailable as error:  # damaged, a newer schema, a directory, ...
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
-    except sqlite3.DatabaseError as error:  # met past the open, reading a damaged page
-        if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
-            raise
-        click.echo(f"error: {DamagedDatabase.of(Layout.from_environment().db, error)}",
-                   err=True)
+    except sqlite3.Error as error:  # met past the open: locked, read-only, a damaged page
+        click.echo(f"error: {unavailable(Layout.from_environment().db, error)}", err=True)
         sys.exit(1)

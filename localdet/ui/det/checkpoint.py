@@ -9,7 +9,7 @@ import click
 
 from localdet.ui.det import output
 from localdet.ui.det.groups import AliasedGroup
-from localdet.ui.det.state import records, run
+from localdet.ui.det.state import reading, records, run
 
 
 @click.group("checkpoint", cls=AliasedGroup, aliases={"ls": "list"},
@@ -39,7 +39,7 @@ def print_checkpoints(experiment_id: int, best: int | None, as_csv: bool,
     the best N of those validated where they were taken."""
     from localdet.operations.checkpoints import list_checkpoints
 
-    with records() as (_, db):
+    with reading() as (_, db):
         if best:
             found = [c for c in run(list_checkpoints, db, experiment_id)
                      if c.get("searcher_metric_value") is not None][:best]
@@ -79,7 +79,7 @@ def describe(uuid: str, as_json: bool) -> None:
     """describe checkpoint"""
     from localdet.operations.checkpoints import describe_checkpoint
 
-    with records() as (layout, db):
+    with reading() as (layout, db):
         facts = run(describe_checkpoint, layout, db, uuid)
     if as_json:
         output.print_json(facts)
@@ -97,7 +97,7 @@ def download(uuid: str, output_dir: str | None, quiet: bool, mode: str) -> None:
     """download checkpoint from its storage"""
     from localdet.operations.checkpoints import describe_checkpoint, download_checkpoint
 
-    with records() as (layout, db):
+    with reading() as (layout, db):
         facts = run(describe_checkpoint, layout, db, uuid)
         path = run(download_checkpoint, layout, db, facts["uuid"],
                    Path(output_dir) if output_dir else None)

@@ -14,7 +14,7 @@ import click
 
 from localdet.ui.det import output
 from localdet.ui.det.groups import AliasedGroup
-from localdet.ui.det.state import records, run
+from localdet.ui.det.state import reading, records, run
 
 # Determined's experiment states in its API's JSON.
 API_STATE = "STATE_{}"
@@ -62,7 +62,7 @@ def list_experiments(show_all: bool = False, labels: tuple[str, ...] = (),
     if state.exists():
         from localdet.operations.experiments import list_experiments as listed
 
-        with records() as (_, db):
+        with reading(empty_ok=True) as (_, db):
             found = run(listed, db, archived=None if show_all else False, labels=labels,
                         kind="experiment")
     found = found[offset:offset + limit if limit else None]
@@ -87,7 +87,7 @@ def config(experiment_id: int) -> None:
 
     from localdet.operations.experiments import describe
 
-    with records() as (layout, db):
+    with reading() as (layout, db):
         facts = run(describe, layout, db, experiment_id)
     click.echo(yaml.safe_dump(facts["config"], default_flow_style=False, sort_keys=False),
                nl=False)
@@ -145,7 +145,7 @@ def describe(experiment_ids: str, show_metrics: bool, as_csv: bool, as_json: boo
     from localdet.operations.trials import experiment_trials
     from localdet.ui.det.workloads import workloads
 
-    with records() as (layout, db):
+    with reading() as (layout, db):
         facts = [run(described, layout, db, i) for i in ids]
         if as_json:
             output.print_json([_api_json(f) for f in facts])
@@ -234,7 +234,7 @@ def _lineage(facts: dict) -> None:
 @click.option("--tail", type=click.IntRange(min=0), help="number of lines from the end")
 def logs(experiment_id: int, follow: bool, head: int | None, tail: int | None) -> None:
     """fetch logs of the first trial of an experiment"""
-    with records() as (_, db):
+    with reading() as (_, db):
         trials = run(db.trials, experiment_id)
         if not trials:
             run(db.experiment, experiment_id)  # NotFound when there is no such experiment
@@ -257,7 +257,7 @@ def list_trials(experiment_id: int, limit: int | None, offset: int, as_csv: bool
 
     from localdet.operations.trials import experiment_trials
 
-    with records() as (_, db):
+    with reading() as (_, db):
         trials = run(experiment_trials, db, experiment_id)
     trials = trials[offset:offset + limit if limit else None]
     if as_json:
@@ -290,7 +290,7 @@ def download_model_def(experiment_id: int, output_dir: Path) -> None:
     """download model definition (as experiment_ID_model_def.tgz)"""
     from localdet.operations.model_def import download_model_def as download
 
-    with records() as (layout, db):
+    with reading() as (layout, db):
         written = run(download, layout, db, experiment_id, output_dir)
     # The name Determined's CLI gave it (the SDK's download_code names it otherwise).
     path = written.replace(output_dir / f"experiment_{experiment_id}_model_def.tgz")
@@ -318,7 +318,7 @@ def download(experiment_id: int, output_dir: str, top_n: int, sort_by: str | Non
         output.fail("--sort-by and --smaller-is-better go together; give both or neither")
     order = None if smaller_is_better is None else ("asc" if smaller_is_better else "desc")
     top = Path(output_dir)
-    with records() as (layout, db):
+    with reading() as (layout, db):
         chosen = run(list_checkpoints, db, experiment_id, metric=sort_by, order=order,
                      max_results=top_n)
         top.mkdir(parents=True, exist_ok=True)
@@ -339,7 +339,7 @@ def wait(experiment_id: int, polling_interval: int) -> None:
     """wait for experiment to reach terminal state (exit status 1 unless COMPLETED)"""
     from localdet.operations.creation import wait as wait_for
 
-    with records() as (_, db):
+    with reading() as (_, db):
         state = run(wait_for, db, experiment_id, max(polling_interval, 0.2))
     if state != "COMPLETED":
         sys.exit(1)

@@ -9,7 +9,7 @@ import click
 
 from localdet.ui.det import output
 from localdet.ui.det.groups import AliasedGroup
-from localdet.ui.det.state import records, run
+from localdet.ui.det.state import reading, run
 
 
 @click.group("job", cls=AliasedGroup, aliases={"ls": "list"}, invoke_without_command=True,
@@ -50,7 +50,7 @@ def list_jobs(as_csv: bool = False, as_json: bool = False) -> None:
     if state.exists():
         from localdet.operations.experiments import list_experiments
 
-        with records() as (_, db):
+        with reading(empty_ok=True) as (_, db):
             queued = run(list_experiments, db, archived=None, states=("ACTIVE", "PAUSED"),
                          kind=None)
             for e in queued:

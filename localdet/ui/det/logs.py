@@ -7,7 +7,7 @@ import sys
 import click
 
 from localdet.ui.det import output
-from localdet.ui.det.state import records
+from localdet.ui.det.state import reading
 
 
 def show_log(trial_id: int, follow: bool, head: int | None = None,
@@ -22,7 +22,7 @@ def show_log(trial_id: int, follow: bool, head: int | None = None,
         output.fail("--head and --tail do not go together; choose one")
     if follow and (head is not None or tail is not None):
         output.fail("--follow does not go with --head or --tail; choose one")
-    with records() as (where, db):
+    with reading() as (where, db):
         try:
             sys.stdout.flush()
             if follow:

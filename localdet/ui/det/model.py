@@ -9,7 +9,7 @@ import click
 
 from localdet.ui.det import output
 from localdet.ui.det.groups import AliasedGroup
-from localdet.ui.det.state import records, run
+from localdet.ui.det.state import reading, records, run
 
 
 @click.group("model", cls=AliasedGroup, aliases={"ls": "list"}, invoke_without_command=True,
@@ -72,7 +72,7 @@ def list_models(sort_by: str = "last_updated_time", order_by: str = "asc",
     if state.exists():
         from localdet.operations.registry import list_models as listed
 
-        with records() as (_, db):
+        with reading(empty_ok=True) as (_, db):
             models = run(listed, db, archived=None if show_all else False, sort_by=sort_by,
                          order=order_by)
     if as_json:
@@ -110,7 +110,7 @@ def describe(name: str, version: int, as_json: bool) -> None:
     """describe model"""
     from localdet.operations.registry import get_model, get_version
 
-    with records() as (_, db):
+    with reading() as (_, db):
         model = run(get_model, db, name)
         found = run(get_version, db, name, version)
     if as_json:
@@ -150,7 +150,7 @@ def list_versions(name: str, as_json: bool) -> None:
     from localdet.operations.registry import get_model
     from localdet.operations.registry import list_versions as listed
 
-    with records() as (_, db):
+    with reading() as (_, db):
         model = run(get_model, db, name)
         versions = run(listed, db, name)
     if as_json:

@@ -3,6 +3,8 @@ one line:
 
     with records() as (layout, db):
         facts = run(describe, layout, db, 3)      # OperationError/NotFound: printed, exit 1
+    with reading() as (layout, db):             # a command that only reads
+        ...
 """
 
 from __future__ import annotations
@@ -45,6 +47,24 @@ def records(create: bool = False) -> Iterator[tuple[Layout, StateDB]]:
         where.ensure()
     db = StateDB.open(where.db)
     try:
+        yield where, db
+    finally:
+        db.close()
+
+
+@contextlib.contextmanager
+def reading(empty_ok: bool = False) -> Iterator[tuple[Layout, StateDB]]:
+    """The layout and its database, open read-only (a command that only reads never
+    creates, migrates or backs up the records); without `empty_ok`, a state folder with
+    nothing recorded yet is an error saying how to start."""
+    from localdet.records.db import StateDB
+
+    where = layout()
+    db = StateDB.open_readonly(where.db)
+    try:
+        if db.nothing_recorded and not empty_ok:
+            fail(f"nothing is recorded in {where.home} yet; create an experiment with "
+                 "`det e create CONFIG MODEL_DIR` (or set LOCALDET_HOME)")
         yield where, db
     finally:
         db.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from localdet.ui.det import output
-from localdet.ui.det.state import records, run
+from localdet.ui.det.state import reading, records, run
 
 
 @click.group("trial", context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def describe(trial_id: int, metrics_summary: bool, show_metrics: bool, as_csv: b
 
     if as_csv and as_json:
         output.fail("--csv and --json do not go together; choose one")
-    with records() as (_, db):
+    with reading() as (_, db):
         trial = run(describe_trial, db, trial_id)
         steps = workloads(db, trial_id)
     summary = trial["summary_metrics"]
@@ -125,7 +125,7 @@ def download(trial_id: int, best: bool, latest: bool, uuid: str | None, output_d
         output.fail("--sort-by and --smaller-is-better flags can only be used with --best")
     if (sort_by is None) != (smaller_is_better is None):
         output.fail("--sort-by and --smaller-is-better must be set together")
-    with records() as (where, db):
+    with reading() as (where, db):
         if uuid is not None:
             found = run(list_checkpoints, db, trial_id=trial_id)
             chosen = [c for c in found if c["uuid"].startswith(uuid)]
