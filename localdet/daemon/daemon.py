@@ -33,6 +33,7 @@ from watchdog.observers import Observer
 
 from localdet.checkpoints import disk_space
 from localdet.config import keras_choice
+from localdet.daemon import service
 from localdet.daemon.exits import Exits
 from localdet.daemon.experiments import Experiments
 from localdet.daemon.launches import Launches
@@ -49,7 +50,9 @@ from localdet.pids import DaemonLock
 from localdet.processes import capped_log, launcher, memory_limit
 from localdet.processes.warm_pool import WarmPool, environment_kind
 from localdet.records import backups as records_copies
+from localdet.records import lifecycle
 from localdet.records.db import Experiment, StateDB, now
+from localdet.records.states import ExperimentKind
 from localdet.scheduling.local_machine import LocalMachine
 from localdet.scheduling.ray_cluster import RayCluster
 from localdet.scheduling.slots import Slot, describe, detect_slots, write_slot_file
@@ -83,9 +86,13 @@ class Daemon:
     report_port: int | None = None  # the report server's port; None: the remembered one
     report_url: str | None = None   # set while the report server runs
     backup_minutes: float = 30      # a copy of the database this often (and at start)
+    dashboard: str | None = None    # the dashboard's address, when served beside it (--web)
     watched: Watched = field(default_factory=Watched, init=False)  # the trials' processes
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
+    # `localdet daemon stop`: launch nothing, hold the running trials, exit once they have.
+    _draining: threading.Event = field(default_factory=threading.Event)
+    _held: set[int] | None = field(default=None, init=False)  # the trials drained
     _waiters: Waiters = field(init=False)  # made with the daemon: they wake its loop (_wake)
 
     def __post_init__(self) -> None:
@@ -162,6 +169,9 @@ class Daemon:
         return min(spare, 2), f"{spare} spare core(s) beside {len(machine)} slot(s)"
 
     def run(self) -> None:
+        # Before the lock: `localdet daemon stop` signals whoever holds it (SIGUSR1's
+        # default would end the daemon at once).
+        signal.signal(service.DRAIN_SIGNAL, lambda *_: self.drain())
         self.layout.ensure()
         lock = DaemonLock(self.layout.daemon_lock)
         lock.acquire()
@@ -214,6 +224,9 @@ class Daemon:
                 self.layout, {}, keras_choice.default()[0], self.reserve)))
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
+            service.record_start(self.layout, slots=len(self.machine),
+                                 slot_description=describe(self.machine),
+                                 dashboard=self.dashboard)
             while not self._stop.is_set():
                 try:
                     self.step()
@@ -238,6 +251,7 @@ class Daemon:
             observer.join()
             self.db.log_event("daemon_stopped", pid=os.getpid())
             self.db.close()
+            service.record_stop(self.layout)
             lock.release()
 
     def _keep_log(self) -> None:
@@ -256,6 +270,35 @@ class Daemon:
         self._stop.set()
         self._wake.set()
 
+    def drain(self) -> None:
+        """Stop once the running trials have checkpointed and exited (each is queued again
+        for the next daemon); launch nothing meanwhile. Jobs, which cannot checkpoint, are
+        left running for the next daemon to adopt."""
+        self._draining.set()
+        self._wake.set()
+
+    def _drain_pass(self) -> None:
+        """One pass of draining, in place of scheduling: hold what runs, stop when none
+        is left."""
+        if self._held is None:
+            self._held = set()
+            with self.db.atomic():
+                for trial_id in sorted(self.watched.ids()):
+                    trial = self.db.trial(trial_id)
+                    if self.db.experiment(trial.experiment_id).kind == ExperimentKind.JOB:
+                        continue
+                    self._held.add(trial_id)
+                    held = lifecycle.hold(phase_of(trial))
+                    if held != phase_of(trial):
+                        self.db.update_trial(trial_id, stop_requested=held.stop)
+            self.db.log_event("daemon_stopping", pid=os.getpid(), trials=sorted(self._held))
+            self.log(f"stopping: {len(self._held)} running trial(s) checkpoint at their next "
+                     "boundary and are queued again; nothing new is launched")
+        left = self._held & self.watched.ids()
+        if not left:
+            self.log("stopping: no trial left running; exiting")
+            self.stop()
+
     def step(self) -> None:
         """One pass of the data flow: queue, searcher, scheduler, launcher, exits."""
         if self.only is None:
@@ -269,7 +312,10 @@ class Daemon:
             self.exits.reap()
         finally:
             self.retention.collect_exited()
-        self.scheduler.schedule()
+        if self._draining.is_set():
+            self._drain_pass()
+        else:
+            self.scheduler.schedule()
 
     def _mine(self, experiment: Experiment) -> bool:
         if self.only is not None:

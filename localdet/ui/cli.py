@@ -1,6 +1,6 @@
 """The `localdet` command line.
 
-    localdet daemon --slots 2 &
+    localdet daemon start --slots 2                # detached; `localdet daemon stop`
     localdet submit const.yaml ./model_dir
     localdet status 1
     localdet run const.yaml ./model_dir            # one experiment in the foreground
@@ -29,7 +29,14 @@ from localdet.config.schema import ConfigError  # (config.experiment's: parsing,
 from localdet.paths import Layout
 from localdet.records.db import NotFound, StateDB
 from localdet.records.states import ExperimentKind, ExperimentState
-from localdet.ui import catalog_commands, compare, doctor_commands, migrate_command, views
+from localdet.ui import (
+    catalog_commands,
+    compare,
+    daemon_commands,
+    doctor_commands,
+    migrate_command,
+    views,
+)
 
 # Piped output (scripts, CI logs) gets wide tables rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -54,105 +61,11 @@ def _read_db(layout: Layout) -> StateDB:
     return StateDB.open_readonly(layout.db)
 
 
-def _size_option(context: click.Context, parameter: click.Parameter, value: str) -> int:
-    from localdet.config.sizes import parse_size
-
-    try:
-        size = parse_size(value)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from None
-    if size < 1000 and parameter.name == "max_log_bytes":  # a head, the marker, a tail
-        raise click.BadParameter(f"{value!r} is too small for a log; give at least 1KB")
-    return size
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="localdet",
                       message="%(prog)s %(version)s")
 def cli() -> None:
     """localdet: Determined-style Keras training on one machine."""
-
-
-@cli.command()
-@click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
-              help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
-                   "one slot per GPU.")
-@click.option("--web", is_flag=True, help="Serve the dashboard too (see `localdet web`).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="The dashboard's address (with --web).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True,
-              help="The dashboard's port (with --web).")
-@click.option("--no-token", is_flag=True,
-              help="Let the dashboard in without its printed token (with --web; loopback "
-                   "addresses only).")
-@click.option("--trial-memory-fraction", type=click.FloatRange(0, 1, min_open=True),
-              help="Stop a trial whose processes use more than this fraction of the "
-                   "machine's memory (0 < F <= 1), unless its config sets "
-                   "resources.max_memory.")
-@click.option("--max-log-bytes", default="100MB", show_default=True, callback=_size_option,
-              help="Cap each trial's log (and the daemon's own daemon.log) at this size: "
-                   "past it a log keeps its first and most recent lines.")
-@click.option("--min-free-space", default="2GB", show_default=True, callback=_size_option,
-              help="Free space to keep where state and checkpoints are written (with "
-                   "--min-free-percent, the smaller counts): below it the daemon launches "
-                   "nothing and running trials stop at their next boundary until space "
-                   "returns.")
-@click.option("--min-free-percent", type=click.FloatRange(0, 100), default=5.0,
-              show_default=True, help="The same reserve, as a percentage of the disk.")
-@click.option("--warm", type=click.IntRange(min=0),
-              help="Trial processes to keep started ahead of need, TensorFlow imported, so "
-                   "short trials skip the start-up (0: none). Default: one per spare CPU "
-                   "core (at most 2), or 1 with GPUs.")
-@click.option("--ray", "ray_address", metavar="ADDRESS",
-              help="Run the trials on a Ray cluster (`auto`: the one running here, else "
-                   "HOST:PORT of its head): its GPUs, or on CPU-only nodes the "
-                   "`localdet_slot` resource, are the slots; trials report over HTTP.")
-@click.option("--report", type=click.Choice(["sqlite", "http"]), default="sqlite",
-              show_default=True,
-              help="How trials report: straight into the state folder (sqlite), or over "
-                   "HTTP to a report server on 127.0.0.1 (http), as trials on other "
-                   "machines do.")
-@click.option("--report-port", type=click.IntRange(1, 65535),
-              help="The report server's port (with --report http). Default: the one chosen "
-                   "at its first start, kept in the state folder so running trials find a "
-                   "restarted daemon.")
-@click.option("--backup-minutes", type=click.FloatRange(min=0, min_open=True), default=30,
-              show_default=True,
-              help="Copy the records (localdet.db) into $LOCALDET_HOME/backups at start and "
-                   "this often, keeping the newest 3; `localdet doctor --restore` brings "
-                   "one back.")
-@click.option("--allow-system-hooks", is_flag=True,
-              help="Run the lines of model folders' startup-hook.sh that change the machine "
-                   "(apt-get, yum, conda install, sudo ...); without it they are skipped with "
-                   "a warning.")
-def daemon(slots: int, web: bool, host: str, port: int, no_token: bool,
-           trial_memory_fraction: float | None, max_log_bytes: int, min_free_space: int,
-           min_free_percent: float, warm: int | None, ray_address: str | None, report: str,
-           report_port: int | None, backup_minutes: float, allow_system_hooks: bool) -> None:
-    """Watch the queue folder and run the experiments dropped into it."""
-    from localdet.checkpoints.disk_space import Reserve
-    from localdet.daemon.daemon import Daemon
-    from localdet.pids import DaemonAlreadyRunning
-    from localdet.reporting.report_server import ReportServerError
-    from localdet.scheduling.ray_cluster import RayError
-
-    layout = Layout.from_environment()
-    if web:
-        from localdet.ui.web.server import WebError, start_in_thread
-
-        try:
-            _, url = start_in_thread(layout.ensure(), host, port, token=not no_token)
-        except WebError as error:
-            _fail(str(error))
-        click.echo(f"dashboard at {url}", err=True)
-    try:
-        Daemon(layout, slots=slots, log=lambda message: click.echo(message, err=True),
-               trial_memory_fraction=trial_memory_fraction, max_log_bytes=max_log_bytes,
-               reserve=Reserve(min_free_space, min_free_percent), warm=warm,
-               report=report, report_port=report_port, ray=ray_address,
-               backup_minutes=backup_minutes, allow_system_hooks=allow_system_hooks).run()
-    except (DaemonAlreadyRunning, ReportServerError, RayError) as error:
-        _fail(str(error))
 
 
 @cli.command()
@@ -600,6 +513,7 @@ for _command in catalog_commands.COMMANDS:
     cli.add_command(_command)
 cli.add_command(compare.compare)
 cli.add_command(doctor_commands.doctor)
+cli.add_command(daemon_commands.daemon)
 cli.add_command(migrate_command.migrate)
 
 
