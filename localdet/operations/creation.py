@@ -1,8 +1,9 @@
-"""Creating experiments from the commands and the SDK: the daemon started when none runs,
-the config changed where asked, the submission queued and waited for until the daemon's
-intake records it (or says why not).
+"""Creating experiments from the commands and the SDK: the config changed where asked and
+checked with its model folder, the daemon started when none runs (as `localdet daemon
+start` starts it), the submission queued and waited for until the daemon's intake records
+it (or says why not).
 
-    pid = ensure_daemon(layout)                       # a detached `localdet daemon` if needed
+    pid = ensure_daemon(layout)                       # `localdet daemon start`, if none runs
     experiment_id = create_experiment(layout, text, Path("."),
                                       overrides={"searcher.max_length.batches": 50})
     state = wait(db, experiment_id, interval=5)       # COMPLETED, CANCELED or ERROR
@@ -30,10 +31,6 @@ from localdet.pids import DaemonLock
 from localdet.records.db import StateDB
 
 POLL_SECONDS = 0.2
-DAEMON_START_SECONDS = 120  # a first start on a busy machine imports a lot
-# What a daemon started by a command prints (its start-up errors too); the daemon keeps
-# its own daemon.log as well.
-DAEMON_OUTPUT = "daemon.out"
 TEST_MODE_BATCHES = 2
 
 
@@ -92,45 +89,15 @@ def apply_overrides(config_text: str, overrides: dict[str, Any] | None) -> str:
 
 
 def ensure_daemon(layout: Layout) -> int:
-    """The pid of the daemon running on `layout`; starts a detached `localdet daemon` (its
-    output in DAEMON_OUTPUT in the state folder) when none runs, and waits until it holds
-    its lock. Raises OperationError when it cannot start."""
-    pid = DaemonLock.holder(layout.daemon_lock)
-    if pid is not None:
-        return pid
-    output_path = layout.home / DAEMON_OUTPUT
+    """The pid of the daemon running on `layout`; when none runs, starts one as `localdet
+    daemon start` does (detached, its output in daemon.out in the state folder) and waits
+    until it watches its queue. Raises OperationError when it cannot start."""
+    from localdet.daemon.service import ServiceError, start
+
     try:
-        layout.ensure()
-        with open(output_path, "ab") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "localdet", "daemon"], stdin=subprocess.DEVNULL,
-                stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "LOCALDET_HOME": str(layout.home)})
-    except OSError as error:
-        raise OperationError(f"cannot start a localdet daemon on {layout.home} "
-                             f"({error.strerror or error}); set LOCALDET_HOME to a folder "
-                             "you can write") from None
-    deadline = time.monotonic() + DAEMON_START_SECONDS
-    while time.monotonic() < deadline:
-        pid = DaemonLock.holder(layout.daemon_lock)
-        if pid is not None:
-            return pid
-        code = process.poll()
-        if code is not None:
-            if DaemonLock.holder(layout.daemon_lock) is not None:  # another one won the race
-                return DaemonLock.holder(layout.daemon_lock) or -1
-            raise OperationError(f"the localdet daemon started for {layout.home} exited "
-                                 f"(status {code}): {_last_line(output_path)}; start it "
-                                 "yourself with `localdet daemon` to see why")
-        time.sleep(POLL_SECONDS)
-    raise OperationError(f"the localdet daemon started for {layout.home} (pid {process.pid}) "
-                         f"did not take its lock within {DAEMON_START_SECONDS} s; see "
-                         f"{output_path}, or start it yourself with `localdet daemon`")
-
-
-def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "it printed nothing"
+        return start(layout, refuse_running=False)
+    except ServiceError as error:
+        raise OperationError(str(error)) from None
 
 
 def _stage(folder: Path, config_text: str, model_dir: Path | None,
@@ -184,7 +151,7 @@ def _wait_for_intake(layout: Layout, queued_name: str) -> int:
             if DaemonLock.holder(layout.daemon_lock) is None:
                 raise OperationError(
                     f"the daemon stopped before taking the experiment; it waits in "
-                    f"{layout.queue / queued_name} for the next `localdet daemon`")
+                    f"{layout.queue / queued_name} for the next daemon (`localdet daemon start`)")
             time.sleep(POLL_SECONDS)
     finally:
         if db is not None:
@@ -201,18 +168,20 @@ def create_experiment(layout: Layout, config_text: str, model_dir: Path | None, 
     missing daemon is an error rather than started. The config's warnings go to `warn`.
     Raises OperationError with the intake's (or the config check's) one sentence."""
     from localdet.config.experiment import ConfigError
-    from localdet.daemon.submissions import SubmissionError, submit
+    from localdet.daemon.submissions import SubmissionError, read_submission, submit
 
     text = apply_overrides(config_text, overrides)
-    if start_daemon:
-        ensure_daemon(layout)
-    elif DaemonLock.holder(layout.daemon_lock) is None:
-        raise OperationError(f"no localdet daemon is running on {layout.home}; start one with "
-                             "`localdet daemon`")
     try:
-        layout.ensure()
         with tempfile.TemporaryDirectory(prefix="localdet-create-") as folder:
             config_path, folder_to_submit = _stage(Path(folder), text, model_dir, includes)
+            # The config and the model folder are checked before anything is started.
+            read_submission(config_path, folder_to_submit)
+            if start_daemon:
+                ensure_daemon(layout)
+            elif DaemonLock.holder(layout.daemon_lock) is None:
+                raise OperationError(f"no localdet daemon is running on {layout.home}; start "
+                                     "one with `localdet daemon start`")
+            layout.ensure()
             queued, warnings = submit(layout, config_path, folder_to_submit)
     except (ConfigError, SubmissionError) as error:
         raise OperationError(str(error)) from None

@@ -119,9 +119,18 @@ def create(config_file: Path, model_def: Path | None, includes: tuple[Path, ...]
     if test_mode:
         _test_mode(config_text, model_def, overrides, includes)
         return
-    experiment_id = run(create_experiment, layout(), config_text, model_def,
+    from localdet.pids import DaemonLock
+
+    where = layout()
+    had_daemon = DaemonLock.holder(where.daemon_lock) is not None
+    # The config and model folder are checked first: a refused one starts no daemon.
+    experiment_id = run(create_experiment, where, config_text, model_def,
                         overrides=overrides, includes=includes,
                         warn=lambda text: click.echo(f"warning: {text}", err=True))
+    if not had_daemon:
+        pid = DaemonLock.holder(where.daemon_lock)
+        click.echo(f"det: started a localdet daemon (pid {pid}) on {where.home} to run it "
+                   "(`localdet daemon stop` stops it)", err=True)
     click.echo(f"Created experiment {experiment_id}")
     if paused:
         from localdet.operations.experiments import act
