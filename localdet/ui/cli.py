@@ -50,7 +50,7 @@ def _fail(message: str) -> None:
 def _open_db(layout: Layout) -> StateDB:
     """The records for a command that changes them."""
     if not layout.db.exists():
-        _fail(f"no localdet state at {layout.home}; start `localdet daemon` or submit an "
+        _fail(f"no localdet state at {layout.home}; run `localdet daemon start` or submit an "
               "experiment first")
     return StateDB.open(layout.db)
 
@@ -89,17 +89,25 @@ def web(host: str, port: int, no_token: bool) -> None:
 @click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 def submit(config: Path, model_dir: Path | None) -> None:
     """Queue an experiment: CONFIG (YAML) and the MODEL_DIR holding its code."""
+    from localdet.daemon.service import START_COMMAND, ServiceError, check_state_folder
     from localdet.daemon.submissions import SubmissionError
     from localdet.daemon.submissions import submit as submit_experiment
+    from localdet.pids import DaemonLock
 
-    layout = Layout.from_environment().ensure()
+    layout = Layout.from_environment()
     try:
+        check_state_folder(layout)
         queued, warnings = submit_experiment(layout, config, model_dir)
+    except ServiceError as error:
+        _fail(str(error))
     except (ConfigError, SubmissionError) as error:
         _fail(f"{config}: {error}")
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"queued {queued.name}")
+    if DaemonLock.holder(layout.daemon_lock) is None:
+        click.echo(f"note: no localdet daemon is running on {layout.home}, so nothing will run "
+                   f"it until `{START_COMMAND}`", err=True)
 
 
 @cli.command()
@@ -150,7 +158,7 @@ def job_run(config: Path, model_dir: Path | None, detach: bool) -> None:
     layout = Layout.from_environment()
     if not detach and DaemonLock.holder(layout.daemon_lock) is None:
         _fail(f"no localdet daemon is running on {layout.home} to run the job; start one "
-              "with `localdet daemon`, or queue the job with `--detach` for when one starts")
+              "with `localdet daemon start`, or queue the job with `--detach` for when one starts")
     layout.ensure()
     try:
         queued, warnings = submit_job(layout, config, model_dir, kind=JOB)
@@ -233,7 +241,7 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
         return
     pid = DaemonLock.holder(layout.daemon_lock)
     console.print(f"daemon running (pid {pid})" if pid else
-                  "[yellow]the daemon is not running[/] (start it with `localdet daemon`)")
+                  "[yellow]the daemon is not running[/] (start it with `localdet daemon start`)")
     notice = views.daemon_notice(db) if pid else None
     if notice:
         console.print(f"[yellow]{escape(notice)}[/]")
