@@ -391,6 +391,7 @@ LONGEST_FILES = [
     "test_cross_line_layers.py",   # ~90 (nine Keras 2 trials in one process, loaded here)
     "test_mixed_precision.py",  # ~80 (a trial paused twice, in each line)
     "test_h5_fallbacks.py",     # ~75 (two trials paused, in each line)
+    "test_installed_wheel.py",  # ~75 (build, a fresh venv, every import, a short `localdet run`)
     "test_old_releases.py",     # ~70 (three trials under localdet run)
     "test_search_e2e.py",       # ~110 (CPU ~125)
     "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
