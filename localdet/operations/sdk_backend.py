@@ -13,6 +13,7 @@ point. Each named operation is a call into the operations below, on the records 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ from localdet.operations import (
 from localdet.operations.errors import NotFound, OperationError
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+from localdet.records.opening import RecordsUnavailable, unavailable
 from localdet.records.states import ExperimentKind
 
 logger = logging.getLogger("determined.client")
@@ -144,6 +146,12 @@ OPERATIONS: dict[str, Operation] = {
 # say there is nothing.
 _CREATIONS = {"experiment.create", "searcher.create_experiment"}
 _LISTINGS = {"experiment.list", "model.list"}
+# The operations that only read: they open the records read-only (never created,
+# migrated or backed up by a reader).
+_READS = {"experiment.get", "experiment.list", "experiment.trials", "experiment.download_code",
+          "trial.get", "trial.metrics", "trial.logs", "checkpoint.get", "checkpoint.list",
+          "checkpoint.download", "model.get", "model.list", "model.get_version",
+          "model.list_versions"}
 
 
 class SDKBackend:
@@ -156,16 +164,29 @@ class SDKBackend:
                                       f"{operation!r}; update localdet and determined "
                                       "together")
         layout = Layout.from_environment()
-        if operation not in _CREATIONS and not layout.db.exists():
-            if operation in _LISTINGS:
-                return []
-            raise errors.NotFoundException(f"nothing is recorded at {layout.home} yet; "
-                                           "create an experiment first")
-        layout.ensure()
         try:
+            if operation in _READS:
+                with StateDB.open_readonly(layout.db) as db:
+                    if db.nothing_recorded:
+                        if operation in _LISTINGS:
+                            return []
+                        raise errors.NotFoundException(f"nothing is recorded at {layout.home} "
+                                                       "yet; create an experiment first")
+                    return run(layout, db, **arguments)
+            if operation not in _CREATIONS and not layout.db.exists():
+                raise errors.NotFoundException(f"nothing is recorded at {layout.home} yet; "
+                                               "create an experiment first")
+            try:
+                layout.ensure()
+            except OSError as error:  # a state folder that cannot be made
+                raise RecordsUnavailable(str(unavailable(layout.db, error))) from None
             with StateDB.open(layout.db) as db:
                 return run(layout, db, **arguments)
         except NotFound as error:
             raise errors.NotFoundException(str(error)) from None
         except OperationError as error:
             raise errors.APIException(str(error)) from None
+        except RecordsUnavailable as error:  # damaged, a newer schema, a directory, ...
+            raise errors.APIException(str(error)) from None
+        except sqlite3.Error as error:  # met past the open: locked, read-only, ...
+            raise errors.APIException(str(unavailable(layout.db, error))) from None
