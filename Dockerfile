@@ -39,21 +39,28 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         "starlette>=0.37" "uvicorn>=0.29" "plotly>=5.20" "matplotlib>=3.8" \
         "optuna>=4.0" "pyfastcdc>=0.3.1,<0.4" "scikit-learn>=1.3"
 
-COPY pyproject.toml README.md ./
-COPY localdet/ localdet/
-COPY harness/ harness/
-COPY state/ state/
-
-# --no-deps: the base's TensorFlow, tf_keras and TensorBoard meet pyproject's pins. Resolving
-# those pins again could let pip change packages under NVIDIA's TensorFlow build.
+# localdet itself as its wheel, built from the sources and installed as a package index's
+# would be (tests/test_installed_wheel.py tests one built the same way), never the source
+# tree: the sources are removed after the build, so nothing of them lies in the WORKDIR to
+# be imported in the installed package's place. (COPY, not a bind mount: podman's layer cache
+# would not see a change to a bind mount's files.) --no-deps: the base's TensorFlow, tf_keras
+# and TensorBoard meet pyproject's pins; resolving those pins again could let pip change
+# packages under NVIDIA's TensorFlow build.
+COPY pyproject.toml setup.py README.md LICENSE /tmp/localdet-source/
+COPY localdet/ /tmp/localdet-source/localdet/
+COPY harness/ /tmp/localdet-source/harness/
+COPY state/ /tmp/localdet-source/state/
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install --no-deps .
+    pip wheel --no-deps --wheel-dir /tmp/localdet-wheel /tmp/localdet-source \
+ && pip install --no-deps /tmp/localdet-wheel/localdet-*.whl \
+ && rm -rf /tmp/localdet-wheel /tmp/localdet-source
 
 # Make the build fail, instead of the first multi-GPU trial, if pip replaced the base's
 # TensorFlow or Horovod is missing. Nothing here imports TensorFlow, so no GPU is needed.
 RUN python -c "import importlib.metadata as m; v = ' '.join(sorted(f'{d}=={m.version(d)}' for d in m.packages_distributions()['tensorflow'])); b = open('/opt/tensorflow-of-the-base').read().split(); assert v.split() == b, f'pip replaced TensorFlow {b} by {v}'" \
  && if [ "$HOROVOD" = required ]; then python -c "from localdet.config.engines import horovod_installed; assert horovod_installed(), 'horovod.tensorflow is missing'"; fi \
- && localdet --help > /dev/null
+ && localdet --help > /dev/null \
+ && cd / && python -c "import localdet, sys; assert localdet.__file__.startswith(sys.prefix), localdet.__file__"
 
 COPY examples/ examples/
 
