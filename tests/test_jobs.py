@@ -50,7 +50,7 @@ def test_job_run_without_a_daemon_is_refused_in_one_sentence(home, tmp_path):
     result = home.cli("job", "run", config, code, check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
-    assert "`localdet daemon`" in result.stderr and "--detach" in result.stderr
+    assert "`localdet daemon start`" in result.stderr and "--detach" in result.stderr
     jobs = home.path / "queue" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())  # nothing queued
 
