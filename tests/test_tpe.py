@@ -136,6 +136,70 @@ def test_the_same_events_replay_to_the_same_proposals(searcher):
     assert other.creates[12].hparams != run.creates[12].hparams
 
 
+DRIVER_KINDS = {"initial_operations": "initialized", "on_validation_completed":
+                "validation_completed", "on_trial_closed": "trial_closed",
+                "on_trial_exited_early": "trial_exited_early"}
+
+
+@pytest.mark.parametrize("searcher", [{"max_concurrent_trials": 3},
+                                      {"max_concurrent_trials": 4, "max_rungs": 2,
+                                       "divisor": 2}])
+def test_a_restart_reads_the_recorded_hyperparameters_and_proposes_as_if_uninterrupted(
+        searcher):
+    """After a restart the driver hands the replayed search its trials' recorded
+    hyperparameters: the sampler runs only for trials created after it, and the search goes
+    on exactly as the uninterrupted one (an Optuna upgraded meanwhile cannot rewrite what
+    the earlier trials were given)."""
+    config = tpe_config(**searcher)
+    run = Simulation(make_search_method(config, 5), objective, exits={9: 0}, lifo=True).run()
+    events = [dict(zip(("request_id", "metric", "length"), args, strict=False),
+                   kind=DRIVER_KINDS[kind]) for kind, *args in run.events]
+    half = len(events) // 2
+    experiment = SimpleNamespace(config=config, experiment_seed=5)
+    method = replay(experiment, events[:half])
+    before = set(method.source.outcomes)  # the trials created before the restart
+    assert 3 < len(before) < 24
+    method.use_recorded_hparams(lambda r: run.creates[r].hparams if r in before else None)
+    proposed = []
+    propose = method.source._propose
+    method.source._propose = lambda r: proposed.append(r) or propose(r)
+    creates = {}
+    for event in events[half:]:
+        creates.update({op.request_id: op for op in _feed(method, event)
+                        if isinstance(op, Create)})
+    assert set(creates) == set(run.creates) - before
+    assert {r: c.hparams for r, c in creates.items()} \
+        == {r: run.creates[r].hparams for r in creates}
+    assert sorted(proposed) == sorted(creates)  # never for a recorded trial
+    # What is recorded is what the replayed search holds, whatever its sampler would say.
+    other = Simulation(make_search_method(config, 6), objective, lifo=True).run()
+    method = replay(experiment, events[:half])
+    method.use_recorded_hparams(lambda r: other.creates[r].hparams if r in before else None)
+    assert all(method.source.hparams(r) == other.creates[r].hparams for r in before)
+
+
+def test_the_sampler_is_given_each_option_whose_default_optuna_changed(monkeypatch):
+    import optuna
+
+    built = []
+
+    class Recording(optuna.samplers.TPESampler):
+        def __init__(self, **options):
+            built.append(options)
+            super().__init__(**options)
+
+    monkeypatch.setattr(optuna.samplers, "TPESampler", Recording)
+    method = make_search_method(tpe_config(max_concurrent_trials=2), 3)
+    for op in method.initial_operations():
+        if isinstance(op, Create):
+            op.hparams  # noqa: B018  (read: the sampler proposes them)
+    assert len(built) == 2 and built[0]["seed"] != built[1]["seed"]
+    for options in built:
+        assert {k: v for k, v in options.items() if k != "seed"} == {
+            "constant_liar": True, "multivariate": True, "group": False,
+            "n_startup_trials": 10, "n_ei_candidates": 24}
+
+
 # -- search quality ----------------------------------------------------------------------------
 
 def test_tpe_concentrates_near_the_optimum_better_than_random():

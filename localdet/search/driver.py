@@ -123,9 +123,20 @@ class Search:
         cached = self._methods.get(experiment.id)
         if cached is None or cached[1] != self._last_event_id(experiment.id):
             events = self.db.searcher_events(experiment.id)
-            cached = (replay(experiment, events), events[-1]["id"] if events else 0)
+            method = replay(experiment, events)
+            # tpe: the created trials' hyperparameters are read from their records, never
+            # proposed again (an Optuna upgraded meanwhile would propose others).
+            use_recorded = getattr(method, "use_recorded_hparams", None)
+            if use_recorded is not None:
+                use_recorded(lambda request_id: self._recorded_hparams(experiment.id,
+                                                                       request_id))
+            cached = (method, events[-1]["id"] if events else 0)
             self._methods[experiment.id] = cached
         return cached[0]
+
+    def _recorded_hparams(self, experiment_id: int, request_id: int) -> dict | None:
+        trial = self.db.trial_by_request(experiment_id, request_id)
+        return trial.hparams if trial is not None else None
 
     def _last_event_id(self, experiment_id: int) -> int:
         """The newest searcher event's id (an index lookup: searcher_events_by_experiment).

@@ -19,7 +19,7 @@ rungs first). Which hyperparameters is TPE's; how long is ASHA's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from localdet.config.experiment import ConfigError
@@ -47,6 +47,10 @@ class TpeSearch(FullLengthSearch):
 
     def hparam_source(self) -> TpeProposals:
         return _proposals(self.settings, self.experiment_seed)
+
+    def use_recorded_hparams(self, recorded: Callable[[int], Mapping[str, Any] | None]) -> None:
+        """After a replay: created requests' hyperparameters are their recorded trials'."""
+        self.source.recorded = recorded
 
     def target(self, request_id: int) -> int:
         if self.settings.batch_size_searched and not self.source.created(request_id):
@@ -82,6 +86,10 @@ class TpeASHASearch(AdaptiveASHASearch):
     def __init__(self, config: ExperimentConfig | Mapping[str, Any], experiment_seed: int):
         super().__init__(config, experiment_seed)
         self.source = self.proposals = _proposals(self.settings, experiment_seed)
+
+    def use_recorded_hparams(self, recorded: Callable[[int], Mapping[str, Any] | None]) -> None:
+        """After a replay: created requests' hyperparameters are their recorded trials'."""
+        self.proposals.recorded = recorded
 
     def on_validation_completed(self, request_id: int, metric: float,
                                 length: int) -> list[Operation]:

@@ -15,11 +15,16 @@ search replayed for `localdet status` never runs the sampler). Each builds a fre
 Optuna study holding every earlier request as a trial (COMPLETE with its final metric,
 PRUNED with its rung metrics, RUNNING while it trains) and asks a `TPESampler` seeded from
 (experiment seed, request id). So a search replayed from its events after a pause, a
-restart or a daemon killed with -9 proposes the same values.
+restart or a daemon killed with -9 proposes the same values. After a restart the driver
+hands the search the recorded trials' hyperparameters (`recorded`): the created requests'
+values are read from there, not proposed again, so an Optuna upgrade between a pause and a
+resume cannot change what earlier trials were given (only what the next ones get).
 
 Trials still training when a proposal is made are in the study as RUNNING, and the sampler
-runs with Optuna's `constant_liar` (its default): it counts them among the worse results, so
-concurrent trials are not all sent to the same promising spot. Trials that exited early
+runs with `constant_liar`: it counts them among the worse results, so concurrent trials are
+not all sent to the same promising spot. The sampler's options are passed explicitly
+(SAMPLER_OPTIONS): Optuna 5 changed the defaults of `constant_liar` and `multivariate`, and
+a default that moves under a search would change its proposals. Trials that exited early
 without a metric are left out, as Optuna's TPE leaves out FAILed trials (a NaN metric is
 already recorded as the worst number, so a diverged trial counts against its region).
 The first 10 proposals are random (Optuna's `n_startup_trials`).
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +45,11 @@ from localdet.search.methods.base import Create, derive_seed, ranked
 from localdet.search.methods.sources import HparamSource
 
 RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
+
+# TPESampler's options, each given (Optuna 5.1's defaults, which Optuna 4 did not share:
+# there constant_liar and multivariate were False). The seed is per proposal.
+SAMPLER_OPTIONS = {"n_startup_trials": 10, "n_ei_candidates": 24, "multivariate": True,
+                   "group": False, "constant_liar": True}
 
 
 @dataclass
@@ -118,6 +128,9 @@ class TpeProposals(HparamSource):
         self._marks: dict[int, int] = {}
         self._proposals: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._distributions: dict[str, Any] | None = None
+        # request id -> its recorded trial's hyperparameters, None while it has no trial: set
+        # by the driver after a replay, so created requests are read, never proposed again.
+        self.recorded: Callable[[int], Mapping[str, Any] | None] | None = None
 
     # -- HparamSource ------------------------------------------------------------------
     def created(self, request_id: int) -> bool:
@@ -137,7 +150,7 @@ class TpeProposals(HparamSource):
             if earlier > request_id:
                 break
             if earlier not in self._proposals:
-                self._proposals[earlier] = self._propose(earlier)
+                self._proposals[earlier] = self._recorded(earlier) or self._propose(earlier)
         return copy.deepcopy(self._proposals[request_id][1])
 
     # -- what happened to the trials ----------------------------------------------------
@@ -189,6 +202,31 @@ class TpeProposals(HparamSource):
             self._distributions = made
         return self._distributions
 
+    def _recorded(self, request_id: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(Optuna's flat params, the hyperparameters) of the request's recorded trial; None
+        without one, or if its values are not points of the space."""
+        hparams = self.recorded(request_id) if self.recorded is not None else None
+        if hparams is None:
+            return None
+        params: dict[str, Any] = {}
+        for path, spec in self.leaves:
+            value: Any = hparams
+            for part in path:
+                if not isinstance(value, Mapping) or part not in value:
+                    return None
+                value = value[part]
+            kind, name = spec["type"], ".".join(path)
+            if kind == "categorical":  # the first equal value's index (as proposed)
+                index = next((i for i, v in enumerate(spec["vals"]) if v == value), None)
+                if index is None:
+                    return None
+                params[name] = index
+            elif kind == "int":
+                params[name] = int(value)
+            elif kind != "const":
+                params[name] = float(value)
+        return params, copy.deepcopy(dict(hparams))
+
     def _propose(self, request_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(Optuna's flat params, the hyperparameters) TPE proposes for the request, from
         the outcomes as they were when it was created."""
@@ -197,8 +235,8 @@ class TpeProposals(HparamSource):
             outcomes[changed].apply(state, value, step)
         optuna = _optuna()
         distributions = self.distributions()
-        sampler = optuna.samplers.TPESampler(seed=_sampler_seed(self.experiment_seed,
-                                                                request_id))
+        sampler = optuna.samplers.TPESampler(
+            seed=_sampler_seed(self.experiment_seed, request_id), **SAMPLER_OPTIONS)
         study = optuna.create_study(direction="minimize", sampler=sampler)
         states = {RUNNING: optuna.trial.TrialState.RUNNING,
                   COMPLETE: optuna.trial.TrialState.COMPLETE,
