@@ -93,4 +93,4 @@ def start_daemon_if_needed(where: Layout, what: str) -> None:
     if DaemonLock.holder(where.daemon_lock) is None:
         pid = run(ensure_daemon, where)
         click.echo(f"det: started a localdet daemon (pid {pid}) on {where.home} to carry "
-                   f"out {what}", err=True)
+                   f"out {what} (`localdet daemon stop` stops it)", err=True)
