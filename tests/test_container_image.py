@@ -36,9 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.browser import free_port
-from tests.conftest import REPO
+from browser import free_port
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import Home, wait_for
+from conftest import Home, wait_for
 
 SEARCH = Path(__file__).parent / "compat" / "custom_search"
 sys.path.insert(0, str(SEARCH))

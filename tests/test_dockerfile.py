@@ -9,11 +9,11 @@ import re
 import shlex
 import tomllib
 
-from tests.conftest import REPO
+from conftest import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 # Provided by NVIDIA's TensorFlow container itself; the Dockerfile must not reinstall them.
-FROM_THE_CONTAINER = {"tensorflow", "tf-keras", "tensorboard"}
+FROM_THE_CONTAINER = {"tensorflow", "keras", "tf-keras", "tensorboard"}
 
 
 def _requirement_name(requirement: str) -> str:

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import REPO
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
