@@ -32,10 +32,10 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         > /opt/tensorflow-of-the-base
 
 # The rest of pyproject's dependencies (most are already in NVIDIA's container), with
-# scikit-learn for the examples. TensorFlow, tf_keras and TensorBoard are the base's.
+# scikit-learn for the examples. TensorFlow, Keras, tf_keras and TensorBoard are the base's.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install "h5py>=3.10" "sqlite-utils>=4.0" "watchdog>=4.0" \
-        "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0" "numpy>=1.26" \
+    pip install "h5py>=3.10" "sqlite-utils>=4.0,<4.3" "watchdog>=4.0" \
+        "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0,<15.1" "numpy>=1.26" \
         "starlette>=0.37" "uvicorn>=0.29" "plotly>=5.20" "matplotlib>=3.8" \
         "optuna>=4.0" "pyfastcdc>=0.3.1,<0.4" "scikit-learn>=1.3"
 

@@ -411,6 +411,8 @@ def _bridge_generator_methods(model: type) -> None:
 
 # --- Installing ----------------------------------------------------------------------------
 
+# keras.src and tf_keras.src modules patched here: checked against keras 3.15 and tf-keras
+# 2.21 (pyproject's bounds <3.16, <2.22).
 def _install(plan: Plan) -> None:
     _when_imported("numpy", _bridge_numpy)
     if plan.keras2:

@@ -222,6 +222,8 @@ class MetricRow:
         return _from_row(cls, row, ["metrics"])
 
 
+# Overrides sqlite_utils.Database's table_names/view_names, which its own methods call:
+# checked against sqlite-utils 4.2 (pyproject's bound <4.3).
 class _Database(sqlite_utils.Database):
     """sqlite_utils reads the table and view names from sqlite_master before nearly every
     row it reads or writes (17 such queries for a metric row, a heartbeat, a trial read and

@@ -29,6 +29,8 @@ class _WithoutArrays(importlib.abc.MetaPathFinder):
         return None
 
 
+# Relies on sqlite_utils importing pandas and numpy only inside try/except ImportError:
+# checked against sqlite-utils 4.2 (pyproject's bound <4.3).
 def _import() -> None:
     finder = _WithoutArrays()
     sys.meta_path.insert(0, finder)

@@ -18,6 +18,7 @@ cells) is drawn by rich as before. tests/test_fast_table.py compares the two.
 
 from __future__ import annotations
 
+# rich's column measuring and cell internals: checked against rich 15.0 (pyproject's bound <15.1)
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.containers import Lines

@@ -27,6 +27,7 @@ class _KerasIsTfKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if name != "keras" and not name.startswith("keras."):
             return None
         rest = name[len("keras"):]
+        # tf_keras.src: checked against tf-keras 2.21 (pyproject's bound <2.22)
         for candidate in ("tf_keras" + rest, "tf_keras.src" + rest):
             try:
                 if importlib.util.find_spec(candidate) is not None:

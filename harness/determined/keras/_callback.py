@@ -444,6 +444,7 @@ def is_keras3_model(model: Any) -> bool:
     is saved and resumed: a script's `import keras` is Keras 3 in a process on the Keras 2
     line unless the launch made `keras` tf_keras (a warm process does, a cold one cannot
     before the script runs)."""
+    # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
     return any(c.__module__.startswith("keras.src.trainers") for c in type(model).__mro__)
 
 

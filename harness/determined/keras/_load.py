@@ -416,6 +416,7 @@ def _keras2_layers_kept_aside() -> Dict[str, Any]:
     def keras2_hard_sigmoid(x: Any) -> Any:
         return tf.clip_by_value(0.2 * x + 0.5, 0.0, 1.0)
 
+    # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
     return {KERAS2_HARD_SIGMOID: keras2_hard_sigmoid,
             **{name: value for name, value in vars(tf.keras.layers).items()
                if inspect.isclass(value)

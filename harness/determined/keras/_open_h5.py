@@ -27,6 +27,7 @@ from determined.keras._line import keras_line
 @functools.lru_cache(maxsize=1)
 def _group_loader() -> Optional[Callable[[Any, Any], None]]:
     if keras_line() == "keras3":
+        # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
         candidates = ["keras.src.legacy.saving.legacy_h5_format"]
     else:
         # "tf_keras.src", "keras.src" or "keras": where this Keras 2's engine lives.

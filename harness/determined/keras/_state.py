@@ -206,6 +206,7 @@ def _keras3_global_seed_generator(create: bool = False) -> Any:
     """Keras 3's generator behind `keras.random` calls without a seed, or None. It is made
     on first use and draws its seed from Python's `random` then."""
     try:
+        # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
         from keras.src.backend.common import global_state
         from keras.src.random import seed_generator
     except ImportError:
@@ -218,6 +219,7 @@ def _keras3_global_seed_generator(create: bool = False) -> Any:
 def _eager_op_seeds() -> Any:
     """The `random.Random` TensorFlow draws an op seed from for every eager random op
     given no seed of its own (`tf.random.uniform(shape)` after `tf.random.set_seed`)."""
+    # tensorflow.python: checked against tensorflow 2.21 (pyproject's bound <2.22)
     from tensorflow.python.eager import context
 
     return getattr(context.context(), "_rng", None)
@@ -233,6 +235,7 @@ def _tf_global_generator() -> Any:
     """TensorFlow's global `tf.random.Generator` if one was made, else None: asking
     TensorFlow for it would make one from a non-deterministic state (and raises under op
     determinism)."""
+    # tensorflow.python: checked against tensorflow 2.21 (pyproject's bound <2.22)
     from tensorflow.python.ops import stateful_random_ops
 
     return getattr(stateful_random_ops, "global_generator", None)

@@ -230,6 +230,7 @@ def saves_whole(model: Any) -> bool:
         return True
     if keras_line() == "keras2":
         return bool(getattr(model, "_is_graph_network", False))
+    # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
     from keras.src.models.functional import Functional
 
     return isinstance(model, Functional)
