@@ -104,6 +104,9 @@ def test_submit_with_no_daemon_says_nothing_runs_it(home):
     assert result.stdout.startswith("queued ")
     assert result.stderr.strip() == (f"note: no localdet daemon is running on {home.path}, so "
                                      "nothing will run it until `localdet daemon start`")
+    status = home.cli("status")
+    assert (f"1 submission(s) wait in {home.path / 'queue'}; nothing runs them until "
+            "`localdet daemon start`") in status.stdout.replace("\n", " ")
 
 
 @pytest.mark.parametrize("command", [["daemon"], ["daemon", "start"],

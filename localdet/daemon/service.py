@@ -131,6 +131,20 @@ def running(layout: Layout) -> Running | None:
                    version=facts.get("version"), dashboard=facts.get("dashboard"), here=here)
 
 
+def waiting_submissions(layout: Layout) -> int:
+    """How many submissions wait in the queue folders for a daemon to take them."""
+    count = 0
+    for folder in (layout.queue, layout.job_queue):
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        count += sum(1 for path in entries if not path.name.startswith(".")
+                     and path not in (layout.rejected, layout.job_queue)
+                     and (path.suffix in (".yaml", ".yml") or path.is_dir()))
+    return count
+
+
 def check_state_folder(layout: Layout) -> None:
     """The state folder can be made and its records opened, or ServiceError saying what to
     change."""

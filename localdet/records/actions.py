@@ -59,5 +59,6 @@ def request(layout: Layout, db: StateDB, action: str, experiment_id: int | None 
             and DaemonLock.holder(layout.run_lock(experiment.id)) is not None):
         return message  # its `localdet run` carries it out
     if DaemonLock.holder(layout.daemon_lock) is None:
-        message += "; the daemon is not running; it will carry this out when it starts"
+        message += "; the daemon is not running; it will carry this out when it starts " \
+            "(`localdet daemon start`)"
     return message

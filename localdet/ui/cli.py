@@ -242,6 +242,14 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
     pid = DaemonLock.holder(layout.daemon_lock)
     console.print(f"daemon running (pid {pid})" if pid else
                   "[yellow]the daemon is not running[/] (start it with `localdet daemon start`)")
+    if not pid:
+        from localdet.daemon.service import waiting_submissions
+
+        waiting = waiting_submissions(layout)
+        if waiting:
+            console.print(f"[yellow]{waiting} submission(s) wait in "
+                          f"{escape(str(layout.queue))}; nothing runs them until "
+                          "`localdet daemon start`[/]")
     notice = views.daemon_notice(db) if pid else None
     if notice:
         console.print(f"[yellow]{escape(notice)}[/]")
