@@ -3,8 +3,10 @@ notices when they end. The only writer of scheduling state.
 
     Daemon(Layout.from_environment(), slots=2).run()
 
-Trial processes run in sessions of their own, so stopping the daemon leaves them training;
-a daemon started later adopts them.
+Trial processes run in sessions of their own, so stopping the daemon (SIGTERM, SIGINT)
+leaves them training; a daemon started later adopts them. `localdet daemon stop` (SIGUSR1,
+service.py) drains instead: nothing new is launched, running trials checkpoint at their next
+boundary and are queued again, and the daemon exits once they have.
 
 It manages only experiments (and jobs) whose runner is 'daemon'. `localdet run` drives the
 same machinery for one experiment of its own (`Daemon(layout, only=id)`, calling `step()`);
