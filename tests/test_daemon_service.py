@@ -203,3 +203,27 @@ def test_unit_words_are_quoted_as_systemd_reads_them(tmp_path):
     text = unit_text(Layout(tmp_path), "/opt/my env/bin/python", ["--ray", "a$b"])
     assert 'ExecStart="/opt/my env/bin/python" -m localdet daemon --ray a$$b' \
         in text.splitlines()
+
+
+def test_waiting_on_an_experiment_no_daemon_runs_says_so_at_once(tmp_path):
+    from localdet.config.experiment import parse_config
+    from localdet.operations.creation import wait
+    from localdet.operations.errors import OperationError
+    from localdet.records.db import StateDB
+
+    layout = Layout(tmp_path).ensure()
+    config = parse_config({
+        "entrypoint": "model_def:Trial", "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "val_loss",
+                     "max_length": {"batches": 10}}}).config
+    with StateDB.open(layout.db) as db:
+        experiment_id = db.create_experiment(
+            name="tiny", description="", config=config, original_config="",
+            searcher="single", metric="val_loss", smaller_is_better=True, experiment_seed=1,
+            model_dir="/nowhere")
+        assert db.experiment(experiment_id).managed
+        with pytest.raises(OperationError, match=(
+                f"no localdet daemon is running on {layout.home}, so experiment "
+                f"{experiment_id} \\(ACTIVE\\) will not end while waited for; start one with "
+                "`localdet daemon start`")):
+            wait(db, experiment_id, interval=0.01, layout=layout)

@@ -206,20 +206,40 @@ def _record_parent(layout: Layout, experiment_id: int, parent_id: int) -> None:
             db.log_event("experiment_forked", experiment_id=experiment_id, parent_id=parent_id)
 
 
-def wait(db: StateDB, experiment_id: int, interval: float = 5.0) -> str:
+NO_DAEMON_SECONDS = 30  # a daemon restarted meanwhile (stop, start) is not an absence
+
+
+def wait(db: StateDB, experiment_id: int, interval: float = 5.0,
+         layout: Layout | None = None) -> str:
     """Poll until the experiment is COMPLETED, CANCELED or ERROR; returns that state.
     Raises NotFound for no such experiment (or one deleted meanwhile), and OperationError
-    once it is PAUSED, as Determined's wait did (nothing would end it)."""
+    once it is PAUSED, as Determined's wait did (nothing would end it), or, given the
+    `layout`, while no daemon runs the daemon's experiment (at once, or for
+    NO_DAEMON_SECONDS once waiting)."""
     from localdet.records.states import TERMINAL_STATES, ExperimentState
 
+    absent_since: float | None = None
+    first = True
     while True:
-        state = db.experiment(experiment_id).state
+        experiment = db.experiment(experiment_id)
+        state = experiment.state
         if state in TERMINAL_STATES:
             return str(state)
         if state == ExperimentState.PAUSED:
             raise OperationError(f"experiment {experiment_id} is paused, so it will not end "
                                  f"while waited for; activate it first (`det e activate "
                                  f"{experiment_id}`)")
+        if layout is not None and experiment.managed \
+                and DaemonLock.holder(layout.daemon_lock) is None:
+            absent_since = absent_since if absent_since is not None else time.monotonic()
+            if first or time.monotonic() - absent_since >= NO_DAEMON_SECONDS:
+                raise OperationError(
+                    f"no localdet daemon is running on {layout.home}, so experiment "
+                    f"{experiment_id} ({state}) will not end while waited for; start one "
+                    "with `localdet daemon start`")
+        else:
+            absent_since = None
+        first = False
         time.sleep(interval)
 
 

@@ -339,8 +339,8 @@ def wait(experiment_id: int, polling_interval: int) -> None:
     """wait for experiment to reach terminal state (exit status 1 unless COMPLETED)"""
     from localdet.operations.creation import wait as wait_for
 
-    with reading() as (_, db):
-        state = run(wait_for, db, experiment_id, max(polling_interval, 0.2))
+    with reading() as (where, db):
+        state = run(wait_for, db, experiment_id, max(polling_interval, 0.2), layout=where)
     if state != "COMPLETED":
         sys.exit(1)
 
