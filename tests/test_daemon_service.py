@@ -200,9 +200,12 @@ def test_install_service_writes_a_user_unit_running_the_foreground_daemon(tmp_pa
 
 
 def test_unit_words_are_quoted_as_systemd_reads_them(tmp_path):
-    text = unit_text(Layout(tmp_path), "/opt/my env/bin/python", ["--ray", "a$b"])
-    assert 'ExecStart="/opt/my env/bin/python" -m localdet daemon --ray a$$b' \
-        in text.splitlines()
+    text = unit_text(Layout(tmp_path), "/opt/my env/bin/python", ["--ray", "a$b"],
+                     environment={"PATH": "/my tools/bin:/usr/bin", "SECRET": "x"})
+    lines = text.splitlines()
+    assert 'ExecStart="/opt/my env/bin/python" -m localdet daemon --ray a$$b' in lines
+    # The installing shell's PATH (and LD_LIBRARY_PATH) only; systemd starts with neither.
+    assert 'Environment="PATH=/my tools/bin:/usr/bin"' in lines and "SECRET" not in text
 
 
 def test_waiting_on_an_experiment_no_daemon_runs_says_so_at_once(tmp_path):

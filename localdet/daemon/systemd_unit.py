@@ -11,13 +11,16 @@ again); `KillMode=mixed` then ends what is left (warm processes, jobs) only afte
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from localdet.daemon.service import STOP_SECONDS
 from localdet.paths import Layout
 
 UNIT_NAME = "localdet.service"
+# Kept from the shell that installs the unit: a user service starts with systemd's bare
+# environment, where startup hooks' tools and CUDA's libraries may not be found.
+PASSED_ON = ("PATH", "LD_LIBRARY_PATH")
 
 
 def unit_path() -> Path:
@@ -42,18 +45,25 @@ def _command(python: str, arguments: Sequence[str]) -> str:
 
 
 def unit_text(layout: Layout, python: str, arguments: Sequence[str] = (),
-              stop_seconds: int = STOP_SECONDS) -> str:
-    """The unit: `python -m localdet daemon ARGUMENTS` on `layout`'s state folder."""
+              stop_seconds: int = STOP_SECONDS,
+              environment: Mapping[str, str] | None = None) -> str:
+    """The unit: `python -m localdet daemon ARGUMENTS` on `layout`'s state folder, with
+    `environment`'s PASSED_ON variables (os.environ's by default)."""
     home = str(layout.home).replace("%", "%%")
-    environment = _quoted(f"LOCALDET_HOME={home}")  # specifiers apply here, variables not
+    source = os.environ if environment is None else environment
+    settings = [("LOCALDET_HOME", str(layout.home)), ("PYTHONUNBUFFERED", "1"),
+                *((name, source[name]) for name in PASSED_ON if source.get(name))]
+    # Specifiers apply in Environment=, variables do not.
+    environment_lines = "\n".join(
+        "Environment=" + _quoted(f"{name}={value}".replace("%", "%%"))
+        for name, value in settings)
     return f"""\
 [Unit]
 Description=localdet daemon (Determined-style Keras training) on {home}
 
 [Service]
 Type=simple
-Environment={environment}
-Environment=PYTHONUNBUFFERED=1
+{environment_lines}
 ExecStart={_command(python, ["daemon", *arguments])}
 ExecStop={_command(python, ["daemon", "stop", "--timeout", str(stop_seconds)])}
 KillMode=mixed
