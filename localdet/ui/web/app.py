@@ -77,7 +77,8 @@ from localdet.pids import DaemonLock
 from localdet.processes.launcher import log_tail
 from localdet.records.checkpoint_rows import registrations
 from localdet.records.continuation import CONTINUED_EVENT
-from localdet.records.db import DamagedDatabase, NotFound, StateDB
+from localdet.records.db import NotFound, StateDB
+from localdet.records.opening import RecordsUnavailable, unavailable
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
 from localdet.ui.web import comparing, figures, manage
@@ -169,12 +170,15 @@ class Guard(BaseHTTPMiddleware):
 
 
 def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1") -> Starlette:
+    figures.prepare()  # before any request: concurrent first requests imported them at once
     @contextlib.contextmanager
-    def database() -> Iterator[StateDB]:
-        """The database, open for one request."""
+    def database(write: bool = False) -> Iterator[StateDB]:
+        """The database, open for one request: read-only unless it `write`s (a request
+        that only reads never creates, migrates or backs up the records)."""
         if not layout.db.exists():
-            raise NotFound(f"no localdet state at {layout.home} yet; submit an experiment")
-        db = StateDB.open(layout.db)
+            raise NotFound(f"no localdet state at {layout.home} yet; start the daemon with "
+                           "`localdet daemon start` and submit an experiment")
+        db = StateDB.open(layout.db) if write else StateDB.open_readonly(layout.db)
         try:
             yield db
         finally:
@@ -200,12 +204,10 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 return JSONResponse({"error": str(error)}, status_code=404)
             except OperationError as error:
                 return JSONResponse({"error": str(error)}, status_code=409)
-            except DamagedDatabase as error:
+            except RecordsUnavailable as error:  # damaged, a newer schema, a directory, ...
                 return JSONResponse({"error": str(error)}, status_code=503)
-            except sqlite3.DatabaseError as error:  # met past the open, on a damaged page
-                if isinstance(error, sqlite3.OperationalError):  # locked, ...: not damage
-                    raise
-                return JSONResponse({"error": str(DamagedDatabase.of(layout.db, error))},
+            except sqlite3.Error as error:  # met past the open: locked, a damaged page, ...
+                return JSONResponse({"error": str(unavailable(layout.db, error))},
                                     status_code=503)
             return result if isinstance(result, Response) else JSONResponse(result)
         return endpoint
@@ -236,6 +238,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
         with database() as db:
             record = db.experiment(int(request.path_params["id"]))
             facts = catalog.describe(layout, db, record.id)
+            _import_optuna()  # whole, before importances imports it
             facts["importances"] = importances(layout, db, record.id)  # cached till it changes
             facts["config"] = yaml.safe_dump(record.config, sort_keys=False)
             drawn = figures.curve_trials(facts["trials"], record.metric,
@@ -300,7 +303,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
     def act(request: Request, body: dict) -> dict:
         target = {"experiments": "experiment_id",
                   "trials": "trial_id"}[request.url.path.split("/")[2]]
-        with database() as db:
+        with database(write=True) as db:
             return {"message": catalog.act(layout, db, request.path_params["action"],
                                            **{target: int(request.path_params["id"])})}
 
@@ -353,6 +356,15 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
 
 _warming = threading.Lock()
 _warmed = False
+_importing = threading.Lock()  # one thread imports Optuna; the others wait for it whole
+
+
+def _import_optuna() -> None:
+    """Import Optuna's importance evaluators whole, in one thread at a time: two request
+    threads importing it at once met a half-initialized module ("module 'optuna' has no
+    attribute 'create_study'")."""
+    with _importing, contextlib.suppress(ImportError):  # (then the page says how to install)
+        importlib.import_module("optuna.importance")
 
 
 def _warm_up() -> None:
@@ -363,12 +375,7 @@ def _warm_up() -> None:
         if _warmed:
             return
         _warmed = True
-
-    def load() -> None:
-        with contextlib.suppress(ImportError):  # (then the page says how to install it)
-            importlib.import_module("optuna.importance")
-
-    threading.Thread(target=load, name="warm-up", daemon=True).start()
+    threading.Thread(target=_import_optuna, name="warm-up", daemon=True).start()
 
 
 def _full(request: Request) -> bool:

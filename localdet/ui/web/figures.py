@@ -12,8 +12,11 @@ from the network.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
+import threading
 from typing import Any
 
 import plotly.graph_objects as go
@@ -23,6 +26,29 @@ from localdet.operations.importance import hparam_types
 from localdet.records.db import Experiment, StateDB
 from localdet.ui.views import flat_hparams
 from localdet.ui.web import downsample
+
+# The modules plotly uses where they are installed, found in sys.modules as they are (its
+# `get_module(..., should_load=False)`) or imported on first use: imported by two request
+# threads at once, one of them met the other's half-initialized module ("partially
+# initialized module 'numpy' has no attribute 'ndarray'"). `prepare` imports them whole
+# before the first request.
+PLOTLY_OPTIONAL = ("numpy", "pandas")
+_preparing = threading.Lock()
+_prepared = False
+
+
+def prepare() -> None:
+    """Import what plotly's figures use (those of PLOTLY_OPTIONAL installed), once a
+    process, before the dashboard serves its first request."""
+    global _prepared
+    with _preparing:
+        if _prepared:
+            return
+        for name in PLOTLY_OPTIONAL:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        _prepared = True
+
 
 BEST = "#d62728"
 OTHERS = "#1f77b4"

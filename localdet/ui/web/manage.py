@@ -27,7 +27,7 @@ from localdet.operations.errors import OperationError
 from localdet.paths import Layout
 from localdet.records.db import StateDB
 
-Database = Callable[[], ContextManager[StateDB]]
+Database = Callable[..., ContextManager[StateDB]]  # (write=False): read-only
 CHANGES = ("archive", "unarchive", "labels", "description", "notes")
 
 
@@ -45,7 +45,7 @@ def routes(layout: Layout, database: Database, api: Callable, page: Callable) ->
     def change(request: Request, body: dict) -> dict[str, Any]:
         experiment_id = int(request.path_params["id"])
         what = request.url.path.rsplit("/", 1)[1]
-        with database() as db:
+        with database(write=True) as db:
             if what == "archive":
                 catalog.archive(db, experiment_id)
                 message = f"experiment {experiment_id} archived"
@@ -71,7 +71,7 @@ def routes(layout: Layout, database: Database, api: Callable, page: Callable) ->
         if str(body.get("confirm", "")).strip() != str(experiment_id):
             raise OperationError(f"type the experiment's id, {experiment_id}, to confirm "
                                  "that it is to be deleted")
-        with database() as db:
+        with database(write=True) as db:
             result = deletion.delete_experiment(layout, db, experiment_id)
         return {"message": f"experiment {experiment_id} deleted", "deleted": result}
 
