@@ -24,8 +24,10 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
-def _run(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run an operation over the open state, its one-sentence refusal printed as an error."""
+def _run(operation: Callable[..., Any], *args: Any, read_only: bool = False,
+         **kwargs: Any) -> Any:
+    """Run an operation over the open state (opened read-only for one that only reads),
+    its one-sentence refusal printed as an error."""
     from localdet.operations.errors import NotFound, OperationError
     from localdet.records.db import StateDB
 
@@ -33,7 +35,7 @@ def _run(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not layout.db.exists():
         _fail(f"no localdet state at {layout.home}; start `localdet daemon` or submit an "
               "experiment first")
-    with StateDB.open(layout.db) as db:
+    with (StateDB.open_readonly(layout.db) if read_only else StateDB.open(layout.db)) as db:
         try:
             return operation(layout, db, *args, **kwargs)
         except (OperationError, NotFound) as error:
@@ -47,7 +49,7 @@ def describe(experiment_id: int, as_json: bool) -> None:
     """An experiment's facts with its description, labels, notes and lineage."""
     from localdet.operations import experiments
 
-    facts = _run(experiments.describe, experiment_id)
+    facts = _run(experiments.describe, experiment_id, read_only=True)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -84,8 +86,8 @@ def note(experiment_id: int, text: str | None, is_description: bool) -> None:
 
     field = "description" if is_description else "notes"
     if text is None:
-        click.echo(_run(lambda layout, db: experiments.describe(layout, db, experiment_id))
-                   [field])
+        click.echo(_run(lambda layout, db: experiments.describe(layout, db, experiment_id),
+                        read_only=True)[field])
         return
     if text == "-":
         text = sys.stdin.read()

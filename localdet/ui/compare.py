@@ -113,7 +113,7 @@ def _run(experiment_ids: tuple[int, ...], as_json: bool, plot_to: Path | None) -
     layout = Layout.from_environment()
     if not layout.db.exists():
         _fail(f"no localdet state at {layout.home}; submit an experiment first")
-    with StateDB.open(layout.db) as db:
+    with StateDB.open_readonly(layout.db) as db:
         try:
             found = compare_experiments(db, experiment_ids)
         except (NotFound, OperationError) as error:
