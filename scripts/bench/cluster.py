@@ -358,8 +358,8 @@ class Commits:
         from localdet.records import db as db_module
         opened = db_module.StateDB.open.__func__
 
-        def open_counted(cls, path):
-            state = opened(cls, path)
+        def open_counted(cls, path, **options):  # (migrate=True: the daemon's start)
+            state = opened(cls, path, **options)
             conn = state.db.conn
 
             def trace(sql: str) -> None:
