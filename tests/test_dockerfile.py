@@ -9,7 +9,7 @@ import re
 import shlex
 import tomllib
 
-from tests.conftest import REPO
+from conftest import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 # Provided by NVIDIA's TensorFlow container itself; the Dockerfile must not reinstall them.

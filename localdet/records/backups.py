@@ -19,19 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localdet.records.opening import RecordsUnavailable
-
-
-class DamagedDatabase(RecordsUnavailable):
-    """The database file is damaged (SQLite: "malformed", "not a database"); the message
-    says what to do, in one sentence."""
-
-    @classmethod
-    def of(cls, path: str | Path, error: BaseException | str) -> "DamagedDatabase":
-        return cls(f"the records in {path} are damaged ({error}): run `localdet doctor "
-                   "--restore` to bring back the newest backup, or move the file aside to "
-                   "start afresh")
-
+from localdet.records.opening import DamagedDatabase  # noqa: F401  (also imported from here)
 
 KEEP = 3  # copies kept; a new good one replaces the oldest
 

@@ -40,6 +40,7 @@ from localdet.records.opening import (  # noqa: F401  (the errors: also imported
     check_schema,
     connect_readonly,
 )
+from localdet.records.opening import migration_names as _migration_names  # noqa: F401
 from localdet.records.sqlite_utils_without_arrays import (  # without pandas, numpy: fast
     Migrations,
     sqlite_utils,
@@ -68,11 +69,6 @@ def now() -> str:
 def migrations() -> Migrations:
     """The `localdet` migration set: one module per file in `state/migrations/`, in name order."""
     return _migrations(state_formats_dir() / "migrations")
-
-
-def _migration_names() -> list[str]:
-    """The migrations' names (their files' stems), without loading them."""
-    return [path.stem for path in sorted((state_formats_dir() / "migrations").glob("[0-9]*.py"))]
 
 
 @functools.lru_cache(maxsize=None)

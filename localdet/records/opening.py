@@ -19,15 +19,33 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
+from localdet.paths import state_formats_dir
+
 BUSY_TIMEOUT_S = 30.0  # how long an open or a statement waits for another process's lock
 
 # How the first command that starts the records is spelled, for "nothing recorded yet".
 START = "`localdet daemon start`, then `localdet submit CONFIG MODEL_DIR`"
 
 
+def migration_names() -> list[str]:
+    """The migrations' names (their files' stems), without loading them."""
+    return [path.stem for path in sorted((state_formats_dir() / "migrations").glob("[0-9]*.py"))]
+
+
 class RecordsUnavailable(RuntimeError):
     """The records cannot be opened or read; the message says why and what to do, in one
     sentence."""
+
+
+class DamagedDatabase(RecordsUnavailable):
+    """The database file is damaged (SQLite: "malformed", "not a database"); the message
+    says what to do, in one sentence."""
+
+    @classmethod
+    def of(cls, path: str | Path, error: BaseException | str) -> "DamagedDatabase":
+        return cls(f"the records in {path} are damaged ({error}): run `localdet doctor "
+                   "--restore` to bring back the newest backup, or move the file aside to "
+                   "start afresh")
 
 
 class SchemaTooNew(RecordsUnavailable):
@@ -145,7 +163,6 @@ def _folder_problem(path: Path) -> str | None:
 def unavailable(path: str | Path, error: BaseException) -> RecordsUnavailable:
     """`error` (a sqlite3.Error or OSError met opening or using the records at `path`) as
     one sentence that says what to do."""
-    from localdet.records.backups import DamagedDatabase
 
     if isinstance(error, RecordsUnavailable):
         return error
@@ -194,8 +211,6 @@ def unavailable(path: str | Path, error: BaseException) -> RecordsUnavailable:
 
 def _behind(path: Path) -> str | None:
     """The SchemaBehind sentence where the records at `path` are an older localdet's."""
-    from localdet.records.db import _migration_names  # (the migrations' names: no cycle)
-
     try:
         conn = connect_readonly(path)
     except RecordsUnavailable:
@@ -208,7 +223,7 @@ def _behind(path: Path) -> str | None:
         return None
     finally:
         conn.close()
-    known = _migration_names()
+    known = migration_names()
     if set(known) - set(applied) and not set(applied) - set(known):
         return behind_message(path, applied, known)
     return None
