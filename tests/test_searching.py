@@ -204,3 +204,26 @@ def test_a_search_started_over_a_trial_recorded_before_it_takes_that_trial(db):
     assert [t.id for t in db.trials(experiment_id)] == [trial_id]
     finish(db, search, experiment_id, trial_id)
     assert db.trial(trial_id).state == "COMPLETED"
+
+
+@pytest.mark.parametrize(("stop", "ends"), [("PAUSING", "PAUSED"), (None, "COMPLETED"),
+                                            ("PAUSE", "COMPLETED")])
+def test_a_script_with_no_recorded_length_that_answered_a_pause_is_paused(layout, db, stop,
+                                                                           ends):
+    """A script's length may be unknown until it ends (no searcher length; a fit over data of
+    unknown length): its clean exit is its end, unless it answered a pause request (PAUSING),
+    which it exited for. A pause asked but never answered (PAUSE) came too late."""
+    from localdet.daemon.daemon import Daemon
+
+    experiment_id = new_experiment(db, parse_config({
+        "entrypoint": "python3 train.py", "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "loss"}}).config)
+    Search(db, log=lambda message: None).start(db.experiment(experiment_id))
+    trial_id = db.trials(experiment_id)[0].id
+    assert db.trial(trial_id).target_batches == 0  # no length recorded
+    db.update_trial(trial_id, state="RUNNING", batches_trained=24, latest_checkpoint="c0ffee",
+                    stop_requested=stop)
+    db.record_metrics(trial_id, "validation", 24, {"loss": 0.5})
+    daemon = Daemon(layout, log=lambda message: None).open(db)
+    daemon.exits.finish(trial_id, 0, tearing_down=True)
+    assert db.trial(trial_id).state == ends

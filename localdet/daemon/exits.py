@@ -136,8 +136,11 @@ class Exits:
             if trial.state != TrialState.RUNNING:
                 return  # killed meanwhile: already settled
             experiment = self.db.experiment(trial.experiment_id)
-            reached_end = bool(trial.batches_trained >= trial.target_batches
-                               and trial.latest_checkpoint)
+            reached_end = bool(trial.latest_checkpoint and (
+                trial.batches_trained >= trial.target_batches if trial.target_batches > 0
+                # No length recorded (a script that ends its own loop, a fit over data of
+                # unknown length): one that answered a pause request exited for it.
+                else trial.stop_requested not in (lifecycle.PAUSING, lifecycle.REQUEUE)))
             if experiment.kind == ExperimentKind.JOB and returncode is None:
                 # A job leaves no records to judge by, and its exit status went to no one.
                 self.db.update_trial(trial.id, state=TrialState.ERROR, error=(
