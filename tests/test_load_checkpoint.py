@@ -277,8 +277,17 @@ def test_a_model_its_own_line_cannot_rebuild_names_no_line_switch(tmp_path):
         with pytest.raises(CheckpointLoadError) as refused:
             load_model_from_checkpoint_path(str(folder))
     said = str(refused.value)
-    assert said.startswith("fix what this error names in the model's code or custom objects:")
+    assert said.startswith("fix what this error names in the model's code or custom objects, "
+                           "or build the model in your code and read its weights with "
+                           "determined.keras.load_weights_from_checkpoint_path(model, ")
     assert "Scaling" in said and "TF_USE_LEGACY_KERAS" not in said.split(":")[0]
+    # That second remedy works: the model built by the code takes the checkpoint's weights.
+    from determined.keras import load_weights_from_checkpoint_path
+
+    rebuilt = tf.keras.Sequential([tf.keras.Input(shape=(4,)), Scaling(), tf.keras.layers.Dense(1)])
+    load_weights_from_checkpoint_path(rebuilt, str(folder))
+    np.testing.assert_allclose(rebuilt.predict(VALIDATION[0], verbose=0),
+                               model.predict(VALIDATION[0], verbose=0), atol=1e-6)
     assert f"under {'Keras 2' if keras_line() == 'keras2' else 'Keras 3'}, which trained it" \
         in said
 

@@ -444,7 +444,9 @@ def _rebuild_in_line(saved: SavedCheckpoint, other: str, out: Path, reason: str)
         there = lines[-1] if lines else "no output"
         if trained != other:  # this very line trained it: another line is no remedy
             raise CheckpointLoadError(
-                f"fix what this error names in the model's code or custom objects: building "
+                f"fix what this error names in the model's code or custom objects, or build "
+                f"the model in your code and read its weights with determined.keras."
+                f"load_weights_from_checkpoint_path(model, '{saved.folder}'): building "
                 f"the model of '{saved.folder}' failed under {_spoken(trained)}, which "
                 f"trained it ({reason}), and under {_spoken(other)} too ({there})")
         raise CheckpointLoadError(
