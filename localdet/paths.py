@@ -97,3 +97,13 @@ class Layout:
         for folder in (self.home, self.queue, self.job_queue, self.rejected, self.store):
             folder.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def user_cache_dir() -> Path:
+    """Where localdet keeps what it can compute again (outside any state folder, which only
+    the daemon writes): $LOCALDET_CACHE, else $XDG_CACHE_HOME/localdet, else
+    ~/.cache/localdet (scripts/horovod-env keeps its environment there too)."""
+    if os.environ.get("LOCALDET_CACHE"):
+        return Path(os.environ["LOCALDET_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "localdet"

@@ -10,7 +10,7 @@ import math
 from click.testing import CliRunner
 from recorded_searches import add_trial, lr_driven, record_experiment
 
-from localdet.operations.importance import CACHE_NAME, importances
+from localdet.operations.importance import cache_path, importances
 from localdet.ui.cli import cli
 
 
@@ -45,7 +45,8 @@ def test_the_cache_is_used_and_refreshed_when_new_validations_arrive(layout, db)
     experiment_id = record_experiment(db, "cached", lr_driven(6, seed=3))
     first = importances(layout, db, experiment_id)
     assert first["cached"] is False
-    assert (layout.experiment_dir(experiment_id) / CACHE_NAME).exists()
+    assert cache_path(layout, experiment_id).exists()
+    assert not list(layout.home.rglob("*importance*"))  # the state folder is the daemon's
 
     again = importances(layout, db, experiment_id, compute=False)
     assert again == {**first, "cached": True}

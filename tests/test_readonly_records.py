@@ -91,11 +91,10 @@ def dashboard(layout: Layout, *paths: str) -> list[tuple[int, dict | list]]:
 
 def fingerprint(folder: Path) -> dict[str, str]:
     """Every file under `folder` and its bytes' hash (SQLite's -wal and -shm aside: a reader
-    of a WAL database may make them, empty; and the experiment page's importances cache,
-    which is written where the folder can be and skipped where it cannot)."""
+    of a WAL database may make them, empty)."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.name.endswith(("-wal", "-shm", "importance.json"))}
+            if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
 
 
 @pytest.fixture

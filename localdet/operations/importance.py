@@ -17,8 +17,9 @@ dependency of localdet. Its top group is sized to hold about five trials (Optuna
 for stable results) and at most half of them, so a search of ten trials still ranks the
 hyperparameter that drives the metric first. Importances are normalized to sum to 1.
 
-Computed on demand, and cached in the experiment's folder (`importance.json`) under a digest
-of exactly what was used (each scored trial's hyperparameters and value, and the validation
+Computed on demand, and cached outside the state folder (which readers never write: the
+user's cache, `user_cache_dir()/importance/<state folder's digest>/<experiment>.json`) under a
+digest of exactly what was used (each scored trial's hyperparameters and value, and the validation
 rows counted): a new validation, or a better one, changes the digest and the next call
 computes again. Optuna is imported only when computing.
 """
@@ -32,15 +33,15 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from localdet.operations.facts import flat_hparams, validation_summary
-from localdet.paths import Layout
+from localdet.paths import Layout, user_cache_dir
 from localdet.records.db import Experiment, StateDB
 
 EVALUATOR = "ped-anova"
 MIN_TRIALS = 3  # the top group and the rest need two and one trials at the least
-CACHE_NAME = "importance.json"
 _UNCACHED = "_uncached"  # marks an answer that says why it could not be computed
 _FORMAT = 1  # bumped when the answer's computation changes: older caches are recomputed
 
@@ -100,9 +101,15 @@ def _digest(scored: list[dict[str, Any]], counted: int, experiment: Experiment) 
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def cache_path(layout: Layout, experiment_id: int) -> Path:
+    """The experiment's cached importances: per state folder, which may hold the same ids."""
+    home = hashlib.sha256(str(layout.home.resolve()).encode()).hexdigest()[:16]
+    return user_cache_dir() / "importance" / home / f"{experiment_id}.json"
+
+
 def _read_cache(layout: Layout, experiment_id: int, digest: str) -> dict[str, Any] | None:
     try:
-        cached = json.loads((layout.experiment_dir(experiment_id) / CACHE_NAME).read_text())
+        cached = json.loads(cache_path(layout, experiment_id).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(cached, dict) or cached.get("digest") != digest:
@@ -112,12 +119,12 @@ def _read_cache(layout: Layout, experiment_id: int, digest: str) -> dict[str, An
 
 def _write_cache(layout: Layout, experiment_id: int, digest: str,
                  answer: dict[str, Any]) -> None:
-    folder = layout.experiment_dir(experiment_id)
+    path = cache_path(layout, experiment_id)
     try:  # a cache: a folder that cannot be written only costs the next call a computation
-        folder.mkdir(parents=True, exist_ok=True)
-        scratch = folder / f".{CACHE_NAME}.{os.getpid()}.{threading.get_ident()}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         scratch.write_text(json.dumps({"digest": digest, "answer": answer}))
-        os.replace(scratch, folder / CACHE_NAME)
+        os.replace(scratch, path)
     except OSError:
         pass
 
