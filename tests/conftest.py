@@ -30,6 +30,15 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one line a command that failed as it should (exit 1, no traceback) said."""
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 class Home:
     """A `$LOCALDET_HOME` and the `localdet` command pointed at it."""
 

@@ -11,20 +11,19 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import EXAMPLE, end_running_trials, end_warm_processes, wait_for, write_config
+from conftest import (
+    EXAMPLE,
+    end_running_trials,
+    end_warm_processes,
+    one_error_line,
+    wait_for,
+    write_config,
+)
 
 from localdet.daemon import service
 from localdet.daemon.systemd_unit import unit_text
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
-
-
-def one_error_line(result) -> str:
-    assert result.returncode == 1, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Home, older_database
+from conftest import Home, older_database, one_error_line
 from conftest import save_checkpoint as save
 
 from localdet.checkpoints.store import Store
@@ -54,14 +54,6 @@ def damage_table(path: Path, table: str) -> None:
     with open(path, "r+b") as file:
         file.seek((root - 1) * page_size)
         file.write(b"\xa5" * page_size)
-
-
-def one_error_line(result) -> str:
-    assert result.returncode == 1, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def test_a_damaged_database_and_store_are_found_refused_and_restored(tmp_path):
