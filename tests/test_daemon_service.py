@@ -58,7 +58,7 @@ def test_start_status_stop(stopped_at_end):
     assert f"already runs on {home.path}" in one_error_line(refused)
 
     stopped = home.cli("daemon", "stop")
-    assert f"stopped the localdet daemon (pid {pid})" in stopped.stdout
+    assert f"stopped the localdet daemon (pid {pid}); no trial was running" in stopped.stdout
     assert DaemonLock.holder(home.path / "daemon.lock") is None
     assert not (home.path / service.RUNTIME_FILE).exists()
     assert "stopping: no trial left running; exiting" in (home.path / "daemon.log").read_text()
@@ -87,7 +87,7 @@ def test_stop_checkpoints_running_trials_and_queues_them_again(
              180, "the trial to train a while", 0.1)
 
     stopped = home.cli("daemon", "stop", "--timeout", "120")
-    assert "checkpointed" in stopped.stdout
+    assert "its 1 running trial(s) checkpointed and wait queued" in stopped.stdout
     trial = home.first_trial(experiment_id)
     # At a boundary, checkpointed, and queued again rather than paused.
     assert trial["state"] == "QUEUED" and trial["stop_requested"] is None

@@ -240,6 +240,7 @@ def stop(layout: Layout, *, timeout: float = STOP_SECONDS, now: bool = False) ->
         # Still starting (it writes daemon.json when it watches), or older than
         # `daemon stop`: SIGUSR1 would end an older one at once, like SIGTERM.
         found = _described(layout, found.pid, timeout)
+    training = _running_trials(layout)
     try:
         os.kill(found.pid, signal.SIGTERM if now else DRAIN_SIGNAL)
     except ProcessLookupError:
@@ -251,11 +252,13 @@ def stop(layout: Layout, *, timeout: float = STOP_SECONDS, now: bool = False) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if DaemonLock.holder(layout.daemon_lock) != found.pid:
+            if not training:
+                return f"stopped the localdet daemon (pid {found.pid}); no trial was running"
             if now:
-                return (f"stopped the localdet daemon (pid {found.pid}); its running trials "
-                        "keep training and the next daemon adopts them")
-            return (f"stopped the localdet daemon (pid {found.pid}); the trials it ran "
-                    "checkpointed and wait queued for the next daemon")
+                return (f"stopped the localdet daemon (pid {found.pid}); its {training} "
+                        "running trial(s) keep training and the next daemon adopts them")
+            return (f"stopped the localdet daemon (pid {found.pid}); its {training} running "
+                    "trial(s) checkpointed and wait queued for the next daemon")
         time.sleep(POLL_SECONDS)
     if now:
         raise ServiceError(f"the localdet daemon (pid {found.pid}) did not exit within "
@@ -264,6 +267,20 @@ def stop(layout: Layout, *, timeout: float = STOP_SECONDS, now: bool = False) ->
                        f"running trials to reach a checkpoint after {timeout:g} s and exits "
                        "once they have; `localdet daemon stop --now` stops it at once (they "
                        "keep training, and the next daemon adopts them)")
+
+
+def _running_trials(layout: Layout) -> int:
+    """How many trials the daemon runs (read-only; 0 where the records cannot be read)."""
+    from localdet.records.db import StateDB
+    from localdet.records.opening import RecordsUnavailable
+    from localdet.records.states import TrialState
+
+    try:
+        with StateDB.open_readonly(layout.db) as db:
+            return db.db.execute("SELECT count(*) FROM trials WHERE state = ?",
+                                 [TrialState.RUNNING]).fetchone()[0]
+    except RecordsUnavailable:
+        return 0
 
 
 def _described(layout: Layout, pid: int, timeout: float) -> Running:
