@@ -63,48 +63,40 @@ def listening(port: int) -> bool:
 
 @pytest.mark.skipif(importlib.util.find_spec("pandas") is None,
                     reason="needs pandas (pip install -e '.[test]')")
-def test_concurrent_first_requests_to_a_fresh_dashboard_all_succeed(tmp_path):
+def test_concurrent_first_requests_to_a_fresh_dashboard_all_succeed(tmp_path, processes):
     layout = Layout(tmp_path / "home")
     experiment_id, trial_id = record_search(layout, "first")
     other, _ = record_search(layout, "second")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
+    server = processes(  # ended at the test's end, whatever happens
         [str(Path(sys.executable).parent / "localdet"), "web", "--no-token", "--port", str(port)],
         env={**os.environ, "LOCALDET_HOME": str(layout.home)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: listening(port) or server.poll() is not None, 60,
-                 "the dashboard to listen")
-        assert server.poll() is None, server.stdout.read() if server.stdout else ""
-        addresses = [
-            "/", f"/experiments/{experiment_id}", f"/trials/{trial_id}", "/jobs", "/models",
-            f"/compare?ids={experiment_id},{other}",
-            "/api/daemon", "/api/experiments", f"/api/experiments/{experiment_id}",
-            f"/api/experiments/{experiment_id}/curves?full=1",
-            f"/api/trials/{trial_id}", f"/api/trials/{trial_id}/curves",
-            "/api/jobs", "/api/models", f"/api/compare?ids={experiment_id},{other}",
-        ]
-        # The experiment and trial pages' own requests first, all at once: the ones that
-        # draw figures.
-        drawing = [a for a in addresses if a.startswith(("/api/experiments/", "/api/trials/",
-                                                         "/api/compare"))]
-        ordered = drawing + [a for a in addresses if a not in drawing]
-        with ThreadPoolExecutor(max_workers=len(ordered) * AT_ONCE) as pool:
-            answers = list(pool.map(lambda a: (a, *get(base + a)), ordered * AT_ONCE))
-        failed = [(address, status, body[:300]) for address, status, body in answers
-                  if status != 200]
-        assert failed == []
-        for address, _, body in answers:
-            if address.startswith("/api/"):
-                json.loads(body)  # JSON, not an error page
-        facts = json.loads(next(b for a, _, b in answers if a == f"/api/experiments/"
-                                f"{experiment_id}"))
-        assert len(facts["trials"]) == 3 and facts["charts"]["curves"]["data"]
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    wait_for(lambda: listening(port) or server.poll() is not None, 60,
+             "the dashboard to listen")
+    assert server.poll() is None, server.stdout.read() if server.stdout else ""
+    addresses = [
+        "/", f"/experiments/{experiment_id}", f"/trials/{trial_id}", "/jobs", "/models",
+        f"/compare?ids={experiment_id},{other}",
+        "/api/daemon", "/api/experiments", f"/api/experiments/{experiment_id}",
+        f"/api/experiments/{experiment_id}/curves?full=1",
+        f"/api/trials/{trial_id}", f"/api/trials/{trial_id}/curves",
+        "/api/jobs", "/api/models", f"/api/compare?ids={experiment_id},{other}",
+    ]
+    # The experiment and trial pages' own requests first, all at once: the ones that
+    # draw figures.
+    drawing = [a for a in addresses if a.startswith(("/api/experiments/", "/api/trials/",
+                                                     "/api/compare"))]
+    ordered = drawing + [a for a in addresses if a not in drawing]
+    with ThreadPoolExecutor(max_workers=len(ordered) * AT_ONCE) as pool:
+        answers = list(pool.map(lambda a: (a, *get(base + a)), ordered * AT_ONCE))
+    failed = [(address, status, body[:300]) for address, status, body in answers
+              if status != 200]
+    assert failed == []
+    for address, _, body in answers:
+        if address.startswith("/api/"):
+            json.loads(body)  # JSON, not an error page
+    facts = json.loads(next(b for a, _, b in answers if a == f"/api/experiments/"
+                            f"{experiment_id}"))
+    assert len(facts["trials"]) == 3 and facts["charts"]["curves"]["data"]
