@@ -47,6 +47,7 @@ from localdet.daemon.space import SpaceWatch
 from localdet.daemon.submissions import Intake
 from localdet.daemon.waking import QueueChanged, Waiters
 from localdet.daemon.watched import Watched, phase_of
+from localdet.monitoring.system_metrics import SystemMetrics
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
 from localdet.processes import capped_log, launcher, memory_limit
@@ -89,6 +90,7 @@ class Daemon:
     report_url: str | None = None   # set while the report server runs
     backup_minutes: float = 30      # a copy of the database this often (and at start)
     dashboard: str | None = None    # the dashboard's address, when served beside it (--web)
+    system_metrics_period: float = 5.0  # seconds between a trial's system metrics; 0: none
     watched: Watched = field(default_factory=Watched, init=False)  # the trials' processes
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -121,6 +123,8 @@ class Daemon:
         self.backend = self.cluster or LocalMachine(machine, self.pool)
         self.local = isinstance(self.backend, LocalMachine)  # pids here: watched, adopted
         self._wire(machine)
+        self.system_metrics = SystemMetrics(self.system_metrics_period, machine, self.log,
+                                            local=self.local)
         self.scheduler.usable_slots()  # the intake learns the largest node before any submission
         return self
 
@@ -245,6 +249,7 @@ class Daemon:
             for process in self.watched.tearing_down.values():
                 if hasattr(process, "end"):
                     process.end()
+            self.system_metrics.close()
             self.pool.close()
             self.backend.close()
             if reporting is not None:
@@ -318,6 +323,7 @@ class Daemon:
             self._drain_pass()
         else:
             self.scheduler.schedule()
+        self.system_metrics.note(self.db, self.watched)  # samples taken in its own thread
 
     def _mine(self, experiment: Experiment) -> bool:
         if self.only is not None:

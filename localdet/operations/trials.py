@@ -15,9 +15,15 @@ from localdet.operations.errors import OperationError
 from localdet.operations.facts import launches_by_trial, trial_facts
 from localdet.paths import Layout
 from localdet.processes import capped_log
+from localdet.records import system_metrics
 from localdet.records.db import MetricRow, StateDB
 
 GROUPS = ("training", "validation")
+# The daemon's samples of each trial (localdet/monitoring/system_metrics.py): "system" has
+# every metric of a sample; Determined's profiler groups have their part of it.
+SYSTEM_GROUPS = {"system": None, "cpu": ("cpu_util",), "memory": ("memory_rss",),
+                 "disk": ("disk_throughput_read", "disk_throughput_write"),
+                 "gpu": ("gpu_util", "gpu_memory_used", "gpu_power")}
 
 
 def _summary(rows: list[MetricRow]) -> dict[str, dict[str, Any]]:
@@ -63,17 +69,33 @@ def experiment_trials(db: StateDB, experiment_id: int) -> list[dict[str, Any]]:
 
 
 def trial_metrics(db: StateDB, trial_ids: Iterable[int], group: str) -> list[dict[str, Any]]:
-    """The trials' reports of `group` ("training" or "validation"), trial by trial, oldest
-    first: trial_id, batches_trained, recorded_at, metrics, group."""
-    if group not in GROUPS:
-        raise OperationError(f"localdet records the metric groups {' and '.join(GROUPS)}, "
-                             f"not {group!r}")
+    """The trials' reports of `group` ("training" or "validation", or the system metrics
+    the daemon sampled: "system", or Determined's "cpu", "memory", "disk" and "gpu"), trial
+    by trial, oldest first: trial_id, batches_trained, recorded_at, metrics, group."""
+    if group not in GROUPS and group not in SYSTEM_GROUPS:
+        raise OperationError(f"localdet records the metric groups {', '.join(GROUPS)} and "
+                             f"{', '.join(SYSTEM_GROUPS)}, not {group!r}")
     reports: list[dict[str, Any]] = []
     for trial_id in trial_ids:
         db.trial(trial_id)  # NotFound, in one sentence
+        if group in SYSTEM_GROUPS:
+            reports.extend(_system(db, trial_id, group))
+            continue
         reports.extend({"trial_id": row.trial_id, "batches_trained": row.batches_trained,
                         "recorded_at": row.recorded_at, "metrics": row.metrics,
                         "group": row.kind} for row in db.metrics(trial_id, group))
+    return reports
+
+
+def _system(db: StateDB, trial_id: int, group: str) -> list[dict[str, Any]]:
+    names = SYSTEM_GROUPS[group]
+    reports = []
+    for row in system_metrics.rows(db, trial_id):
+        metrics = row["metrics"] if names is None else \
+            {name: row["metrics"][name] for name in names if name in row["metrics"]}
+        if metrics:
+            reports.append({"trial_id": trial_id, "batches_trained": row["batches_trained"],
+                            "recorded_at": row["at"], "metrics": metrics, "group": group})
     return reports
 
 

@@ -132,8 +132,9 @@ def registered_checkpoints(db: StateDB, experiment_id: int) -> list[tuple[str, s
 
 def remove_experiment_rows(db: StateDB, experiment_id: int, *,
                            pending: dict[str, Any] | None = None) -> dict[str, int]:
-    """Delete every row of the experiment (its metrics, checkpoints, requests, searcher
-    events, labels, trials and the experiment itself) in one transaction; returns how many
+    """Delete every row of the experiment (its metrics, system metrics, checkpoints,
+    requests, searcher events, labels, trials and the experiment itself) in one
+    transaction; returns how many
     rows of each table went. The event log keeps its events (it is append-only) and gains
     `experiment_deleted`. With `pending` (``{"storage": {...}, "blobs": [...]}``), the same
     transaction writes the cleanup still to do to `experiment_deletions`.
@@ -143,6 +144,8 @@ def remove_experiment_rows(db: StateDB, experiment_id: int, *,
     statements = [
         ("metrics", "DELETE FROM metrics WHERE trial_id IN "
                     "(SELECT id FROM trials WHERE experiment_id = ?)"),
+        ("system_metrics", "DELETE FROM system_metrics WHERE trial_id IN "
+                           "(SELECT id FROM trials WHERE experiment_id = ?)"),
         ("checkpoints", "DELETE FROM checkpoints WHERE experiment_id = ?"),
         ("requests", "DELETE FROM requests WHERE experiment_id = ? OR trial_id IN "
                      "(SELECT id FROM trials WHERE experiment_id = ?)"),

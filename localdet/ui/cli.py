@@ -449,15 +449,31 @@ def gc(experiment_id: int | None, dry_run: bool, rechunk: bool) -> None:
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (header row) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the learning curves to this PNG instead.")
+@click.option("--system", is_flag=True,
+              help="The trials' system metrics instead (CPU, memory, disk, GPU): a summary "
+                   "a trial, or with --trial its samples.")
 def metrics(experiment_id: int, trial_id: int | None, metric: str | None, as_csv: bool,
-            plot: Path | None) -> None:
+            plot: Path | None, system: bool) -> None:
     """The training and validation metrics an experiment recorded: a table, CSV or a PNG."""
     from localdet.ui import metrics_report
     if as_csv and plot:
         _fail("--csv and --plot do not go together; choose one")
+    if system and (plot or metric):
+        _fail("--system shows every system metric as a table or CSV: leave out "
+              f"{'--plot' if plot else '--metric'} (the dashboard draws them)")
     db = _read_db(Layout.from_environment())
     try:
         experiment = db.experiment(experiment_id)
+        if system:
+            from localdet.ui import system_metrics_report as system_report
+            try:
+                if as_csv:
+                    system_report.write_csv(db, experiment, trial_id, sys.stdout)
+                else:
+                    console.print(system_report.table(db, experiment, trial_id))
+            except system_report.SystemMetricsError as error:
+                _fail(str(error))
+            return
         report = metrics_report.collect(db, experiment, trial_id, metric)
         if plot:
             best = views.experiment_facts(db, experiment)["best_trial"]

@@ -91,6 +91,11 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  help="Run the lines of model folders' startup-hook.sh that change the "
                       "machine (apt-get, yum, conda install, sudo ...); without it they are "
                       "skipped with a warning."),
+    click.option("--system-metrics-period", type=click.FloatRange(min=0), default=5.0,
+                 show_default=True, envvar="LOCALDET_SYSTEM_METRICS_PERIOD", show_envvar=True,
+                 help="Seconds between samples of each running trial's CPU, memory, disk and "
+                      "GPU use (`localdet metrics EXPERIMENT --system`); 0: none. An "
+                      "experiment's `profiling.enabled: false` turns it off for its trials."),
 ]
 
 
@@ -140,7 +145,8 @@ def daemon(context: click.Context, slots: int, web: bool, host: str, port: int,
            no_token: bool, trial_memory_fraction: float | None, max_log_bytes: int,
            min_free_space: int, min_free_percent: float, warm: int | None,
            ray_address: str | None, report: str, report_port: int | None,
-           backup_minutes: float, allow_system_hooks: bool) -> None:
+           backup_minutes: float, allow_system_hooks: bool,
+           system_metrics_period: float) -> None:
     """Watch the queue folder and run the experiments dropped into it (in the foreground;
     `localdet daemon start` runs it detached)."""
     if context.invoked_subcommand is not None:
@@ -172,7 +178,7 @@ def daemon(context: click.Context, slots: int, web: bool, host: str, port: int,
                reserve=Reserve(min_free_space, min_free_percent), warm=warm,
                report=report, report_port=report_port, ray=ray_address,
                backup_minutes=backup_minutes, allow_system_hooks=allow_system_hooks,
-               dashboard=url).run()
+               dashboard=url, system_metrics_period=system_metrics_period).run()
     except (DaemonAlreadyRunning, ReportServerError, RayError, DamagedDatabase) as error:
         _fail(str(error))
 

@@ -213,8 +213,11 @@ class Trial:
         return self.list_checkpoints(sort_by, order_by)
 
     def iter_metrics(self, group: str) -> Iterable[metrics.TrialMetrics]:
-        """The trial's metric reports of `group` ("training" or "validation"), oldest
-        first."""
+        """The trial's metric reports of `group`, oldest first: "training" or "validation",
+        or the system metrics localdet's daemon sampled while it ran: "system" (every metric
+        of a sample), or Determined's profiler groups "cpu", "memory", "disk", "gpu" (their
+        part of it). A system report's `steps_completed` is the trial's batches when it was
+        sampled."""
         return _trial_metrics([self.id], group)
 
     def stream_metrics(self, group: str) -> Iterable[metrics.TrialMetrics]:

@@ -1,0 +1,1 @@
+"""What the daemon watches of its trials beside their own reports: system metrics."""
