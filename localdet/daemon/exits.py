@@ -6,6 +6,7 @@ restarted, failed for good, or failed in a way every restart would repeat."""
 from __future__ import annotations
 
 import subprocess
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from localdet.daemon.watched import Watched, phase_of
 from localdet.paths import Layout
 from localdet.pids import alive, exit_description
 from localdet.processes import failures, launcher, memory_limit
-from localdet.records import lifecycle
+from localdet.records import lifecycle, phases
 from localdet.records.db import Experiment, StateDB, Trial
 from localdet.records.states import TERMINAL_STATES, ExperimentKind, ExperimentState, TrialState
 from localdet.search.driver import Search
@@ -114,6 +115,7 @@ class Exits:
         the same way. An exit that fails to be recorded is told and leaves the others be."""
         if not ended:
             return
+        noticed = time.time()
         for trial_id, _, process, tearing_down in ended:
             self.watched.slots_of.pop(trial_id, None)
             if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
@@ -121,8 +123,10 @@ class Exits:
                 launcher.wait_for_log(process, self.layout.trial_log(experiment_id, trial_id))
         for start in range(0, len(ended), self.batch):
             with self.db.atomic():
-                for trial_id, returncode, process, _ in ended[start:start + self.batch]:
+                for trial_id, returncode, process, teardown in ended[start:start + self.batch]:
                     try:
+                        phases.record_exit(self.db, trial_id, noticed, {
+                            "returncode": returncode, "tearing_down": teardown})
                         self._record_exit(trial_id, returncode, process)
                     except Exception:
                         if len(ended) == 1:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localdet.checkpoints import disk_space
@@ -18,6 +19,7 @@ from localdet.paths import Layout
 from localdet.pids import alive, process_start
 from localdet.processes import launcher, memory_limit
 from localdet.processes.warm_pool import WarmPool
+from localdet.records import phases
 from localdet.records.db import Experiment, StateDB, Trial, now
 from localdet.records.states import TrialState
 from localdet.scheduling.slots import Slot, cuda_visible_devices
@@ -44,6 +46,8 @@ class Launches:
     reserve: disk_space.Reserve
     report_url: str | None  # set while the report server runs
     allow_system_hooks: bool = False  # startup hooks' machine-changing lines run
+    decided_at: float = 0.0  # when this pass began choosing trials (the timeline's launch)
+    _started: dict = field(default_factory=dict, init=False)  # trial id -> process started
 
     def launch(self, trial: Trial, slots: list[int], machine: list[Slot]) -> tuple | None:
         """Start the trial's process; None if it cannot start (the trial is then ERROR).
@@ -60,6 +64,7 @@ class Launches:
             launched_at = now()
             process = self.backend.start(
                 spec, dataclasses.replace(trial, started_at=launched_at), slots)
+            self._started[trial.id] = time.time()
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
                 self.db.update_trial(trial.id, state=TrialState.ERROR, error=str(error))
@@ -105,6 +110,10 @@ class Launches:
                                       "nodes": getattr(process, "nodes", [process.node]),
                                       "hosts": getattr(process, "hosts", [process.host])}
                                      if not self.local else {}))
+                phases.record_launch(self.db, trial.experiment_id, trial.id, launched_at,
+                                     self.decided_at or phases.seconds(launched_at), {
+                                         "warm": process.warm, "slots": slots,
+                                         "process_started": self._started.pop(trial.id, None)})
 
     def adopt_running_trials(self, experiment_id: int | None = None) -> None:
         """Watch the RUNNING trials a former daemon (or `localdet run`) left behind."""

@@ -5,6 +5,7 @@ slots, each experiment's typed `resources`, and placement's choice, launched thr
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ class Scheduler:
     def schedule(self) -> None:
         if self.space.short is not None:
             return  # held until free space returns (SpaceWatch.watch)
+        self.launches.decided_at = time.time()  # a launch's timeline begins here
         busy_slots = {slot for slots in self.watched.slots_of.values() for slot in slots}
         usable, node_of, most = self.usable_slots()
         free = [slot.index for slot in self.machine

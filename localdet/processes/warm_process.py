@@ -28,6 +28,9 @@ import signal
 import socket
 import sys
 import threading
+import time
+
+from determined.core._reporting import FORKED_AT_VAR
 
 
 def _prepare() -> None:
@@ -60,7 +63,7 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def _become_trial(order: dict, log: int, in_session: int) -> None:
+def _become_trial(order: dict, log: int, in_session: int, forked: float) -> None:
     """In the forked child: the trial's session, environment, folder and log; then run it.
     Closing `in_session` tells the parent that the session exists."""
     os.setsid()
@@ -74,6 +77,7 @@ def _become_trial(order: dict, log: int, in_session: int) -> None:
     os.close(log)
     os.environ.clear()
     os.environ.update(order["env"])
+    os.environ[FORKED_AT_VAR] = repr(forked)  # the trial's timeline: a warm start, since
     os.chdir(order["cwd"])
     code = 1
     try:
@@ -121,11 +125,12 @@ def main() -> int:
         # The pid is told only once the child leads its own session: the daemon ends a trial
         # by killing its process group, which does not exist before the child's setsid.
         waiting, in_session = os.pipe()
+        forked = time.time()
         pid = os.fork()
         if pid == 0:
             channel.detach()
             os.close(waiting)
-            _become_trial(order, log, in_session)
+            _become_trial(order, log, in_session, forked)
         os.close(log)
         os.close(in_session)
         os.read(waiting, 1)  # end of file: the child closed its end, or died

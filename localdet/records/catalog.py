@@ -146,6 +146,7 @@ def remove_experiment_rows(db: StateDB, experiment_id: int, *,
                     "(SELECT id FROM trials WHERE experiment_id = ?)"),
         ("system_metrics", "DELETE FROM system_metrics WHERE trial_id IN "
                            "(SELECT id FROM trials WHERE experiment_id = ?)"),
+        ("launch_phases", "DELETE FROM launch_phases WHERE experiment_id = ?"),
         ("checkpoints", "DELETE FROM checkpoints WHERE experiment_id = ?"),
         ("requests", "DELETE FROM requests WHERE experiment_id = ? OR trial_id IN "
                      "(SELECT id FROM trials WHERE experiment_id = ?)"),

@@ -86,6 +86,7 @@ class HTTPReporter(ReportTransport):
         self._metrics: list = []
         self._heartbeat = self._first_batch = self._sending = self._closed = False
         self._first_batch_reported = False
+        self._phases: list = []  # the timeline's, sent with the next report
         self._error: Optional[BaseException] = None
         self._sender: Optional[threading.Thread] = None
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
@@ -154,6 +155,11 @@ class HTTPReporter(ReportTransport):
             self._first_batch_reported = True
             self._queue(first_batch=True)
 
+    def record_phase(self, phase: str, started: Optional[float], ended: float,
+                     details: Optional[Dict[str, Any]] = None) -> None:
+        with self._batch:  # no request of its own: it goes with the next report
+            self._phases.append([phase, started, ended, details])
+
     def _queue(self, metrics: Optional[tuple] = None, heartbeat: bool = False,
                first_batch: bool = False) -> None:
         with self._batch:
@@ -177,8 +183,9 @@ class HTTPReporter(ReportTransport):
                 if self._closed and not (self._metrics or self._heartbeat or self._first_batch):
                     return
                 batch = {"metrics": self._metrics, "heartbeat": self._heartbeat,
-                         "first_batch": self._first_batch}
+                         "first_batch": self._first_batch, "phases": self._phases}
                 self._metrics, self._heartbeat, self._first_batch = [], False, False
+                self._phases = []
                 self._sending = True
             try:
                 self._call("POST", "report", batch)
@@ -234,9 +241,16 @@ class HTTPReporter(ReportTransport):
             raise
         upload = (chunk_upload.upload_and_commit if begun.get("chunks") and self.chunked
                   else whole_file_upload.upload_and_commit)
-        self._pending = self._saver.submit(upload, self, Path(directory), batches_trained,
-                                           metadata, uuid)
+        self._pending = self._saver.submit(self._upload, upload, Path(directory),
+                                           batches_trained, metadata, uuid)
         return uuid
+
+    def _upload(self, upload: Any, directory: Path, batches_trained: int,
+                metadata: Dict[str, Any], uuid: str) -> None:
+        submitted = time.time()
+        upload(self, directory, batches_trained, metadata, uuid)
+        self.record_phase("checkpoint_store", submitted, time.time(),
+                          {"uuid": uuid, "batches": batches_trained})
 
     def wait_for_checkpoints(self) -> None:
         pending, self._pending = self._pending, None

@@ -26,7 +26,7 @@ from localdet.checkpoints.storage import checkpoint_store, experiment_store
 from localdet.checkpoints.store import FileEntry, Store, StoreError
 from localdet.config.experiment import length_to_batches
 from localdet.paths import Layout
-from localdet.records import lifecycle
+from localdet.records import lifecycle, phases
 from localdet.records.db import Checkpoint, NotFound, StateDB, now
 from localdet.records.states import TrialState
 from localdet.reporting.restore import Restore
@@ -46,6 +46,7 @@ class SQLiteReporter:
         self._worker: HashWorker | None = None
         self._reserve = Reserve.from_environment()
         self._first_batch_reported = False
+        self._phases: list[phases.Row] = []  # noted, written with the next heartbeat
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
@@ -122,11 +123,11 @@ class SQLiteReporter:
             raise
         uuid = uuid or str(uuidlib.uuid4())
         self._pending = self._saver.submit(self._store_and_commit, Path(directory),
-                                           batches_trained, metadata, uuid)
+                                           batches_trained, metadata, uuid, time.time())
         return uuid
 
     def _store_and_commit(self, directory: Path, batches_trained: int,
-                          metadata: Dict[str, Any], uuid: str) -> None:
+                          metadata: Dict[str, Any], uuid: str, submitted: float) -> None:
         db = StateDB.open(self.layout.db)  # SQLite connections stay in their own thread
         try:
             # Held from the first blob to the commit: until then the blobs (new, or reused
@@ -134,7 +135,11 @@ class SQLiteReporter:
             # must not delete them.
             with self.store.writing():
                 files = self.store.put_directory(directory, consume=True)  # durable first
-                self.commit_checkpoint(db, uuid, batches_trained, files, metadata)
+                durable = time.time()
+                with db.atomic():  # the timeline's row in the checkpoint's transaction
+                    self.commit_checkpoint(db, uuid, batches_trained, files, metadata)
+                    self.write_phases(db, [("checkpoint_store", submitted, time.time(), {
+                        "uuid": uuid, "batches": batches_trained, "durable": round(durable, 3)})])
         finally:
             db.close()
             shutil.rmtree(directory, ignore_errors=True)
@@ -239,8 +244,32 @@ class SQLiteReporter:
         self.db.log_event("trial_first_batch", experiment_id=self._trial.experiment_id,
                           trial_id=self.trial_id, seconds=round(seconds, 3))
 
+    def record_phase(self, phase: str, started: float | None, ended: float,
+                     details: Dict[str, Any] | None = None) -> None:
+        self._phases.append((phase, started, ended, details))  # type: ignore[arg-type]
+
+    def write_phases(self, db: StateDB, rows: list) -> None:
+        """Write phases of the trial's running launch (a `started` of None: since the launch
+        began) in the transaction `db` holds; nothing for a trial never launched."""
+        if not rows:
+            return
+        launch = db.trial(self.trial_id).started_at
+        if launch is None:  # a trial never launched (a benchmark's in-process run)
+            return
+        began = phases.seconds(launch)
+        phases.insert(db, self._trial.experiment_id, self.trial_id, launch,
+                      [(phase, began if started is None else started, ended, details)
+                       for phase, started, ended, details in rows])
+
     def heartbeat(self) -> None:
-        self.db.update_trial(self.trial_id, heartbeat_at=now())
+        """The heartbeat, and the phases noted since the last one, in one transaction."""
+        noted, self._phases = self._phases, []
+        if not noted:
+            self.db.update_trial(self.trial_id, heartbeat_at=now())
+            return
+        with self.db.atomic():
+            self.write_phases(self.db, noted)
+            self.db.update_trial(self.trial_id, heartbeat_at=now())
 
 
 class CheckpointReader:

@@ -51,6 +51,8 @@ AUTHKEY_VAR = "LOCALDET_DIST_AUTHKEY"   # the key the trial's ranks share
 # The disk reserve the daemon holds checkpoints to (localdet/checkpoints/disk_space.py).
 MIN_FREE_BYTES_VAR = "LOCALDET_MIN_FREE_BYTES"
 MIN_FREE_PERCENT_VAR = "LOCALDET_MIN_FREE_PERCENT"
+# Set by a warm process in the trial it forks: when it forked (seconds since the epoch).
+FORKED_AT_VAR = "LOCALDET_FORKED_AT"
 
 REPORTER_GROUP = "determined.reporters"
 
@@ -135,7 +137,17 @@ class TrialReporter(Protocol):
         chief), so a slow start (heavy imports, data loading) shows in `localdet status`."""
         ...
 
-    def heartbeat(self) -> None: ...
+    def record_phase(self, phase: str, started: Optional[float], ended: float,
+                     details: Optional[Dict[str, Any]] = None) -> None:
+        """Note a phase of this launch's timeline (`localdet status --timeline`): its name,
+        its start and end in seconds since the epoch (`started` None: since the launch
+        began) and a few facts. Kept and written with the next heartbeat (or report), never
+        a write of its own, so it is cheap at every workload boundary."""
+        ...
+
+    def heartbeat(self) -> None:
+        """Say the trial is alive; also writes the phases noted since the last one."""
+        ...
 
 
 class ReporterFactory(Protocol):
@@ -244,6 +256,10 @@ class DiscardingReporter:
         return False
 
     def report_first_batch(self) -> None:
+        pass
+
+    def record_phase(self, phase: str, started: Optional[float], ended: float,
+                     details: Optional[Dict[str, Any]] = None) -> None:
         pass
 
     def heartbeat(self) -> None:

@@ -14,11 +14,12 @@ import json
 import os
 import re
 import sys
+import time
 import traceback
 import types
 from typing import Any, Dict, Optional
 
-from determined.core._reporting import FAILURE_MARK, KERAS_LINE_REASON_VAR
+from determined.core._reporting import FAILURE_MARK, FORKED_AT_VAR, KERAS_LINE_REASON_VAR
 from determined.errors import exception_line
 
 
@@ -118,14 +119,30 @@ def _trained(stage: str, info, controller) -> Optional[bool]:
     return getattr(controller, "batches_trained", 1) > 0  # a fresh trial counts from 0
 
 
+def _process_ready(reporter, entered: float, connected: float) -> float:
+    """Note the launch's `process_ready` phase: from the daemon's start of the process (a
+    fork of a warm one, or a cold interpreter) to this process knowing its trial."""
+    ready = time.time()
+    forked = os.environ.get(FORKED_AT_VAR)
+    details = {"warm": bool(forked), "main": round(entered, 3),
+               "reporter": round(connected, 3)}  # the launch record awaited by then
+    if forked:
+        details["forked"] = round(float(forked), 3)
+    reporter.record_phase("process_ready", None, ready, details)
+    return ready
+
+
 def main() -> int:
+    entered = time.time()
     from determined.exec import keras_alias
 
     keras_alias.install()  # before anything imports `keras`
     from determined.core import reporter_from_environment
 
     reporter = reporter_from_environment()
+    connected = time.time()
     info = reporter.trial_info()
+    ready = _process_ready(reporter, entered, connected)
     os.chdir(info.model_dir)
     sys.path.insert(0, str(info.model_dir))
     from determined import _old_releases
@@ -140,9 +157,12 @@ def main() -> int:
         stage = "setup"
         from determined.keras._trial_controller import TrialController
 
+        reporter.record_phase("import", ready, time.time(), {"entrypoint": entrypoint})
         controller = TrialController.for_trial_class(trial_class, info, reporter)
         stage = "training"
         controller.run()
+        reporter.heartbeat()  # writes the last phases noted (the end's)
+        reporter.wait_for_checkpoints()  # and over HTTP, waits until they are sent
     except SystemExit as error:  # the entrypoint does not resolve
         if not isinstance(error.code, str):
             raise

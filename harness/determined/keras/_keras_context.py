@@ -211,6 +211,7 @@ class KerasContext:
                                      validation, list(callbacks or []),
                                      batch_size=batch_size or None, fit=options)
         controller.run()
+        self._reporter.heartbeat()  # writes the fit's last timeline phases (its end)
         self._batches_trained = controller.batches_trained
         if controller.paused and self._managed:
             # Paused: the checkpoint is stored; the rest of the script runs on resume.

@@ -22,6 +22,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -73,10 +74,15 @@ class TrialCheckpoints:
     def _call(self, hook: str, *args: Any) -> None:
         raise NotImplementedError
 
+    def _note(self, phase: str, started: float, details: Optional[Dict[str, Any]] = None
+              ) -> float:
+        raise NotImplementedError
+
     def checkpoint(self) -> str:
         if not self.is_chief:  # the ranks' weights are the same; the chief saves them
             self.last_checkpoint = self.batches_trained
             return ""
+        paused = time.time()  # training waits from here until the reporter takes the files
         directory = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".checkpoint-"))
         try:
             weights = self._save_weights(directory)
@@ -104,6 +110,7 @@ class TrialCheckpoints:
             raise
         # The reporter owns the folder now; it may store it while training goes on.
         uuid = self.reporter.save_checkpoint(directory, self.batches_trained, metadata)
+        self._note("checkpoint", paused, {"uuid": uuid, "batches": self.batches_trained})
         self.last_checkpoint = self.batches_trained
         print(f"[trial {self.info.trial_id}] checkpoint {uuid} at {self.batches_trained}",
               flush=True)

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -168,12 +169,19 @@ class TrialController(TrialCheckpoints):
         # Eager execution disabled by the trial's code: batches go through Keras's session.
         self.graph_mode = _graph_mode.active()
         self._graph_step: Optional[_graph_mode.TrainStep] = None
+        # The launch's timeline (reporter.record_phase): when the data's set-up began (its
+        # loaders, in for_trial_class), and when the last phase noted ended.
+        self._data_began: Optional[float] = None
+        self._last_mark = time.time()
+        self._train_function_made: Optional[float] = None
+        self._workload_t = self._last_mark
         self._check_model()
         self._check_loaders()
 
     @classmethod
     def for_trial_class(cls, trial_class: type, info: TrialInfo,
                         reporter: TrialReporter) -> "TrialController":
+        began = time.time()
         prepare_process(info)
         context = TFKerasTrialContext(info)
         trial = trial_class(context)
@@ -183,8 +191,21 @@ class TrialController(TrialCheckpoints):
             raise TrialError("build_model() must wrap the model with "
                              "self.context.wrap_model(model) before compiling it")
         callbacks = list(trial.keras_callbacks() or [])
-        return cls(info, reporter, context, model, trial.build_training_data_loader(),
-                   trial.build_validation_data_loader(), callbacks)
+        built = time.time()
+        reporter.record_phase("model_built", began, built, None)
+        controller = cls(info, reporter, context, model, trial.build_training_data_loader(),
+                         trial.build_validation_data_loader(), callbacks)
+        controller._data_began = built  # data_ready ends once its streams are made too
+        return controller
+
+    def _note(self, phase: str, started: float, details: Optional[Dict[str, Any]] = None
+              ) -> float:
+        """Note a phase of this launch's timeline from `started` to now (a rank other than
+        the chief's reporter records nothing); returns now."""
+        ended = time.time()
+        self.reporter.record_phase(phase, started, ended, details)
+        self._last_mark = ended
+        return ended
 
     # -- set-up -------------------------------------------------------------------------
     def _check_model(self) -> None:
@@ -301,9 +322,14 @@ class TrialController(TrialCheckpoints):
         be checkpointed), ends workloads anywhere, and reads metrics only at boundaries, so
         the steps between run as fast as in a bare `fit`.
         """
+        began = self._data_began or time.time()
+        restoring = time.time()
         state = self._restore(self.info.latest_checkpoint) if self.info.latest_checkpoint else None
         if state is None and self.info.warm_start_checkpoint:
             self._warm_start(self.info.warm_start_checkpoint)
+        if self.info.latest_checkpoint or self.info.warm_start_checkpoint:
+            self._note("restore", restoring, {"uuid": self.info.latest_checkpoint
+                                              or self.info.warm_start_checkpoint})
         fit_config = self.context.fit_config
         workers = {key: fit_config.get(key)
                    for key in ("workers", "use_multiprocessing", "max_queue_size")}
@@ -335,14 +361,18 @@ class TrialController(TrialCheckpoints):
             self.target = UNTIL_THE_DATA_ENDS
         elif self.fit and not self.target:
             self._set_length_from_epochs(self.fit)
+        self._note("data_ready", began)
         try:
             self._train(state, self.train_stream)
         finally:
+            ending = self._last_mark
             self.train_stream.close()
             _data.close_workers()
             self.reporter.wait_for_checkpoints()
             if self._restore_dir is not None:
                 shutil.rmtree(self._restore_dir, ignore_errors=True)
+            self._note("end", ending, {"batches": self.batches_trained,
+                                       "paused": self.paused})
 
     def _warm_start(self, uuid: str) -> None:
         """A trial with no checkpoint of its own starts from searcher.source_checkpoint_uuid:
@@ -439,6 +469,7 @@ class TrialController(TrialCheckpoints):
         else:
             self.model.make_train_function()
             train_step = self.model.train_function
+        self._train_function_made = time.time()
         self._reset_metrics()
         if self.fit:
             # A resumed fit is inside an epoch that began in another process; Keras's own
@@ -534,6 +565,9 @@ class TrialController(TrialCheckpoints):
             # The step may still be running on a GPU: its results mark its true end.
             tf.nest.map_structure(np.asarray, logs)
             self.reporter.report_first_batch()
+        self._note("first_batch", self._last_mark, {
+            "train_function": round(self._train_function_made or 0, 3),
+            "batches": self.batches_trained + 1})
 
     def _epoch_logs(self, fit: FitOptions, logs: Dict[str, Any],
                     always: bool = False) -> Dict[str, float]:
@@ -573,11 +607,14 @@ class TrialController(TrialCheckpoints):
 
     def _begin_workload(self) -> None:
         self._workload_began_at = self.batches_trained
+        self._workload_t = time.time()  # its training phase begins (or at the first batch's end)
         self._call("on_train_workload_begin", self.batches_trained,
                    self._next_boundary() - self.batches_trained, {})
 
     def end_workload(self, logs: Dict[str, Any]) -> None:
         batches_trained = self.batches_trained
+        self._note("training", max(self._workload_t, self._last_mark),
+                   {"batches": [self._workload_began_at, batches_trained]})
         metrics = self.engine.training_metrics(logs)
         if self.is_chief:
             self.reporter.report_training_metrics(batches_trained, metrics)
@@ -611,6 +648,7 @@ class TrialController(TrialCheckpoints):
             self._graph_step.reset()
 
     def validate(self) -> Dict[str, float]:
+        began = time.time()
         steps = self.context.fit_config.get("validation_steps")
         hooks = [_ValidationHooks(self.user_callbacks)] if self.user_callbacks else []
         if self.graph_mode:
@@ -625,6 +663,7 @@ class TrialController(TrialCheckpoints):
                   + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
         self.last_validation = self.batches_trained
         self.last_validation_metrics = metrics
+        self._note("validation", began, {"batches": self.batches_trained})
         return metrics
 
     # -- checkpoints (writing and loading: TrialCheckpoints) -----------------------------
