@@ -392,6 +392,7 @@ def older_database(path: Path) -> Path:
 # too): the CPU-bound files stretch most under two workers. CI's log ends with the 25
 # slowest tests (`--durations=25`): re-rank from it when a file moves.
 LONGEST_FILES = [
+    "test_keras_2_line.py",     # ~190 (the tests marked keras2, again under Keras 2)
     "test_multi_slot_e2e.py",   # ~370 (CPU ~200: seven daemon runs of 2-3 processes each)
     "test_scripts.py",          # ~120 (every benchmark's --smoke and the demo, two at a time)
     "test_request_races.py",    # ~110 (some 250 launches of the counter, forked warm)

@@ -16,6 +16,8 @@ from test_core_api import _Recorder
 
 from determined.keras import DeterminedCallback
 
+pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)
+
 KERAS2 = tf.keras.__name__.startswith("tf_keras")
 if KERAS2:
     # Keras 2's dropout otherwise draws from stateful ops whose sequences restart in a
@@ -187,22 +189,6 @@ def test_a_warm_start_loads_into_a_model_not_built_yet(tmp_path):
     by_hand.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0, shuffle=SHUFFLE)
     assert _same(_values(warm), _values(by_hand))
     assert not _same(_values(warm), _values(first))
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(KERAS2, reason="already running under Keras 2")
-def test_under_keras_2(tmp_path):
-    """The same tests under the Keras 2 line, which needs a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
-         "-k", "not under_keras_2", "--basetemp", str(tmp_path / "keras2")],
-        env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 KERAS3_MODEL_IN_A_KERAS2_PROCESS = '''

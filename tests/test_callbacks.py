@@ -3,8 +3,8 @@ after each validation exactly as Keras's own callbacks do after each epoch, a pa
 pickled into a fresh instance) changes no decision, and TensorBoard writes into the trial's
 folder whatever log_dir it is given.
 
-Runs under whichever Keras line `tf.keras` is; the last test runs this file again under
-Keras 2 (`TF_USE_LEGACY_KERAS=1`) in a subprocess.
+Runs under whichever Keras line `tf.keras` is, and again under Keras 2 (marked `keras2`:
+tests/test_keras_2_line.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,8 @@ import tensorflow as tf
 from determined.core._reporting import TENSORBOARD_DIR_VAR
 from determined.keras import callbacks
 from determined.keras.callbacks import tensorboard as tensorboard_module
+
+pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)
 
 KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
 
@@ -344,16 +344,3 @@ def test_tensorboard_writes_workload_and_validation_scalars_at_batches_trained(
                    if tag == "epoch_loss")
     assert epoch == [("train", 3, 2.0), ("train", 5, 1.0), ("validation", 3, 1.25),
                      ("validation", 3, 1.5), ("validation", 5, 0.5)]
-
-
-# -- Keras 2 ----------------------------------------------------------------------------
-
-@pytest.mark.skipif(KERAS2, reason="already running under Keras 2")
-def test_this_file_passes_under_keras2():
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        env=env, capture_output=True, text=True, timeout=300,
-        cwd=Path(__file__).resolve().parent.parent)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "1 skipped" in result.stdout

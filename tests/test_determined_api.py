@@ -26,6 +26,8 @@ import pytest
 import sdk_api_checks
 import searcher_api_checks
 
+pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "determined-api.md"
 DATA = REPO / "docs" / "determined-api-names.json"
@@ -1067,19 +1069,3 @@ def test_every_supported_name_does_its_job(world, section, name):
     checks = CHECKS[section](world)
     assert name in checks, f"{section}.{name} is listed but no test exercises it"
     assert checks[name]() is True, f"{section}.{name} did not behave as documented"
-
-
-# -- Keras 2 ------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("TF_USE_LEGACY_KERAS") == "1",
-                    reason="already running under Keras 2")
-def test_this_file_passes_under_keras2():
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " skipped" in result.stdout
-    assert "tf_keras" in subprocess.run(
-        [sys.executable, "-c", "import tensorflow as tf; print(tf.keras.__name__)"],
-        env=env, capture_output=True, text=True, check=True).stdout

@@ -104,6 +104,7 @@ def closed_form_trace(batches: int) -> list[float]:
     return trace
 
 
+@pytest.mark.keras2
 def test_linear_model_follows_the_closed_form_through_three_pauses(tmp_path):
     WEIGHT_TRACE.clear()
     # 6 batches per pass; pauses at 5 (mid-pass), 10 and 20 (mid-pass again).
@@ -209,8 +210,11 @@ def straight_run(tmp_path_factory):
     return straight
 
 
-@pytest.mark.parametrize("trial_class", [DropoutTrial, SequenceTrial, ThreadedSequenceTrial,
-                                         ProcessSequenceTrial, DatasetTrial])
+@pytest.mark.parametrize("trial_class", [
+    pytest.param(DropoutTrial, marks=pytest.mark.keras2),
+    pytest.param(SequenceTrial, marks=pytest.mark.keras2),
+    ThreadedSequenceTrial, ProcessSequenceTrial,
+    pytest.param(DatasetTrial, marks=pytest.mark.keras2)])
 def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_class, tmp_path,
                                                                         straight_run):
     straight, straight_metrics = straight_run(trial_class)
@@ -225,6 +229,7 @@ def test_paused_three_times_ends_bit_for_bit_like_an_uninterrupted_run(trial_cla
     assert paused_metrics == straight_metrics
 
 
+@pytest.mark.keras2
 def test_a_model_read_in_place_from_its_chunks_resumes_bit_for_bit(tmp_path, straight_run,
                                                                    monkeypatch):
     from localdet.checkpoints.store import Store
@@ -262,23 +267,6 @@ def test_a_corrupt_chunk_of_the_model_fails_the_resume_naming_the_file(tmp_path)
     with pytest.raises(StoreError, match="checkpoint files determined-keras-model.h5 are "
                                          "corrupt or missing in the store"):
         resumed.run()
-
-
-@pytest.mark.slow
-def test_exact_resume_under_keras_2(tmp_path):
-    """The same tests under the Keras 2 line, which needs a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "linear or every_generator or DropoutTrial or DatasetTrial or in_place or "
-               "(SequenceTrial and not ProcessSequenceTrial and not ThreadedSequenceTrial)",
-         "--basetemp", str(tmp_path / "keras2")],
-        env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 # -- every random generator a trial can reach --------------------------------------------------
@@ -338,6 +326,7 @@ class DrawingTrial(DropoutTrial):
         return [DrawEveryBatch()]
 
 
+@pytest.mark.keras2
 def test_every_generator_draws_after_a_resume_what_it_would_have_drawn_never_paused(tmp_path):
     """Each process starts from the trial's seed, so the code run once per process
     (__init__, build_model, the loaders) draws the same in every process; everything after

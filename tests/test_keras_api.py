@@ -14,6 +14,8 @@ from determined.keras import KerasContext
 from determined.keras._keras_context import JobHasNoTrainingError
 from determined.keras._trial_controller import TrialError, prepare_process
 
+pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)
+
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(96, 6)).astype("float32")
 Y = (X[:, 0] + X[:, 1] > 0).astype("int64")
@@ -206,20 +208,3 @@ def test_a_job_has_no_training_context(tmp_path):
         _ = context.training
     with pytest.raises(JobHasNoTrainingError):
         context.fit(None, X, Y, validation_data=(X_VAL, Y_VAL))
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
-                    reason="already running under Keras 2")
-def test_under_keras_2(tmp_path):
-    """context.fit under the Keras 2 line (tf-keras), which needs a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not under_keras_2", "--basetemp", str(tmp_path / "keras2")],
-        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
-        timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 from test_exact_resume import BIT_FOR_BIT, DropoutTrial, op_determinism, run
 
+pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)
+
 __all__ = ["op_determinism"]  # the fixture, used here too
 
 
@@ -41,17 +43,3 @@ def test_a_mixed_precision_trial_resumes_bit_for_bit(tmp_path, mixed_precision):
     for a, b in zip(straight, paused, strict=True):
         np.testing.assert_array_equal(a, b)
     assert paused_metrics == straight_metrics
-
-
-@pytest.mark.slow
-def test_under_keras_2(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-         "not under_keras_2", "--basetemp", str(tmp_path / "keras2")],
-        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
-        timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -90,7 +90,11 @@ def trial_class(pipeline: str) -> type:
     return PipelineTrial
 
 
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
+# Under Keras 2 too: the form Keras 2 users write (TFKerasTrial) over Keras 2's augmentation
+# layers (their generator's RngReadAndSkip) and a generator.
+@pytest.mark.parametrize("pipeline", [
+    pytest.param(name, marks=pytest.mark.keras2) if name in ("augmented", "generated") else name
+    for name in PIPELINES])
 def test_a_trial_over_a_stateful_pipeline_pauses_and_resumes(pipeline, tmp_path, capsys):
     trial = trial_class(pipeline)
     _, straight, straight_metrics = run_trial(trial, tmp_path / "straight", target=40,
@@ -178,6 +182,7 @@ def test_a_fit_over_a_stateful_pipeline_pauses_and_resumes(pipeline, tmp_path):
         assert paused_metrics == straight_metrics
 
 
+@pytest.mark.keras2
 def test_fit_over_data_of_unknown_length_ends_each_epoch_where_the_data_does(tmp_path):
     """A generator that leaves out every 5th of 200 rows (160 rows, 10 batches a pass): 3
     epochs are 30 batches, validated at each epoch's end; paused mid-epoch and at an
@@ -250,20 +255,3 @@ def test_a_determined_callback_fit_over_a_stateful_pipeline_resumes(pipeline, tm
         _, straight = callback_fit(tmp_path / "straight", pipeline, epochs=2)
         assert _same(straight, resumed)
 
-
-@pytest.mark.slow
-def test_under_keras_2(tmp_path):
-    """Under the Keras 2 line, which needs a process of its own: the form Keras 2 users
-    write (TFKerasTrial) over Keras 2's augmentation layers (their generator's
-    RngReadAndSkip) and a generator, and a fit over data of unknown length."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "trial_over and (augmented or generated) or unknown_length",
-         "--basetemp", str(tmp_path / "keras2")],
-        env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

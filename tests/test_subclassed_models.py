@@ -149,6 +149,7 @@ def assert_same_run(a: dict, b: dict) -> None:
     assert a["metrics"] == b["metrics"]
 
 
+@pytest.mark.keras2
 def test_a_paused_trial_ends_bit_for_bit_like_an_uninterrupted_run_and_loads(straight,
                                                                               tmp_path, caplog):
     paused = train(tmp_path, pause_at=(5,))
@@ -176,6 +177,7 @@ def test_a_paused_trial_ends_bit_for_bit_like_an_uninterrupted_run_and_loads(str
     assert results["g_loss"] == pytest.approx(recorded["val_g_loss"], abs=1e-6)
 
 
+@pytest.mark.keras2
 def test_context_fit_of_a_subclassed_model_pauses_and_resumes_like_the_trial(straight,
                                                                             tmp_path):
     """The same model, data and seed through `context.fit`, paused once, ends where the
@@ -194,8 +196,9 @@ def test_context_fit_of_a_subclassed_model_pauses_and_resumes_like_the_trial(str
         np.testing.assert_array_equal(np.asarray(a), b)
 
 
+@pytest.mark.keras2
 @pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") != "1",
-                    reason="Keras 2's legacy optimizers (test_under_keras_2 runs it)")
+                    reason="Keras 2's legacy optimizers (tests/test_keras_2_line.py runs it)")
 def test_legacy_optimizers_resume_built_on_their_own_sub_models(tmp_path):
     straight = train(tmp_path / "straight", trial_class=LegacyOptimizersGanTrial)
     paused = train(tmp_path / "paused", pause_at=(5,), trial_class=LegacyOptimizersGanTrial)
@@ -203,6 +206,7 @@ def test_legacy_optimizers_resume_built_on_their_own_sub_models(tmp_path):
     assert all(len(o) > 4 for o in paused["optimizers"][1:]), "slots were saved and compared"
 
 
+@pytest.mark.keras2
 def test_unseeded_random_ops_in_a_tf_function_continue_from_the_checkpointed_generator():
     """A custom train_step drawing its noise with tf.random.normal (Determined's GAN): what
     a fresh tf.function draws after the generator's state is restored (a resumed process)
@@ -264,6 +268,7 @@ class RegressorTrial(det.keras.TFKerasTrial):
         return self.x[:16], self.y[:16]
 
 
+@pytest.mark.keras2
 def test_a_model_built_on_its_first_call_resumes_from_the_shapes_keras_recorded(tmp_path):
     straight = train(tmp_path / "straight", trial_class=RegressorTrial)
     paused = train(tmp_path / "paused", pause_at=(5,), trial_class=RegressorTrial)
@@ -272,6 +277,7 @@ def test_a_model_built_on_its_first_call_resumes_from_the_shapes_keras_recorded(
         assert json.loads(h5.attrs["build_config"])["input_shape"][1:] == [3]
 
 
+@pytest.mark.keras2
 def test_an_optimizer_resumes_built_on_layers_frozen_since():
     """A fine-tuning callback froze a layer after the optimizer was built on it: the state
     goes back onto the same variables of a fresh model."""
@@ -298,6 +304,7 @@ def test_an_optimizer_resumes_built_on_layers_frozen_since():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.keras2
 def test_which_models_are_saved_whole():
     inputs = tf.keras.Input(shape=(3,))
     functional = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
@@ -306,6 +313,7 @@ def test_which_models_are_saved_whole():
     assert not saves_whole(gan.TinyGan(noise_dim=3, hidden=4))
 
 
+@pytest.mark.keras2
 def test_weights_that_do_not_fit_are_refused_in_one_sentence(tmp_path):
     path = tmp_path / WEIGHTS_FILENAME
     write_weights(gan.TinyGan(noise_dim=3, hidden=4), path)
@@ -358,23 +366,6 @@ def test_a_keras_3_checkpoint_of_a_subclassed_model_loads_under_keras_2(straight
     recorded = [m for kind, _, m in straight["metrics"] if kind == "validation"][-1]
     assert found["results"]["d_loss"] == pytest.approx(recorded["val_d_loss"], abs=1e-5)
     assert found["results"]["g_loss"] == pytest.approx(recorded["val_g_loss"], abs=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(__import__("os").environ.get("TF_USE_LEGACY_KERAS") == "1",
-                    reason="already running under Keras 2")
-def test_under_keras_2(tmp_path):
-    """The tests above under the Keras 2 line (tf-keras), which needs a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
-         "-m", "not slow", "--basetemp", str(tmp_path / "keras2")],
-        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, capture_output=True, text=True,
-        timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 # -- end to end: the compat folder under a daemon, paused and resumed through the CLI --------
