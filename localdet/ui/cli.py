@@ -200,11 +200,17 @@ def _rows(layout: Layout, db: StateDB, listed: list) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Archived experiments too.")
 @click.option("--label", "labels", multiple=True, help="Only those with this label (repeat: all).")
+@click.option("--timeline", is_flag=True,
+              help="Where the experiment's time went: its slots' seconds in training, start-up, "
+                   "validation, checkpoints, the daemon and idle, and each phase's length.")
 def status(experiment_id: int | None, as_json: bool, show_all: bool,
-           labels: tuple[str, ...]) -> None:
+           labels: tuple[str, ...], timeline: bool = False) -> None:
     """Experiments and jobs, or one experiment's trials (one job's log)."""
     layout = Layout.from_environment()
     with _read_db(layout) as db:
+        if timeline:
+            from localdet.ui.timeline_view import show_timeline
+            return show_timeline(console, db, experiment_id, as_json)
         _status(layout, db, experiment_id, as_json, show_all, labels)
 
 
