@@ -50,7 +50,7 @@ def test_a_launch_records_its_phases_in_order_with_its_heartbeats(tmp_path):
         assert row["ended"] >= row["started"]
     # One after another, but for each checkpoint's store, which goes on beside training.
     serial = [row for row in rows if row["phase"] != "checkpoint_store"]
-    for before, after in zip(serial, serial[1:]):
+    for before, after in zip(serial, serial[1:], strict=False):
         assert after["started"] >= before["ended"] - 1e-3, (before, after)
     assert [row["details"]["batches"] for row in rows if row["phase"] == "training"] == [
         [0, 5], [5, 10], [10, 15], [15, 20]]
