@@ -54,8 +54,9 @@ def launches(rows: list[dict]) -> list[dict]:
     return sorted(found, key=lambda launch: (launch["started"], launch["trial_id"]))
 
 
-def _attribute(launch: dict) -> dict[str, float]:
-    """Seconds of the launch under each category (and 'untracked'), each moment once."""
+def segments(launch: dict) -> list[tuple[float, float, str]]:
+    """The launch's time from its start to its end as (start, end, category) pieces, each
+    moment once (see the module's docstring), neighbours of one category joined."""
     start, end = launch["started"], launch["ended"]
     edges: list[tuple[float, int, str]] = []
     for row in launch["phases"]:
@@ -70,16 +71,31 @@ def _attribute(launch: dict) -> dict[str, float]:
     edges.sort(key=lambda edge: (edge[0], edge[1]))
     ranked = (*CATEGORIES[:4], "background", *CATEGORIES[4:])
     active: dict[str, int] = defaultdict(int)
-    seconds: dict[str, float] = defaultdict(float)
+    pieces: list[tuple[float, float, str]] = []
+
+    def add(lo: float, hi: float, category: str) -> None:
+        category = "checkpoints" if category == "background" else category
+        if pieces and pieces[-1][2] == category and pieces[-1][1] == lo:
+            pieces[-1] = (pieces[-1][0], hi, category)
+        else:
+            pieces.append((lo, hi, category))
+
     at = start
     for when, step, category in edges:
         if when > at:
-            covering = next((c for c in ranked if active[c] > 0), "untracked")
-            seconds["checkpoints" if covering == "background" else covering] += when - at
+            add(at, when, next((c for c in ranked if active[c] > 0), "untracked"))
             at = when
         active[category] += step
     if end > at:
-        seconds["untracked"] += end - at
+        add(at, end, "untracked")
+    return pieces
+
+
+def _attribute(launch: dict) -> dict[str, float]:
+    """Seconds of the launch under each category (and 'untracked'), each moment once."""
+    seconds: dict[str, float] = defaultdict(float)
+    for lo, hi, category in segments(launch):
+        seconds[category] += hi - lo
     return seconds
 
 

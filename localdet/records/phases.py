@@ -86,7 +86,9 @@ def record_launch(db: Any, experiment_id: int, trial_id: int, launch: str, decid
                   details: dict[str, Any]) -> None:
     """The daemon's part of a launch: from the scheduling pass that chose it to the moment
     its process was asked for (`launch`), in the launch record's transaction."""
-    insert(db, experiment_id, trial_id, launch, [("launch", decided, seconds(launch), details)])
+    launched = seconds(launch)  # (to the millisecond: `decided` may be a little later)
+    insert(db, experiment_id, trial_id, launch,
+           [("launch", min(decided, launched), launched, details)])
 
 
 def record_exit(db: Any, trial_id: int, noticed: float, details: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ from localdet.records.db import NotFound, StateDB
 from localdet.records.opening import RecordsUnavailable, unavailable
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
-from localdet.ui.web import comparing, figures, manage
+from localdet.ui.web import comparing, figures, manage, timeline_figure
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -250,6 +250,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 "hyperparameters": figures.hyperparameters(record, facts["trials"]),
                 "importance": figures.importance(facts["importances"]),
                 "scatter": figures.scatter(record, facts["trials"]),
+                "timeline": timeline_figure.strips(db, record.id),
             }
             return facts
 
@@ -265,6 +266,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 {**views.checkpoint_facts(c), "registered": registrations(db, c.uuid)}
                 for c in db.checkpoints(trial_id=record.id)]
             facts["charts"] = {"curves": figures.curves(db, [record.id]),
+                               "timeline": timeline_figure.strips(db, experiment.id, record.id),
                                "curves_drawn": _drawn([record.id], 1,
                                                       f"/api/trials/{record.id}/curves")}
             facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),

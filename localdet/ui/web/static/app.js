@@ -229,6 +229,7 @@ async function experimentPage(id) {
     <h2>Hyperparameters and <span id="metric"></span></h2><div class="card"><div id="hparams"></div></div>
     <h2>Which hyperparameters mattered</h2><div class="card"><div id="importance"></div></div>
     <h2><span class="metric-name"></span> against each hyperparameter</h2><div class="card"><div id="scatter"></div></div>
+    <h2>Timeline</h2><div class="card"><div id="timeline"></div></div>
     <div id="rest"></div>
     <details id="config"><summary>Config</summary><pre id="config-text"></pre></details>`);
   fill("head", `
@@ -252,6 +253,7 @@ async function experimentPage(id) {
   chart("hparams", e.charts.hyperparameters);
   chart("importance", e.charts.importance);
   chart("scatter", e.charts.scatter);
+  chart("timeline", e.charts.timeline);
 }
 
 // How long each launch took to end its first training batch: a slow model folder (heavy
@@ -284,6 +286,7 @@ async function trialPage(id) {
   ], t.checkpoints);
   frame(`<div id="head"></div><span id="message"></span>
     <h2>Learning curves</h2><div class="card"><div id="curves"></div><p id="curves-note" class="muted"></p></div>
+    <h2>Timeline</h2><div class="card"><div id="timeline"></div></div>
     <div id="rest"></div>`);
   fill("head", `
     <h1>Trial ${t.id} <span id="state">${state(t.state)}</span>
@@ -298,6 +301,7 @@ async function trialPage(id) {
   const log = document.getElementById("log");
   log.scrollTop = log.scrollHeight;  // the latest lines in view
   curves(t.charts.curves_drawn, t.charts.curves);
+  chart("timeline", t.charts.timeline);
 }
 
 async function jobsPage() {
