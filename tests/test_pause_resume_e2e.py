@@ -77,7 +77,8 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     assert "PAUSED" in home.cli("status").stdout
     daemon.stop()
 
-    daemon = daemons(home, *NO_WARM)
+    # Sampled every second: the trial's system metrics are recorded (issue 34 item 1).
+    daemon = daemons(home, *NO_WARM, "--system-metrics-period", "1")
     wait_for(lambda: "watching" in daemon.log_path.read_text(), 120, "the restart", 0.1)
     assert home.experiment(paused_id)["state"] == "PAUSED"
     assert trial_of(home, paused_id)["state"] == "PAUSED"
@@ -90,6 +91,18 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
     daemon.stop()
     assert_ended_alike(home, paused_id, straight_id, tmp_path)
+    # Each trial's system metrics were sampled while it ran, with its batches.
+    for experiment_id in (paused_id, straight_id):
+        trial_id = trial_of(home, experiment_id)["id"]
+        (count, cpu, rss, batches), = home.rows(
+            "SELECT COUNT(*), MAX(json_extract(metrics, '$.cpu_util')), "
+            "MAX(json_extract(metrics, '$.memory_rss')), MAX(batches_trained) "
+            "FROM system_metrics WHERE trial_id = ?", trial_id)
+        assert count >= 1 and cpu > 0 and rss > 0 and 0 <= batches <= LENGTH
+    log = daemon.log_path.read_text()
+    assert "system metrics: each trial's CPU, memory and disk" in log
+    assert " ms each on average" in log  # the sampler's cost, said as the daemon stops
+    assert "CPU %" in home.cli("metrics", straight_id, "--system").stdout
 
 
 def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path, daemons):

@@ -7,6 +7,8 @@ tests/test_pause_resume_e2e.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,20 +42,26 @@ def _experiment(db: StateDB, **config) -> tuple[int, int]:
 
 @pytest.fixture
 def burner():
-    process = subprocess.Popen([sys.executable, "-c", BURNER])
+    """A process whose child burns: the tree is the pair."""
+    process = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                                f"subprocess.run([sys.executable, '-c', {BURNER!r}])"],
+                               start_new_session=True)
     yield process
-    process.kill()
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
-def test_a_process_tree_is_sampled_for_cpu_and_growing_memory(burner):
+@pytest.mark.parametrize("walk", ["children files", "process scan"])
+def test_a_process_tree_is_sampled_for_cpu_and_growing_memory(burner, walk):
     trees = Trees()
+    trees._children_files = trees._children_files and walk == "children files"
+    wait_for(lambda: trees.sample({7: burner.pid})[7]["processes"] == 2, 20, "the child")
     first = trees.sample({7: burner.pid})[7]
     time.sleep(0.6)
     second = trees.sample({7: burner.pid})[7]
     assert second["cpu_util"] > 0
     assert second["memory_rss"] > first["memory_rss"]
-    assert second["processes"] == 1
+    assert second["processes"] == 2
     assert {"disk_throughput_read", "disk_throughput_write"} <= set(second)
     assert trees.sample({8: 2 ** 22 + 12345}) == {}  # a process gone: nothing
 

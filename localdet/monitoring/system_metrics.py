@@ -33,6 +33,7 @@ sampled (their processes are on other machines).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,35 +61,44 @@ def trial_window(config: dict[str, Any]) -> tuple[int, int | None] | None:
 
 # -- processes ------------------------------------------------------------------------------
 class Trees:
-    """The CPU, memory and disk of process trees, from one scan of the machine's processes a
-    sample. CPU and disk are rates since the process's last sample (since its start, the
-    first time it is seen), so a short-lived process counts too."""
+    """The CPU, memory and disk of process trees. CPU and disk are rates since the
+    process's last sample (since its start, the first time it is seen), so a short-lived
+    process counts too. A tree is walked down from its root through Linux's
+    /proc/PID/task/TID/children (a few small reads a process, whatever else runs on the
+    machine); where the kernel has no such files, through one scan of every process."""
 
     def __init__(self) -> None:
         # (pid, create time) -> (seconds of CPU, bytes read, bytes written, when)
         self._last: dict[tuple[int, float], tuple[float, int, int, float]] = {}
+        self._children_files = os.path.exists(
+            f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
     def sample(self, roots: dict[int, int]) -> dict[int, dict[str, float]]:
         """Trial id -> its tree's metrics, for each root pid (trial id -> pid) still alive."""
-        children: dict[int, list[psutil.Process]] = {}
-        by_pid: dict[int, psutil.Process] = {}
-        for process in psutil.process_iter(["ppid"]):
-            by_pid[process.pid] = process
-            children.setdefault(process.info["ppid"], []).append(process)
+        children = None if self._children_files else self._scan()
         seen: set[tuple[int, float]] = set()
         found = {}
         for trial_id, root in roots.items():
-            if root not in by_pid:
-                continue
-            tree, stack = [], [by_pid[root]]
+            tree, stack = [], [root]
             while stack:
-                process = stack.pop()
-                tree.append(process)
-                stack.extend(children.get(process.pid, ()))
-            found[trial_id] = self._tree(tree, seen)
+                pid = stack.pop()
+                try:
+                    tree.append(psutil.Process(pid))
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                stack.extend(_children(pid) if children is None else children.get(pid, ()))
+            if tree:
+                found[trial_id] = self._tree(tree, seen)
         for key in set(self._last) - seen:
             del self._last[key]
         return found
+
+    @staticmethod
+    def _scan() -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        for process in psutil.process_iter(["ppid"]):
+            children.setdefault(process.info["ppid"], []).append(process.pid)
+        return children
 
     def _tree(self, tree: list[psutil.Process], seen: set) -> dict[str, float]:
         cpu = rss = read = write = 0.0
@@ -120,6 +130,18 @@ class Trees:
         return {"cpu_util": round(cpu, 2), "memory_rss": int(rss),
                 "disk_throughput_read": round(read), "disk_throughput_write": round(write),
                 "processes": count}
+
+
+def _children(pid: int) -> list[int]:
+    """The process's children, as its threads' children files list them."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                found.extend(int(child) for child in listing.read().split())
+    except OSError:  # it (or a thread) ended meanwhile
+        pass
+    return found
 
 
 # -- GPUs -----------------------------------------------------------------------------------
