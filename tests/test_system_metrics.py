@@ -205,3 +205,42 @@ def test_the_experiment_config_keeps_determineds_profiling_section():
                                           "end_after_batch": None}
     assert any("profiling.sync_timings" in warning for warning in parsed.warnings)
     assert json.loads(json.dumps(parsed.config))["profiling"]["enabled"] is True
+
+
+def _get(app, path: str) -> bytes:
+    """The body of a GET of `path` from the ASGI app, called in-process."""
+    import asyncio
+
+    sent: list[dict] = []
+
+    requests = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await asyncio.sleep(3600)  # until the response is sent (the call then ends)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": [(b"host", b"127.0.0.1")], "scheme": "http",
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "",
+             "http_version": "1.1"}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 200, sent
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_the_trial_page_draws_its_system_metrics_beside_its_curves(layout, db):
+    from localdet.ui.web.app import create_app
+
+    _, trial_id = _recorded(layout, db)
+    app = create_app(layout, token=None)
+    system = json.loads(_get(app, f"/api/trials/{trial_id}"))["charts"]["system"]
+    titles = [a["text"] for a in system["layout"]["annotations"]]
+    assert titles == ["CPU (% of one core)", "memory (GB)", "disk (MB/s)"]  # no GPU sampled
+    cpu = next(trace for trace in system["data"] if trace["name"] == "CPU")
+    assert cpu["y"] == [90.0, 91.0, 92.0] and cpu["x"][0].startswith("2023-11-14T22:13:20")
+    assert b'chart("system", t.charts.system)' in _get(app, "/static/app.js")

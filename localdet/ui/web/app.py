@@ -81,7 +81,7 @@ from localdet.records.db import NotFound, StateDB
 from localdet.records.opening import RecordsUnavailable, unavailable
 from localdet.records.states import ExperimentKind
 from localdet.ui import views
-from localdet.ui.web import comparing, figures, manage, timeline_figure
+from localdet.ui.web import comparing, figures, manage, system_figure, timeline_figure
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -267,6 +267,7 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 for c in db.checkpoints(trial_id=record.id)]
             facts["charts"] = {"curves": figures.curves(db, [record.id]),
                                "timeline": timeline_figure.strips(db, experiment.id, record.id),
+                               "system": system_figure.figure(db, record.id),
                                "curves_drawn": _drawn([record.id], 1,
                                                       f"/api/trials/{record.id}/curves")}
             facts["log_tail"] = log_tail(layout.trial_log(experiment.id, record.id),

@@ -286,6 +286,7 @@ async function trialPage(id) {
   ], t.checkpoints);
   frame(`<div id="head"></div><span id="message"></span>
     <h2>Learning curves</h2><div class="card"><div id="curves"></div><p id="curves-note" class="muted"></p></div>
+    <h2>System metrics</h2><div class="card"><div id="system"></div></div>
     <h2>Timeline</h2><div class="card"><div id="timeline"></div></div>
     <div id="rest"></div>`);
   fill("head", `
@@ -302,6 +303,7 @@ async function trialPage(id) {
   log.scrollTop = log.scrollHeight;  // the latest lines in view
   curves(t.charts.curves_drawn, t.charts.curves);
   chart("timeline", t.charts.timeline);
+  chart("system", t.charts.system);
 }
 
 async function jobsPage() {
