@@ -198,7 +198,9 @@ def _rows(layout: Layout, db: StateDB, listed: list) -> list[dict]:
 @cli.command()
 @click.argument("experiment_id", required=False, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
-@click.option("--all", "show_all", is_flag=True, help="Archived experiments too.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Archived experiments too; with EXPERIMENT_ID, every trial's row (past 20 "
+                   "trials, the best, the running and the latest few are shown).")
 @click.option("--label", "labels", multiple=True, help="Only those with this label (repeat: all).")
 @click.option("--timeline", is_flag=True,
               help="Where the experiment's time went: its slots' seconds in training, start-up, "
@@ -283,13 +285,14 @@ def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: boo
         console.print(views.search_summary(facts))
         if facts["rungs"]:
             console.print(views.rungs_table(facts))
-        console.print(views.trials_table(facts))
+        shown = views.shown_trials(facts, every=show_all)
+        console.print(views.trials_table(facts, shown))
         found = facts["importances"]  # cached (`status ID --json` computes them)
         if found and found["importances"]:
             console.print(f"importance for {escape(found['metric'])} over {found['trials']} "
                           "trials: " + ", ".join(f"{escape(name)} {value:.2f}"
                                                  for name, value in found["importances"].items()))
-        for trial in facts["trials"]:
+        for trial in shown:  # (the rest's errors: --all)
             if trial["error"]:
                 console.print(f"[red]trial {trial['id']}:[/] {escape(trial['error'])}")
         for warning in facts["warnings"]:

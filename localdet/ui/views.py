@@ -173,8 +173,48 @@ def rungs_table(experiment: dict) -> Table:
     return table
 
 
-def trials_table(experiment: dict) -> Table:
+# `localdet status EXP` lists every trial up to this many; past it, the best trial, the
+# running ones and the latest few, and a line counting the rest (`--all`: every row). Drawing
+# 1,000 rows took most of a second, and no one reads them in a terminal.
+SHORT_TABLE = 20
+LATEST_TRIALS = 5
+
+
+def shown_trials(experiment: dict, every: bool = False) -> list[dict]:
+    """The trials whose rows `localdet status EXP` shows, in id order: all of them with
+    `every` or up to SHORT_TABLE, else the best, the running and the LATEST_TRIALS newest
+    of the others."""
+    trials = experiment["trials"]
+    if every or len(trials) <= SHORT_TABLE:
+        return trials
+    chosen = {t["id"] for t in trials if t["state"] == TrialState.RUNNING}
+    chosen.add(experiment["best_trial"])
+    others = [t["id"] for t in trials if t["id"] not in chosen]
+    chosen.update(others[-LATEST_TRIALS:])
+    return [t for t in trials if t["id"] in chosen]
+
+
+def rest_line(experiment: dict, shown: list[dict]) -> str | None:
+    """`980 more trials (975 completed, 5 error): localdet status 1 --all lists every
+    one`, or None when every trial is shown."""
+    ids = {t["id"] for t in shown}
+    rest: dict[str, int] = {}
+    for t in experiment["trials"]:
+        if t["id"] not in ids:
+            rest[t["state"]] = rest.get(t["state"], 0) + 1
+    if not rest:
+        return None
+    count = sum(rest.values())
+    states = ", ".join(f"{n} {state.lower()}" for state, n in sorted(rest.items()))
+    return (f"{count} more trial{'s' if count > 1 else ''} ({states}): "
+            f"`localdet status {experiment['id']} --all` lists every one")
+
+
+def trials_table(experiment: dict, shown: list[dict] | None = None) -> Table:
+    """The rows of `shown` (every trial when None); a caption names the rest, then the
+    Keras lines of every trial."""
     metric = experiment["metric"]
+    shown = experiment["trials"] if shown is None else shown
     table = FastTable(title=f"Experiment {experiment['id']} ({_name(experiment)}): "
                         f"{experiment['state']}, searcher {experiment['searcher']}")
     # The engine matters only where a trial has several slots.
@@ -185,7 +225,7 @@ def trials_table(experiment: dict) -> Table:
                    "Start", "Hyperparameters", f"Latest {metric}", f"Best {metric}",
                    "Checkpoint"):
         table.add_column(escape(column))
-    for t in experiment["trials"]:
+    for t in shown:
         hparams = ", ".join(f"{k}={_number(v)}"
                             for k, v in flat_hparams(t["hparams"]).items())
         latest = (t["latest_validation"] or {}).get(metric)
@@ -198,7 +238,8 @@ def trials_table(experiment: dict) -> Table:
                       *engine, *((t.get("node") or "",) if nodes else ()), start,
                       escape(hparams), _number(latest), _number(best),
                       (t["latest_checkpoint"] or "")[:8])
-    lines = keras_lines(experiment["trials"])
+    rest = rest_line(experiment, shown)
+    lines = ([rest] if rest else []) + keras_lines(experiment["trials"])
     if lines:
         table.caption, table.caption_justify = escape("\n".join(lines)), "left"
     return table
