@@ -196,11 +196,14 @@ def _validation_summary(db: StateDB, experiment: Experiment) -> dict[int, dict[s
     unreadable = "(metrics GLOB '*NaN*' OR metrics GLOB '*Infinity*')"  # (instr: twice as slow)
     path = '$."' + experiment.metric.replace('"', "") + '"'
     summary: dict[int, dict[str, Any]] = {}
-    for trial_id, text, _ in db.db.execute(  # the row with the largest batches (SQLite's
-            # bare column of max()), the first of them as in the index's order
-            f"SELECT trial_id, metrics, max(batches_trained) {rows} GROUP BY trial_id",
-            [experiment.id]):
-        summary[trial_id] = {"latest": json.loads(text), "best": None, "counted": 0}
+    # The latest: one step into the index a trial, at its largest batches (a GROUP BY with
+    # max() read every validation, a sixth of the summary's time at 1,000 trials).
+    for trial_id, text in db.db.execute(
+            "SELECT id, (SELECT metrics FROM metrics INDEXED BY metrics_validations "
+            "WHERE trial_id = trials.id AND kind = 'validation' ORDER BY batches_trained DESC "
+            "LIMIT 1) FROM trials WHERE experiment_id = ? ORDER BY id", [experiment.id]):
+        if text is not None:
+            summary[trial_id] = {"latest": json.loads(text), "best": None, "counted": 0}
     pick = "min" if experiment.smaller_is_better else "max"
     found: dict[int, list[tuple[float, int, str]]] = {}  # trial -> (value, batches, row)
     for trial_id, text, batches, _, counted in db.db.execute(
