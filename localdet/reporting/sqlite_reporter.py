@@ -47,6 +47,7 @@ class SQLiteReporter:
         self._reserve = Reserve.from_environment()
         self._first_batch_reported = False
         self._phases: list[phases.Row] = []  # noted, written with the next heartbeat
+        self._launch: str | None = None  # its trial's started_at, once phases are written
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
@@ -248,12 +249,13 @@ class SQLiteReporter:
                      details: Dict[str, Any] | None = None) -> None:
         self._phases.append((phase, started, ended, details))  # type: ignore[arg-type]
 
-    def write_phases(self, db: StateDB, rows: list) -> None:
-        """Write phases of the trial's running launch (a `started` of None: since the launch
-        began) in the transaction `db` holds; nothing for a trial never launched."""
+    def write_phases(self, db: StateDB, rows: list, launch: str | None = None) -> None:
+        """Write phases of the trial's running launch (`launch`, else read: its
+        `started_at`; a `started` of None: since the launch began) in the transaction `db`
+        holds; nothing for a trial never launched."""
         if not rows:
             return
-        launch = db.trial(self.trial_id).started_at
+        launch = launch or db.trial(self.trial_id).started_at
         if launch is None:  # a trial never launched (a benchmark's in-process run)
             return
         began = phases.seconds(launch)
@@ -267,8 +269,10 @@ class SQLiteReporter:
         if not noted:
             self.db.update_trial(self.trial_id, heartbeat_at=now())
             return
+        if self._launch is None:  # this process's launch: read once
+            self._launch = self.db.trial(self.trial_id).started_at
         with self.db.atomic():
-            self.write_phases(self.db, noted)
+            self.write_phases(self.db, noted, self._launch)
             self.db.update_trial(self.trial_id, heartbeat_at=now())
 
 
