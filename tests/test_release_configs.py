@@ -204,11 +204,13 @@ def test_a_0_17_config_applies_what_one_machine_can_and_notes_the_rest():
                 "environment.add_capabilities", "environment.drop_capabilities",
                 "environment.ports", "resources.shm_size", "resources.resource_pool",
                 "resources.agent_label", "resources.devices", "resources.weight",
-                "resources.native_parallel", "bind_mounts", "optimizations", "profiling",
-                "security", "data_layer", "tensorboard_storage", "checkpoint_storage.hdfs_url",
+                "resources.native_parallel", "bind_mounts", "optimizations",
+                "profiling.sync_timings", "security", "data_layer", "tensorboard_storage", "checkpoint_storage.hdfs_url",
                 "checkpoint_storage.type"):
         assert f"'{key}'" in notes, key
     assert "internal" not in notes  # null: the default, nothing to note
+    # Read for the daemon's system metrics: sampled up to batch 10.
+    assert cfg["profiling"] == {"enabled": True, "begin_on_batch": 0, "end_after_batch": 10}
     assert "bind_mounts: a trial here sees '/data' at its own path" not in notes  # same path
     assert all("\n" not in w for w in parsed.warnings)
 

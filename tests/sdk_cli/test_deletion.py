@@ -117,7 +117,7 @@ def test_delete_removes_rows_folders_and_unshared_blobs(layout, db, two):
     result = deletion.delete_experiment(layout, db, doomed)
     assert result["rows"] == {"metrics": 2, "system_metrics": 0, "checkpoints": 2,
                               "requests": 1, "searcher_events": 1, "experiment_labels": 1,
-                              "trials": 1, "experiments": 1}
+                              "launch_phases": 0, "trials": 1, "experiments": 1}
     assert (result["blobs_deleted"], result["blobs_deferred"]) == (2, False)
     assert rows_of(db, doomed) == dict.fromkeys(TABLES, 0)
     assert not any(folder.exists() for folder in deletion.folders(layout, doomed))
