@@ -86,6 +86,12 @@ def test_a_running_experiment_in_the_browser_grows_and_pauses_from_its_button(
         # How long its launch took to end the first batch (a slow model folder shows).
         expect(page.locator("#first-batch")).to_contain_text(
             re.compile(r"first batch \d+\.\d s after launch"))
+        # Its timeline strip: the launch's phases drawn (issue 34 item 2).
+        drawn = wait_for(lambda: page.evaluate("""() => {
+            const chart = document.getElementById("timeline");
+            return (chart && chart.data || []).map((t) => t.name);
+        }"""), 30, "the trial's timeline strip")
+        assert {"start-up", "training", "checkpoints"} <= set(drawn), drawn
         assert home.experiment(experiment)["state"] == "PAUSED"  # as `localdet pause` does
         # The trial's own buttons act on it alone, as `localdet resume|kill --trial ID`.
         page.locator("button[data-action=resume]").click()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import h5py
@@ -59,6 +60,33 @@ def assert_ended_alike(home, experiment_a, experiment_b, tmp_path):
             == trial_of(home, experiment_b)["latest_validation"])
 
 
+def assert_timeline_of_a_paused_and_resumed_trial(home, experiment_id):
+    """Each launch's phases (issue 34 item 2), in order, within the launch, each launch after
+    the last; the second launch restored the pause's checkpoint."""
+    trial_id = trial_of(home, experiment_id)["id"]
+    rows = home.rows("SELECT launch, phase, started, ended, details FROM launch_phases "
+                     "WHERE trial_id = ? ORDER BY started, id", trial_id)
+    launches = sorted({row[0] for row in rows})
+    assert len(launches) == 2
+    previous_exit = 0.0
+    for number, launch in enumerate(launches):
+        its = [row[1:] for row in rows if row[0] == launch]
+        names = [phase for phase, *_ in its]
+        assert names[:6] == ["launch", "process_ready", "import", "model_built", "data_ready",
+                             *(["restore"] if number else ["first_batch"])], names
+        assert names[-1] == "exit" and "end" in names[-3:], names
+        assert {"training", "checkpoint", "checkpoint_store"} <= set(names)
+        begun, ended = its[0][1], its[-1][2]
+        assert begun >= previous_exit
+        for phase, started, stopped, _ in its:
+            assert begun <= started <= stopped <= ended, (phase, started, stopped)
+        ready = json.loads(next(d for p, _, _, d in its if p == "process_ready"))
+        assert ready["warm"] is False  # the daemons keep no warm process
+        previous_exit = ended
+    assert "2 launch(es) (0 warm, 2 cold) on 1 slot" in home.cli(
+        "status", experiment_id, "--timeline").stdout
+
+
 def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(
         home, tmp_path, daemons):
     daemon = daemons(home, *NO_WARM)
@@ -103,6 +131,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     assert "system metrics: each trial's CPU, memory and disk" in log
     assert " ms each on average" in log  # the sampler's cost, said as the daemon stops
     assert "CPU %" in home.cli("metrics", straight_id, "--system").stdout
+    assert_timeline_of_a_paused_and_resumed_trial(home, paused_id)
 
 
 def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path, daemons):
