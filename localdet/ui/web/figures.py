@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 from localdet.operations.importance import hparam_types
 from localdet.records.db import Experiment, StateDB
 from localdet.ui.views import flat_hparams
-from localdet.ui.web import downsample
+from localdet.ui.web import curve_cache, downsample
 
 # The modules plotly uses where they are installed, found in sys.modules as they are (its
 # `get_module(..., should_load=False)`) or imported on first use: imported by two request
@@ -88,28 +88,19 @@ def series_points(trials: int) -> int:
 def _series(db: StateDB, trial_ids: list[int], points: int | None
             ) -> tuple[dict[str, dict[int, tuple[list, list]]], bool]:
     """metric name -> trial id -> (batches, values), each series thinned to `points`
-    (None: every point), and whether one was; validation names start with val_. One query
-    for all the trials."""
+    (None: every point), and whether one was; validation names start with val_. The
+    trials in id order; an ended trial's points kept between requests (curve_cache)."""
     series: dict[str, dict[int, tuple[list, list]]] = {}
     thinned = False
-    for trial_id, kind, batches, text in db.db.execute(
-            "SELECT trial_id, kind, batches_trained, metrics FROM metrics WHERE trial_id IN "
-            "(SELECT value FROM json_each(?)) ORDER BY trial_id, batches_trained, kind",
-            [json.dumps(trial_ids)]):
-        for name, value in json.loads(text).items():
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                continue
-            key = name if kind == "validation" else f"training {name}"
-            xs, ys = series.setdefault(key, {}).setdefault(trial_id, ([], []))
-            xs.append(batches)
-            ys.append(value)
-    if points is not None:
-        for by_trial in series.values():
-            for trial_id, (xs, ys) in by_trial.items():
+    by_trial = curve_cache.read(db, trial_ids)
+    for trial_id in sorted(by_trial):
+        for key, (xs, ys) in by_trial[trial_id].items():
+            if points is not None:
                 thinned = thinned or len(xs) > points
                 xs, ys = downsample.min_max(xs, ys, points)
                 # Six digits draw the same line in a fraction of the bytes.
-                by_trial[trial_id] = (xs, [float(f"{y:.6g}") for y in ys])
+                ys = [float(f"{y:.6g}") for y in ys]
+            series.setdefault(key, {})[trial_id] = (xs, ys)
     return series, thinned
 
 
