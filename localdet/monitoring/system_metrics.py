@@ -187,7 +187,9 @@ class Gpus:
         """gpu_util (mean), gpu_memory_used and gpu_power (sums) of the devices; a reading
         a device does not support is left out."""
         nvml = self._nvml
-        utils, memory, power = [], [], []
+        utils: list[float] = []
+        memory: list[float] = []
+        power: list[float] = []
         for device in devices:
             handle = self.handle(device)
             if handle is None:
