@@ -14,6 +14,10 @@ and runs the trial exactly as a cold process would (`determined.exec.run_trial`,
 script), one trial, then exits. The parent answers `{"pid": N}`, and `{"exit": N, "code": C}`
 when that child ends.
 
+Each trial tells the warm process, as it ends, the installed modules it imported (scikit-learn,
+SciPy, ...), which the warm process imports before its next fork: the next trial of the kind
+starts with them (localdet/processes/learned_imports.py).
+
 If the daemon goes away, the socket reads end-of-file and the warm process exits; the
 trials it forked go on in their own sessions, for the next daemon to adopt. A warm process
 never gives a trial to a daemon that did not start it.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -31,6 +36,7 @@ import threading
 import time
 
 from determined.core._reporting import FORKED_AT_VAR
+from localdet.processes.learned_imports import InstalledPaths, import_quietly
 
 
 def _prepare() -> None:
@@ -63,9 +69,12 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def _become_trial(order: dict, log: int, in_session: int, forked: float) -> None:
+def _become_trial(order: dict, log: int, in_session: int, forked: float,
+                  teach: socket.socket, installed: InstalledPaths) -> None:
     """In the forked child: the trial's session, environment, folder and log; then run it.
-    Closing `in_session` tells the parent that the session exists."""
+    Closing `in_session` tells the parent that the session exists; as it ends, it tells
+    the parent over `teach` the installed modules its trial imported."""
+    before = set(sys.modules)
     os.setsid()
     os.close(in_session)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -93,6 +102,10 @@ def _become_trial(order: dict, log: int, in_session: int, forked: float) -> None
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        try:
+            teach.send(json.dumps(installed.modules_since(before)).encode())
+        except (OSError, ValueError):
+            pass  # the warm process has gone, or the list is too long for one message
         os._exit(code)  # not the parent's exit handlers: they are the warm process's
 
 
@@ -112,14 +125,23 @@ def main() -> int:
         _, status = os.waitpid(pid, 0)
         send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
+    # Its trials tell it what they imported (localdet/processes/learned_imports.py).
+    learn, teach = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    installed = InstalledPaths()
     send({"ready": True})
     while True:
+        readable, _, _ = select.select([channel, learn], [], [])
+        if learn in readable:
+            import_quietly(json.loads(learn.recv(1 << 20)))
+            continue
         message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 1)
         if not message:
             return 0  # the daemon has gone
         if not fds:
             continue
         order, log = json.loads(message), fds[0]
+        if installed.changed():  # what it imported may be stale: the trial starts cold
+            return 0
         sys.stdout.flush()
         sys.stderr.flush()
         # The pid is told only once the child leads its own session: the daemon ends a trial
@@ -129,8 +151,9 @@ def main() -> int:
         pid = os.fork()
         if pid == 0:
             channel.detach()
+            learn.close()
             os.close(waiting)
-            _become_trial(order, log, in_session, forked)
+            _become_trial(order, log, in_session, forked, teach, installed)
         os.close(log)
         os.close(in_session)
         os.read(waiting, 1)  # end of file: the child closed its end, or died

@@ -1,0 +1,82 @@
+"""What a warm process imports ahead of its trials, learned from the trials it forked.
+
+    installed = InstalledPaths()
+    before = set(sys.modules)                 # in the warm process, at the fork
+    ...                                       # the forked trial runs
+    names = installed.modules_since(before)   # in the trial, as it ends: told to the parent
+    import_quietly(names)                     # in the warm process, before its next fork
+    installed.changed()                       # something was installed or removed since
+
+A warm process starts with TensorFlow, Keras and the harness imported. The trial code then
+imports what it uses (scikit-learn, SciPy, pandas: a second or more of each trial's start);
+each trial forked from a warm process tells it, as it ends, the modules it imported from the
+interpreter's installed paths (the standard library and site-packages), and the warm process
+imports them before its next fork, so that the second trial of a search onwards starts with
+them. The trial's own code (its model folder, its working folder, an editable install) is
+never imported ahead: it is read fresh by each trial.
+
+A module imported ahead is the version installed when it was imported, so a warm process
+whose installed paths changed since (a `pip install` into its environment) ends at its next
+order instead of forking, and the trial starts cold, with what is installed now.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+from collections.abc import Collection, Iterable
+
+
+class InstalledPaths:
+    """The interpreter's installed paths, and their state when this was made."""
+
+    def __init__(self, roots: Iterable[str] | None = None) -> None:
+        if roots is None:
+            paths = sysconfig.get_paths()
+            roots = (paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+        self.roots = tuple(sorted({os.path.join(os.path.realpath(root), "") for root in roots}))
+        self._stamps = self._stamp()
+
+    def _stamp(self) -> list[int]:
+        # A package installed, upgraded or removed adds or removes entries in site-packages
+        # (its dist-info folder at the least), which changes the folder's modification time.
+        stamps = []
+        for root in self.roots:
+            try:
+                stamps.append(os.stat(root).st_mtime_ns)
+            except OSError:
+                stamps.append(-1)
+        return stamps
+
+    def changed(self) -> bool:
+        return self._stamp() != self._stamps
+
+    def modules_since(self, before: Collection[str]) -> list[str]:
+        """The modules imported since `before` (names of sys.modules) whose files are in
+        the installed paths, in the order they were imported."""
+        names = []
+        for name, module in list(sys.modules.items()):
+            if name in before or name == "__main__":
+                continue
+            path = getattr(module, "__file__", None)
+            if isinstance(path, str) and os.path.realpath(path).startswith(self.roots):
+                names.append(name)
+        return names
+
+
+def import_quietly(names: Iterable[str]) -> int:
+    """Import each module not yet imported, in order; one that fails is left for the trial
+    to import (its error is the trial's to show). What a module prints or warns as it is
+    imported goes to the warm process's log. Returns how many were imported."""
+    imported = 0
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            imported += 1
+        except (Exception, SystemExit):  # what a module does on import stays its own
+            sys.modules.pop(name, None)
+    return imported
