@@ -147,3 +147,49 @@ def test_the_summary_sqlite_computes_is_the_one_python_computes(db, smaller_is_b
     first = min(found)
     assert found[first + 1]["best"] == {"val_loss": 0.9} and found[first + 1]["counted"] == 1
     assert found[first + 2]["best"] is None and found[first + 3]["best"] is None
+
+
+def test_a_kept_summary_is_used_only_while_it_is_the_one_sqlite_would_compute(
+        db, tmp_path, monkeypatch):
+    from localdet.operations import kept_summaries
+
+    monkeypatch.setenv("LOCALDET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kept_summaries, "KEEP_FROM", 1)
+    experiment_id = db.create_experiment(
+        name="kept", description="", config={"searcher": {"name": "random"}},
+        original_config="", searcher="random", metric="val_loss", smaller_is_better=True,
+        experiment_seed=1, model_dir="/nowhere")
+    trial_ids = [db.create_trial(experiment_id=experiment_id, request_id=n, hparams={},
+                                 seed=1, target_batches=50) for n in (1, 2)]
+    for batches in (10, 20):
+        db.record_metrics(trial_ids[0], "validation", batches, {"val_loss": 1.0 / batches})
+    db.record_metrics(trial_ids[1], "validation", 10, {"val_acc": 0.5})
+    experiment = db.experiment(experiment_id)
+    computed = []
+
+    def compute(db, experiment):
+        computed.append(1)
+        return facts_module._validation_summary(db, experiment)
+
+    def check():
+        found = kept_summaries.summary(db, experiment, compute)
+        assert found == facts_module._validation_summary(db, experiment)
+        return found
+
+    check()
+    check()
+    assert len(computed) == 1  # the second from the kept file
+    [kept] = (tmp_path / "cache" / "summaries").glob("*/*.json")
+    # A metric merged into a recorded row (it lengthens it), a new row, a damaged file:
+    # computed again each time.
+    db.record_metrics(trial_ids[1], "validation", 10, {"val_loss": 0.01})
+    assert check()[trial_ids[1]]["best"] == {"val_loss": 0.01, "val_acc": 0.5}
+    db.record_metrics(trial_ids[0], "validation", 30, {"val_loss": 0.001})
+    assert check()[trial_ids[0]]["latest"] == {"val_loss": 0.001}
+    kept.write_text("{not json")
+    check()
+    assert len(computed) == 4
+    monkeypatch.setattr(kept_summaries, "KEEP_FROM", 10)  # too few to keep: no file read
+    kept.write_text("{not json")
+    check()
+    assert len(computed) == 5 and kept.read_text() == "{not json"

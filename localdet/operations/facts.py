@@ -172,13 +172,16 @@ _SUMMARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def validation_summary(db: StateDB, experiment: Experiment) -> dict[int, dict[str, Any]]:
     """See `_validation_summary`; read again only when this connection, or another, has
-    written since (SQLite's data_version and the connection's own changes say)."""
+    written since (SQLite's data_version and the connection's own changes say), and then
+    from the user's cache where it still holds (kept_summaries)."""
     key = (experiment.id, experiment.metric, bool(experiment.smaller_is_better),
            db.db.execute("PRAGMA data_version").fetchone()[0], db.db.conn.total_changes)
     cached = _SUMMARIES.get(db)
     if cached is not None and cached[0] == key:
         return cached[1]
-    summary = _validation_summary(db, experiment)
+    from localdet.operations import kept_summaries  # (kept between commands past 5,000 rows)
+
+    summary = kept_summaries.summary(db, experiment, _validation_summary)
     _SUMMARIES[db] = (key, summary)
     return summary
 
