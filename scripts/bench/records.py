@@ -19,7 +19,9 @@ those four RUNNING half-way (the search is still ACTIVE). Then times, each the f
   The first view also computes the importances and caches them;
 - one trial's page's data (`/api/trials/ID`, `/api/daemon`); the same targets;
 - every point of the drawn trials' curves, on request (`/api/experiments/ID/curves?full=1`);
-- `localdet status ID` (a subprocess, as typed); target <= 0.5 s (its CPU seconds beside);
+- `localdet status ID` (a subprocess, as typed: the best, the running and the latest trials,
+  a line counting the rest); target <= 0.5 s (its CPU seconds beside); `--all`, every row
+  (no target);
 - `localdet metrics ID --csv` (every row; no target);
 - the daemon's pass (`Daemon.step` over this database, one slot, nothing to launch); no
   target here: scripts/bench/cluster.py measures how it grows with finished trials.
@@ -28,6 +30,10 @@ those four RUNNING half-way (the search is still ACTIVE). Then times, each the f
     python scripts/bench/records.py --keep     # keeps the folder and says where
     python scripts/bench/records.py --home F   # times a folder kept before
     python scripts/bench/records.py --smoke    # 20 trials x 50 rows, 3 others: seconds
+
+Each run has a cache folder of its own (LOCALDET_CACHE), empty at first: `status`'s first
+run (before the dashboard's) summarises the validations, which later runs read from it
+(localdet/operations/kept_summaries.py), and the page's first view computes the importances.
 
 Timings are printed, never asserted.
 """
@@ -39,6 +45,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -269,11 +276,17 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
         trial_id = db.trials(experiment_id)[len(db.trials(experiment_id)) // 2].id
         rows = db.db.execute("SELECT COUNT(*) FROM metrics WHERE trial_id IN (SELECT id FROM "
                              "trials WHERE experiment_id = ?)", [experiment_id]).fetchone()[0]
-    env = {**os.environ, "LOCALDET_HOME": str(home), "COLUMNS": "160"}
+    # A cache of its own (importances, kept validation summaries): the first runs start cold.
+    cache = tempfile.mkdtemp(prefix="localdet-records-bench-cache-")
+    env = {**os.environ, "LOCALDET_HOME": str(home), "COLUMNS": "160", "LOCALDET_CACHE": cache}
     env.pop("DET_MASTER", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"experiment {experiment_id}: {rows} metric rows; trial {trial_id} for its page")
     print(f"{'what':<44} {'first s':>8} {'best s':>8} {'bytes':>10}  ratio / verdict")
+    start = time.perf_counter()  # `status`'s first run, cold (printed below)
+    subprocess.run([*_localdet(), "status", str(experiment_id)], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    status_first = time.perf_counter() - start
     dashboard = Dashboard(env)
     try:
         for label, paths in (
@@ -297,9 +310,13 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
         dashboard.close()
     seconds, cpu, failure = best_of([*_localdet(), "status", str(experiment_id)], env,
                                     repeats)
-    print(f"{f'localdet status {experiment_id}':<44} {'':>8} {seconds:8.3f} {'':>10}  "
+    print(f"{f'localdet status {experiment_id}':<44} {status_first:8.3f} {seconds:8.3f} {'':>10}  "
           + (f"FAILED: {failure}" if failure else
              f"{_verdict(seconds, STATUS_SECONDS)} (<= {STATUS_SECONDS} s; CPU {cpu:.3f} s)"))
+    seconds, cpu, failure = best_of([*_localdet(), "status", str(experiment_id), "--all"], env,
+                                    repeats)
+    print(f"{f'localdet status {experiment_id} --all':<44} {'':>8} {seconds:8.3f} {'':>10}  "
+          + (f"FAILED: {failure}" if failure else f"every row (no target; CPU {cpu:.3f} s)"))
     start = time.perf_counter()
     done = subprocess.run([*_localdet(), "metrics", str(experiment_id), "--csv"], env=env,
                           capture_output=True)
@@ -314,6 +331,7 @@ def measure(home: Path, experiment_id: int, repeats: int) -> None:
           "here; scripts/bench/cluster.py)")
     print(f"(fastest of {repeats} runs; load average {os.getloadavg()[0]:.2f}; "
           f"{os.cpu_count()} CPUs)")
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
