@@ -277,19 +277,24 @@ CRASHING_SERVER = r"""
 import os, signal, sys
 from pathlib import Path
 from localdet.paths import Layout
-from localdet.reporting.report_server import ReportServer, _Handler
+from localdet.reporting import report_server
 
-# The moment an answer has been sent, the process dies (kill -9): nothing after the
-# acknowledgement runs, so what the trial was told is recorded must already be committed.
-answer = _Handler._answer
-def answer_then_die(self, *args, **kwargs):
-    answer(self, *args, **kwargs)
-    self.wfile.flush()
-    if self.path.endswith("/report"):
-        os.kill(os.getpid(), signal.SIGKILL)
-_Handler._answer = answer_then_die
+# The moment an answer to a report has been sent, the process dies (kill -9): nothing after
+# the acknowledgement runs, so what the trial was told is recorded must already be committed.
+made = report_server.create_app
+def create_app(server):
+    app = made(server)
+    async def answer_then_die(scope, receive, send):
+        async def sending(message):
+            await send(message)
+            if (message["type"] == "http.response.body" and not message.get("more_body")
+                    and scope["path"].endswith("/report")):
+                os.kill(os.getpid(), signal.SIGKILL)
+        await app(scope, receive, sending)
+    return answer_then_die
+report_server.create_app = create_app
 
-server = ReportServer(Layout(Path(sys.argv[1])), "127.0.0.1").start()
+server = report_server.ReportServer(Layout(Path(sys.argv[1])), "127.0.0.1").start()
 print(server.port, flush=True)
 signal.pause()
 """

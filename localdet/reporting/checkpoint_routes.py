@@ -10,22 +10,28 @@ restore.
     POST checkpoints/<uuid>/commit    refused (MISSING_BLOBS) while a named blob is missing
     GET  checkpoints/<uuid>           the manifest's files
     GET  checkpoints/<uuid>/blobs/<sha256>   one file's bytes, each chunk checked
+
+Each runs in a worker thread (the store's files are read, hashed and written there); an
+upload's body is read as it arrives (`StreamedBody`), a download is streamed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Iterator
+
+from starlette.responses import StreamingResponse
 
 from localdet.checkpoints.manifest import files_of
-from localdet.checkpoints.store import FileEntry, Store, StoreError
+from localdet.checkpoints.store import Store, StoreError
 from localdet.records.db import NotFound
 from localdet.reporting import chunk_intake
 from localdet.reporting import report_wire as wire
-from localdet.reporting.report_request import ReportRequest, RequestBody, RequestRefused
+from localdet.reporting.report_request import ReportRequest, RequestRefused, StreamedBody
 from localdet.reporting.sqlite_reporter import SQLiteReporter
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -37,26 +43,30 @@ class CheckpointRoutes(ReportRequest):
 
     def _checkpoint_routes(self) -> dict:
         """Those answered in JSON: (method, operation, arguments) -> handler(reporter,
-        payload, *arguments); the uploads and downloads stream (ReportHandler._serve)."""
+        payload, *arguments), run in a worker thread; the uploads and downloads stream
+        (ReportHandler.serve)."""
         return {
             ("POST", "checkpoints", 2): self._checkpoint_step,
-            ("GET", "checkpoints", 1): lambda r, p, uuid: self._db(
+            ("GET", "checkpoints", 1): lambda r, p, uuid: self.db(
                 r, lambda w: _manifest(w, uuid), write=False),
         }
 
     def _checkpoint_step(self, reporter: SQLiteReporter, payload: dict, uuid: str,
                          step: str) -> dict:
-        app = self.server.app
+        app = self.app
         if not _UUID.fullmatch(uuid):
             raise RequestRefused(400, f"{uuid!r} is not a checkpoint uuid")
         if step == "begin":
-            self._db(reporter, write=False)
+            self.db(reporter, write=False)
             reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
             app.begin(reporter.store, uuid)
             return {"chunks": True}  # this server takes chunked uploads (PUT chunks)
         if step == "missing":
-            self._db(reporter, write=False)
-            return {"missing": chunk_intake.missing(reporter.store, payload.get("hashes", []))}
+            self.db(reporter, write=False)
+            hashes = (payload or {}).get("hashes", [])
+            if not isinstance(hashes, list):
+                raise RequestRefused(400, "\"hashes\" must be a list of sha256 digests")
+            return {"missing": chunk_intake.missing(reporter.store, hashes)}
         if step == "commit":
             return self._commit(reporter, payload, uuid)
         raise RequestRefused(404, f"no such checkpoint step {step!r}")
@@ -68,15 +78,20 @@ class CheckpointRoutes(ReportRequest):
                                       "digits)")
         return reporter.store.has(sha256)
 
-    def _commit(self, reporter: SQLiteReporter, payload: dict, uuid: str) -> dict:
-        app = self.server.app
+    def _commit(self, reporter: SQLiteReporter, payload: dict | None, uuid: str) -> dict:
+        app = self.app
+        payload = payload or {}
+        batches = payload.get("batches_trained")
+        if not isinstance(batches, int) or isinstance(batches, bool):
+            raise RequestRefused(400, "a checkpoint's commit needs a whole number "
+                                      "\"batches_trained\"")
         # A retried commit whose answer was lost.
-        if self._db(reporter, lambda w: _committed(w, uuid), write=False):
+        if self.db(reporter, lambda w: _committed(w, uuid), write=False):
             app.end(uuid)
             return {}
         with reporter.store.writing():  # a begun hold may have died with a former daemon
             try:  # every blob named present, at its size, until the manifest is committed
-                files = chunk_intake.stored_files(reporter.store, (payload or {}).get("files"))
+                files = chunk_intake.stored_files(reporter.store, payload.get("files"))
             except chunk_intake.Missing as lacking:
                 raise RequestRefused(wire.MISSING_BLOBS, str(lacking),
                                      missing=lacking.hashes) from None
@@ -84,24 +99,24 @@ class CheckpointRoutes(ReportRequest):
             def commit(writing: SQLiteReporter) -> None:
                 if _committed(writing, uuid):  # a retry that raced its first attempt
                     return
-                writing.commit_checkpoint(writing.db, uuid, int(payload["batches_trained"]),
+                writing.commit_checkpoint(writing.db, uuid, batches,
                                           files, payload.get("metadata") or {})
 
             try:
-                self._db(reporter, commit)
+                self.db(reporter, commit)
             except ValueError as error:  # the manifest refused a field
                 raise RequestRefused(400, str(error)) from None
         app.end(uuid)
         return {}
 
-    def _put_blob(self, reporter: SQLiteReporter, sha256: str, body: RequestBody) -> dict:
+    def _put_blob(self, reporter: SQLiteReporter, sha256: str, body: StreamedBody) -> dict:
         store = reporter.store
         self._has(reporter, sha256)  # refuses a name that is no sha256
         if isinstance(store, Store):
             # Hashed while written, durable before it is named: the store's own writer.
             entry = store._put_stream(body, None)
         else:  # another kind of store (s3) takes files
-            uploads = self.server.app.layout.home / "uploads"
+            uploads = self.app.layout.home / "uploads"
             uploads.mkdir(exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=uploads) as spool:
                 shutil.copyfileobj(body, spool, wire.CHUNK)
@@ -114,7 +129,7 @@ class CheckpointRoutes(ReportRequest):
         return {}
 
     def _put_chunks(self, reporter: SQLiteReporter, listing: list[tuple[str, int]],
-                    body: RequestBody) -> dict:
+                    body: StreamedBody) -> dict:
         bad = chunk_intake.receive(reporter.store, listing, body)
         if bad:  # the others are stored: only these are sent again
             raise RequestRefused(wire.MISSING_BLOBS, f"{len(bad)} uploaded chunk(s) hash to "
@@ -122,50 +137,56 @@ class CheckpointRoutes(ReportRequest):
                                                      "them again", missing=bad)
         return {}
 
-    def _send_blob(self, reporter: SQLiteReporter, uuid: str, sha256: str) -> None:
-        store = reporter.store
-        with store.reading(uuid):  # the collector leaves a checkpoint being read alone
-            try:  # looked up under the lease
-                checkpoint = self._db(reporter, lambda w: w.db.checkpoint(uuid), write=False)
-            except NotFound as error:
-                raise RequestRefused(404, str(error)) from None
-            entry = next((e for e in files_of(checkpoint.manifest).values()
-                          if e.sha256 == sha256), None)
-            if entry is None:
-                raise RequestRefused(404, f"checkpoint {uuid} has no file with sha256 {sha256}")
-            if entry.chunks:  # its chunks, each checked, in order
-                self._send_chunks(store, uuid, entry)
-                return
-            try:
-                blob = (open(store.blob_path(sha256), "rb") if isinstance(store, Store)
-                        else io.BytesIO(store.read_bytes(sha256)))
-            except (FileNotFoundError, StoreError):
-                raise RequestRefused(404, f"blob {sha256} of checkpoint {uuid} is missing from "
-                                          "the store; resume from an earlier checkpoint") \
-                    from None
-            with blob:
-                size = blob.seek(0, io.SEEK_END)
-                blob.seek(0)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                shutil.copyfileobj(blob, self.wfile, wire.CHUNK)
+    def _send_blob(self, reporter: SQLiteReporter, uuid: str,
+                   sha256: str) -> StreamingResponse:
+        """The file's bytes, streamed; the checkpoint is leased against collection until the
+        last byte is sent (or the download is abandoned)."""
+        parts = _blob_parts(self, reporter, uuid, sha256)
+        size = next(parts)  # the checks, before the answer's status is sent
+        return StreamingResponse(parts, media_type="application/octet-stream",
+                                 headers={"Content-Length": str(size)})
 
-    def _send_chunks(self, store: Any, uuid: str, entry: FileEntry) -> None:
+
+def _blob_parts(request: ReportRequest, reporter: SQLiteReporter, uuid: str,
+                sha256: str) -> Iterator[Any]:
+    """Its file's size, then its bytes. Its first step checks (RequestRefused); the rest
+    runs as the answer is sent, under the checkpoint's read lease, released at the end or
+    when the generator is closed."""
+    store = reporter.store
+    with contextlib.ExitStack() as held:
+        held.enter_context(store.reading(uuid))  # the collector leaves it alone
+        try:  # looked up under the lease
+            checkpoint = request.db(reporter, lambda w: w.db.checkpoint(uuid), write=False)
+        except NotFound as error:
+            raise RequestRefused(404, str(error)) from None
+        entry = next((e for e in files_of(checkpoint.manifest).values()
+                      if e.sha256 == sha256), None)
+        if entry is None:
+            raise RequestRefused(404, f"checkpoint {uuid} has no file with sha256 {sha256}")
+        if entry.chunks:  # its chunks, each checked, in order
+            try:
+                first = store.read_bytes(entry.chunks[0][0])
+            except StoreError:
+                raise RequestRefused(404, f"a chunk of file {entry.sha256} of checkpoint "
+                                          f"{uuid} is missing or corrupt in the store; resume "
+                                          "from an earlier checkpoint") from None
+            yield entry.size
+            yield first
+            for chunk, _ in entry.chunks[1:]:  # a bad one now cuts the body short
+                yield store.read_bytes(chunk)
+            return
         try:
-            first = store.read_bytes(entry.chunks[0][0])
-        except StoreError:
-            raise RequestRefused(404, f"a chunk of file {entry.sha256} of checkpoint {uuid} is "
-                                      "missing or corrupt in the store; resume from an earlier "
-                                      "checkpoint") from None
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(entry.size))
-        self.end_headers()
-        self.wfile.write(first)
-        for sha256, _ in entry.chunks[1:]:  # a bad one now cuts the body short: refused there
-            self.wfile.write(store.read_bytes(sha256))
+            blob = held.enter_context(
+                open(store.blob_path(sha256), "rb") if isinstance(store, Store)
+                else io.BytesIO(store.read_bytes(sha256)))
+        except (FileNotFoundError, StoreError):
+            raise RequestRefused(404, f"blob {sha256} of checkpoint {uuid} is missing from "
+                                      "the store; resume from an earlier checkpoint") from None
+        size = blob.seek(0, io.SEEK_END)
+        blob.seek(0)
+        yield size
+        while data := blob.read(wire.CHUNK):
+            yield data
 
 
 def _committed(reporter: SQLiteReporter, uuid: str) -> bool:

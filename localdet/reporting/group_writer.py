@@ -10,6 +10,7 @@ is committed. `WriteTurns` lets this writer and the daemon's own connection alte
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import sqlite3
 import threading
@@ -112,15 +113,36 @@ class GroupWriter:
 
     def run(self, work: Callable[[StateDB], Any], write: bool = True) -> Any:
         piece = _Piece(work, write)
+        self._queue_piece(piece)
+        piece.done.wait()
+        return piece.outcome()
+
+    async def run_async(self, work: Callable[[StateDB], Any], write: bool = True) -> Any:
+        """`run`, awaited on an event loop (the report server's): no thread waits."""
+        loop = asyncio.get_running_loop()
+        settled = loop.create_future()
+
+        def settle() -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        def wake() -> None:  # in the writer's thread
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass  # the loop has closed: nobody waits for the answer
+
+        piece = _Piece(work, write, wake)
+        self._queue_piece(piece)
+        await settled
+        return piece.outcome()
+
+    def _queue_piece(self, piece: "_Piece") -> None:
         with self._ready:
             if self._closed:
                 raise sqlite3.OperationalError("the daemon's report server is stopping")
             self._queue.append(piece)
             self._ready.notify()
-        piece.done.wait()
-        if piece.error is not None:
-            raise piece.error
-        return piece.result
 
     def _serve(self) -> None:
         try:
@@ -230,16 +252,25 @@ class GroupWriter:
 class _Piece:
     """One request's work for the writer, and how it went."""
 
-    __slots__ = ("work", "write", "result", "error", "done")
+    __slots__ = ("work", "write", "result", "error", "done", "wake")
     error: BaseException | None
 
-    def __init__(self, work: Callable[[StateDB], Any], write: bool = True):
+    def __init__(self, work: Callable[[StateDB], Any], write: bool = True,
+                 wake: Callable[[], None] | None = None):
         self.work, self.write, self.result, self.error = work, write, None, None
         self.done = threading.Event()
+        self.wake = wake  # tells an awaiting event loop (run_async)
 
     def finish(self) -> None:
         self.done.set()
+        if self.wake is not None:
+            self.wake()
 
     def fail(self, error: BaseException) -> None:
         self.result, self.error = None, error
-        self.done.set()
+        self.finish()
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result

@@ -1,15 +1,21 @@
-"""The report server's request handler: a request's trial, launch and token checked, then
-dispatched to its route.
+"""The report server's requests, on the dashboard's stack (Starlette on uvicorn): a request's
+trial, launch and token checked, then dispatched to its route.
+
+    app = create_app(server)     # server: the ReportServer (report_request.ReportApp)
 
     POST hello           the launch check only: a new process waits for it before training
     GET  info            the trial's facts (TrialInfo, less the daemon's own folders)
-    POST report          {"metrics": [[kind, batches, values], ...], "heartbeat", "first_batch"}
+    POST report          {"metrics": [[kind, batches, values], ...], "heartbeat", "first_batch",
+                          "phases": [[phase, started, ended, details], ...]}
     POST target          {"batches": n}
     POST should_pause    -> {"pause": bool}
     ...and the checkpoint routes (checkpoint_routes.py)
 
-A wrong token is refused (403); what the trial did wrong is answered 4xx with one sentence,
-a busy database 503 (the trial retries), a full disk 507.
+These run on the event loop, awaiting the writer; the checkpoint routes, which read and write
+the store, run in worker threads. The token is checked as the dashboard checks its own, and
+errors are answered as the dashboard's are (`localdet.serving`): a wrong token 403, what
+the trial did wrong 4xx with one sentence, a busy database 503 (the trial retries), a full
+disk 507.
 """
 
 from __future__ import annotations
@@ -17,111 +23,177 @@ from __future__ import annotations
 import datetime
 import json
 import sqlite3
-import traceback
+from typing import Any, Callable
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, Router
 
 from localdet.checkpoints.disk_space import DiskFull
+from localdet.records import phases
 from localdet.reporting import chunk_intake
 from localdet.reporting import report_wire as wire
 from localdet.reporting.checkpoint_routes import CheckpointRoutes
-from localdet.reporting.launch_tokens import token_matches
-from localdet.reporting.report_request import RequestBody, RequestRefused
+from localdet.reporting.launch_tokens import launch_token
+from localdet.reporting.report_request import ReportApp, RequestRefused, StreamedBody
 from localdet.reporting.sqlite_reporter import SQLiteReporter
+from localdet.serving import ErrorRule, answer, presented_token, token_matches
+
+_API = wire.API.strip("/").split("/")
+ERRORS: tuple[ErrorRule, ...] = (
+    (chunk_intake.Refused, 400),
+    (DiskFull, wire.INSUFFICIENT_STORAGE),
+    (sqlite3.OperationalError,  # a busy database: the trial retries
+     lambda error: (503, f"the database is busy ({error})")),
+    (ConnectionError, 400),  # an upload cut short: nobody reads the answer
+)
+
+
+def create_app(server: ReportApp) -> Router:
+    """The report server's ASGI application, serving `server`'s trials: Starlette's router
+    alone, without the middleware a `Starlette` app adds (`answer` answers every error, and
+    each layer costs every request)."""
+
+    async def endpoint(request: Request) -> Response:
+        return await answer(lambda: ReportHandler.serve(server, request), ERRORS,
+                            log=server.log, server="the daemon's report server")
+
+    return Router(routes=[Route("/{path:path}", endpoint,
+                                methods=["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"])])
 
 
 class ReportHandler(CheckpointRoutes):
-    """Serves one connection of a trial: its requests one after another (keep-alive)."""
+    """One request of a trial launch, its trial and launch checked."""
 
-    def do_GET(self) -> None:
-        self._serve("GET")
+    def __init__(self, app: ReportApp, request: Request, launch: int, trial_id: int):
+        super().__init__(app, request, launch)
+        self.trial_id = trial_id
 
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_PUT(self) -> None:
-        self._serve("PUT")
-
-    # -- dispatch -------------------------------------------------------------------------
-    def _serve(self, method: str) -> None:
-        app = self.server.app
-        length = int(self.headers.get("Content-Length") or 0)
-        body_read = False
+    @classmethod
+    async def serve(cls, app: ReportApp, request: Request) -> Any:
+        method, path = request.method, request.url.path
+        parts = path.strip("/").split("/")
+        if parts[:2] != _API or len(parts) < 4:
+            raise RequestRefused(404, f"no such report endpoint: {method} {path}")
         try:
-            parts = self.path.split("?")[0].strip("/").split("/")
-            if parts[:2] != wire.API.strip("/").split("/") or len(parts) < 4:
-                raise RequestRefused(404, f"no such report endpoint: {method} {self.path}")
-            try:
-                trial_id = int(parts[2])
-                self._launch = int(self.headers.get(wire.LAUNCH_HEADER, ""))
-            except ValueError:
-                raise RequestRefused(400, "the request names no trial id or launch number") \
-                    from None
-            token = self.headers.get(wire.TOKEN_HEADER, "").removeprefix("Bearer ")
-            if not token_matches(app.secret, trial_id, self._launch, token):
-                raise RequestRefused(403, f"the report token is not trial {trial_id}'s for "
-                                          f"launch {self._launch}; start trials with the "
-                                          "environment from `trial_environment`")
-            reporter = app.reporter(trial_id)
-            op, args = parts[3], parts[4:]
-            if method == "PUT" and op == "blobs" and len(args) == 1:
-                self._db(reporter, write=False)  # the launch check, before the upload
-                body_read = True
-                return self._answer(self._put_blob(reporter, args[0],
-                                                   RequestBody(self.rfile, length)))
-            if method == "PUT" and op == "chunks" and not args:
-                listing = chunk_intake.parse_listing(
-                    self.headers.get(wire.CHUNKS_HEADER, ""), length)
-                self._db(reporter, write=False)  # the launch check, before the upload
-                body_read = True
-                return self._answer(self._put_chunks(reporter, listing,
-                                                     RequestBody(self.rfile, length)))
-            payload = json.loads(self.rfile.read(length) or b"null") if length else None
-            body_read = True
-            if method == "GET" and op == "checkpoints" and len(args) == 3 and args[1] == "blobs":
-                return self._send_blob(reporter, args[0], args[2])
-            handler = self._routes().get((method, op, len(args)))
-            if handler is None:
-                raise RequestRefused(404, f"no such report endpoint: {method} {self.path}")
-            self._answer(handler(reporter, payload, *args))
-        except RequestRefused as refused:
-            self._answer({"error": str(refused), **refused.extra}, refused.status, body_read,
-                         length)
-        except chunk_intake.Refused as refused:
-            self._answer({"error": str(refused)}, 400, body_read, length)
-        except DiskFull as error:
-            self._answer({"error": str(error)}, wire.INSUFFICIENT_STORAGE, body_read, length)
-        except sqlite3.OperationalError as error:  # a busy database: the trial retries
-            self._answer({"error": f"the database is busy ({error})"}, 503, body_read, length)
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
-        except Exception as error:
-            app.log(f"report server: unexpected error on {method} {self.path}:\n"
-                    + traceback.format_exc())
-            self._answer({"error": f"the daemon failed on this report ({error}); see its log"},
-                         500, body_read, length)
+            trial_id = int(parts[2])
+            launch = int(request.headers.get(wire.LAUNCH_HEADER, ""))
+            int(request.headers.get(wire.PGRP_HEADER, "0"))
+        except ValueError:
+            raise RequestRefused(400, f"the request names no trial id or launch number (or "
+                                      f"its {wire.PGRP_HEADER} is not a process group)") \
+                from None
+        if not token_matches(presented_token(request), launch_token(app.secret, trial_id,
+                                                                    launch)):
+            raise RequestRefused(403, f"the report token is not trial {trial_id}'s for "
+                                      f"launch {launch}; start trials with the "
+                                      "environment from `trial_environment`")
+        self = cls(app, request, launch, trial_id)
+        reporter = await self._reporter()
+        op, args = parts[3], parts[4:]
+        if method == "PUT" and op in ("blobs", "chunks"):
+            return await self._upload(reporter, op, args)
+        if method == "GET" and op == "checkpoints" and len(args) == 3 and args[1] == "blobs":
+            return await run_in_threadpool(self._send_blob, reporter, args[0], args[2])
+        route = self._routes().get((method, op, len(args)))
+        if route is None:
+            raise RequestRefused(404, f"no such report endpoint: {method} {path}")
+        handler, in_thread = route
+        payload = await self._payload(method)
+        if in_thread:
+            result = await run_in_threadpool(handler, reporter, payload, *args)
+        else:
+            result = await handler(reporter, payload, *args)
+        return {} if result is None else result
 
-    def _routes(self) -> dict:
-        db = self._db
-        return {
-            ("POST", "hello", 0): lambda r, p: db(r, write=False) or {"ok": True},
-            ("GET", "info", 0): lambda r, p: db(r, _info, write=False),
-            ("POST", "report", 0): self._report,
-            ("POST", "target", 0): lambda r, p: db(
-                r, lambda w: w.set_target_batches(int(p["batches"]))),
+    async def _reporter(self) -> SQLiteReporter:
+        cached = getattr(self.app, "cached_reporter", None)
+        reporter = cached(self.trial_id) if cached else None
+        if reporter is None:  # made once a trial: it opens the database
+            reporter = await run_in_threadpool(self.app.reporter, self.trial_id)
+        return reporter
+
+    async def _payload(self, method: str) -> Any:
+        raw = await self.request.body()
+        if not raw:
+            return None
+        try:
+            payload = json.loads(raw)
+        except ValueError as error:
+            raise RequestRefused(400, f"the request's body is not JSON ({error})") from None
+        if method == "POST" and not isinstance(payload, dict):
+            raise RequestRefused(400, "a report request's JSON body must be an object")
+        return payload
+
+    async def _upload(self, reporter: SQLiteReporter, op: str, args: list[str]) -> Any:
+        length = _length(self.request)
+        if op == "chunks" and not args:
+            listing = chunk_intake.parse_listing(
+                self.request.headers.get(wire.CHUNKS_HEADER, ""), length)
+            await self.db_async(reporter, write=False)  # the launch check, before the upload
+            return await run_in_threadpool(self._put_chunks, reporter, listing,
+                                           StreamedBody(self.request, length))
+        if op == "blobs" and len(args) == 1:
+            await self.db_async(reporter, write=False)
+            return await run_in_threadpool(self._put_blob, reporter, args[0],
+                                           StreamedBody(self.request, length))
+        raise RequestRefused(404, f"no such report endpoint: PUT {self.request.url.path}")
+
+    def _routes(self) -> dict[tuple[str, str, int],
+                              tuple[Callable[..., Any], bool]]:
+        """(method, operation, arguments) -> (handler(reporter, payload, *arguments),
+        whether it runs in a worker thread)."""
+        db = self.db_async
+
+        async def hello(r: SQLiteReporter, p: Any) -> dict:
+            await db(r, write=False)
+            return {"ok": True}
+
+        async def info(r: SQLiteReporter, p: Any) -> dict:
+            return await db(r, _info, write=False)
+
+        async def target(r: SQLiteReporter, p: Any) -> None:
+            batches = _integer(p, "batches")
+            await db(r, lambda w: w.set_target_batches(batches))
+
+        async def should_pause(r: SQLiteReporter, p: Any) -> dict:
             # A read, unless a pause is to be acknowledged (PAUSE -> PAUSING): then
             # SQLiteReporter writes that in a transaction of its own, committed before the
             # answer.
-            ("POST", "should_pause", 0): lambda r, p: {"pause": db(
-                r, lambda w: w.should_pause(), write=False)},
-            **self._checkpoint_routes(),
+            return {"pause": await db(r, lambda w: w.should_pause(), write=False)}
+
+        routes: dict[tuple[str, str, int], tuple[Callable[..., Any], bool]] = {
+            ("POST", "hello", 0): (hello, False),
+            ("GET", "info", 0): (info, False),
+            ("POST", "report", 0): (self._report, False),
+            ("POST", "target", 0): (target, False),
+            ("POST", "should_pause", 0): (should_pause, False),
         }
+        routes.update({key: (handler, True)
+                       for key, handler in self._checkpoint_routes().items()})
+        return routes
 
     # -- metrics and heartbeats -----------------------------------------------------------
-    def _report(self, reporter: SQLiteReporter, payload: dict) -> dict:
-        metrics = payload.get("metrics", [])
-        for kind, _, _ in metrics:  # before anything is written: a report is all or nothing
+    async def _report(self, reporter: SQLiteReporter, payload: dict | None) -> dict:
+        metrics = (payload or {}).get("metrics", [])
+        if not isinstance(metrics, list) or not all(
+                isinstance(row, list) and len(row) == 3 and isinstance(row[2], dict)
+                for row in metrics):
+            raise RequestRefused(400, "a report's \"metrics\" must be a list of [kind, "
+                                      "batches, {name: value}]")
+        for kind, batches, _ in metrics:  # before anything is written: all or nothing
             if kind not in ("training", "validation"):
                 raise RequestRefused(400, f"metric kind {kind!r} is neither training nor "
                                           "validation")
+            if not isinstance(batches, int) or isinstance(batches, bool):
+                raise RequestRefused(400, f"a report's batches must be a whole number, not "
+                                          f"{batches!r}")
+        flags = payload or {}
+        try:  # the launch's timeline (localdet/records/phases.py), with the report
+            timeline = phases.from_report(flags.get("phases"))
+        except ValueError as error:
+            raise RequestRefused(400, str(error)) from None
 
         def write(writing: SQLiteReporter) -> None:
             for kind, batches, values in metrics:
@@ -129,13 +201,31 @@ class ReportHandler(CheckpointRoutes):
                 report = (writing.report_training_metrics if kind == "training"
                           else writing.report_validation_metrics)
                 report(int(batches), values)
-            if payload.get("first_batch") and not _first_batch_recorded(writing):
+            if flags.get("first_batch") and not _first_batch_recorded(writing):
                 writing.report_first_batch()
-            if payload.get("heartbeat"):
+            writing.write_phases(writing.db, timeline)
+            if flags.get("heartbeat"):
                 writing.heartbeat()
 
-        self._db(reporter, write)
+        await self.db_async(reporter, write)
         return {}
+
+
+def _length(request: Request) -> int:
+    try:
+        length = int(request.headers.get("content-length") or 0)
+    except ValueError:
+        length = -1
+    if length < 0:
+        raise RequestRefused(400, "an upload must give its size in a Content-Length header")
+    return length
+
+
+def _integer(payload: Any, key: str) -> int:
+    value = (payload or {}).get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestRefused(400, f"the request's JSON body needs a whole number \"{key}\"")
+    return value
 
 
 def _info(reporter: SQLiteReporter) -> dict:

@@ -1,23 +1,23 @@
 """One request of a trial launch to the report server: checked against the trial's running
-launch, its work run by the server's writer, answered in JSON.
+launch, its work run by the server's writer, its upload read as a stream.
 
-    class Handler(ReportRequest):
-        def do_POST(self):
-            self._answer(self._db(reporter, lambda w: w.heartbeat()))
+    handling = ReportRequest(app, request, launch)
+    await handling.db_async(reporter, lambda w: w.heartbeat())   # on the event loop
+    handling.db(reporter, lambda w: w.heartbeat())               # in a worker thread
 
 Only the trial's current launch, running, may report: an older launch is answered 410
 (STALE), one not (or not yet) running 409 (NOT_RUNNING), and the process exits: never two
-processes training one trial. A refusal is raised as `RequestRefused` and answered as
-`{"error": ...}` with its status.
+processes training one trial. A refusal is raised as `RequestRefused` (the servers' shared
+`localdet.serving.Refused`) and answered as `{"error": ...}` with its status.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import socketserver
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, Protocol
+
+import anyio.from_thread
+from starlette.requests import Request
 
 from localdet.paths import Layout
 from localdet.records.db import StateDB
@@ -25,32 +25,33 @@ from localdet.records.states import TERMINAL_STATES, TrialState
 from localdet.reporting import report_wire as wire
 from localdet.reporting.group_writer import GroupWriter
 from localdet.reporting.sqlite_reporter import SQLiteReporter
+from localdet.serving import Refused
+
+RequestRefused = Refused  # by its former name
 
 
-class RequestRefused(Exception):
-    """A request the server refuses: answered with `status` and `{"error": message,
-    **extra}`."""
+class StreamedBody:
+    """A request's body as a file of exactly Content-Length bytes, read from a worker
+    thread while the event loop receives it (an upload is never held whole in memory)."""
 
-    def __init__(self, status: int, message: str, **extra: Any):
-        super().__init__(message)
-        self.status, self.extra = status, extra
-
-
-class RequestBody:
-    """A request's body as a stream of exactly Content-Length bytes."""
-
-    def __init__(self, source, length: int):
-        self.source, self.left = source, length
+    def __init__(self, request: Request, length: int):
+        self._chunks = request.stream()
+        self._pending = memoryview(b"")
+        self.left = length
 
     def readinto(self, buffer) -> int:
         if self.left <= 0:
             return 0
-        view = memoryview(buffer)[:min(len(buffer), self.left)]
-        got = self.source.readinto(view)
-        if not got:
-            raise ConnectionError("the upload ended early")
-        self.left -= got
-        return got
+        while not self._pending:
+            try:
+                self._pending = memoryview(anyio.from_thread.run(self._chunks.__anext__))
+            except StopAsyncIteration:
+                raise ConnectionError("the upload ended early") from None
+        size = min(len(buffer), len(self._pending), self.left)
+        memoryview(buffer)[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        self.left -= size
+        return size
 
     def read(self, size: int = -1) -> bytes:
         buffer = bytearray(min(self.left, wire.CHUNK if size < 0 else size))
@@ -72,34 +73,17 @@ class ReportApp(Protocol):
     def end(self, uuid: str) -> None: ...
 
 
-class ReportHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    app: ReportApp
+class ReportRequest:
+    """A request of one trial launch: the launch check and the writer, from the event loop
+    (`db_async`) or from a worker thread (`db`)."""
 
-    def server_bind(self) -> None:
-        # HTTPServer's own looks the host's name up (DNS); nothing here needs it.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = cast(str, host), port  # a str for AF_INET(6)
+    def __init__(self, app: ReportApp, request: Request, launch: int):
+        self.app, self.request, self._launch = app, request, launch
+        self._pgrp = request.headers.get(wire.PGRP_HEADER)
 
-
-class ReportRequest(BaseHTTPRequestHandler):
-    """A request handler's base: the launch check, the writer, the JSON answer."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive: a trial keeps one connection per thread
-    server: ReportHTTPServer
-    _launch: int  # the launch the request names (LAUNCH_HEADER), set once it is read
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line a request would drown the daemon's log
-
-    def _db(self, reporter: SQLiteReporter,
-            work: Callable[[SQLiteReporter], Any] | None = None, write: bool = True) -> Any:
-        """Check that this request's launch is the trial's running one, then run `work` on
-        the reporter, both in the server's writer thread on its connection (GroupWriter);
-        returns work's result once its transaction has committed. `write=False`: the work
-        reads only, or writes in a transaction of its own (run outside the group's)."""
-        launch, pgrp = self._launch, self.headers.get(wire.PGRP_HEADER)
+    def _piece(self, reporter: SQLiteReporter,
+               work: Callable[[SQLiteReporter], Any] | None) -> Callable[[StateDB], Any]:
+        launch, pgrp = self._launch, self._pgrp
 
         def piece(db: StateDB) -> Any:
             check_launch(db, reporter.trial_id, launch, pgrp)
@@ -108,24 +92,27 @@ class ReportRequest(BaseHTTPRequestHandler):
             bound = copy.copy(reporter)  # the same trial and store, the writer's connection
             bound.db = db
             return work(bound)
+        return piece
 
-        writer = self.server.app.writer
-        if writer is None:  # start() makes it before serving
+    def _writer(self) -> GroupWriter:
+        if self.app.writer is None:  # start() makes it before serving
             raise RuntimeError("the report server serves without its writer")
-        return writer.run(piece, write=write)
+        return self.app.writer
 
-    def _answer(self, answer: Any, status: int = 200, body_read: bool = True,
-                length: int = 0) -> None:
-        data = json.dumps(answer if answer is not None else {}).encode()
-        if not body_read and length:
-            self.close_connection = True  # the unread body would be taken for a request
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
+    def db(self, reporter: SQLiteReporter,
+           work: Callable[[SQLiteReporter], Any] | None = None, write: bool = True) -> Any:
+        """Check that this request's launch is the trial's running one, then run `work` on
+        the reporter, both in the server's writer thread on its connection (GroupWriter);
+        returns work's result once its transaction has committed. `write=False`: the work
+        reads only, or writes in a transaction of its own (run outside the group's).
+        Blocks: for a worker thread."""
+        return self._writer().run(self._piece(reporter, work), write=write)
+
+    async def db_async(self, reporter: SQLiteReporter,
+                       work: Callable[[SQLiteReporter], Any] | None = None,
+                       write: bool = True) -> Any:
+        """`db` awaited on the event loop: no worker thread waits for the writer."""
+        return await self._writer().run_async(self._piece(reporter, work), write=write)
 
 
 def check_launch(db: StateDB, trial_id: int, launch: int, pgrp: str | None) -> None:

@@ -11,12 +11,14 @@ acknowledgement, the disk reserve, store-then-commit of checkpoints, the first-b
 so a trial records the same things over either transport; the trial side is
 `localdet.reporting.http_reporter.HTTPReporter`.
 
-The server is in parts: `launch_tokens` (who may report: a token per launch),
-`report_handler` (a request's checks and routes), `checkpoint_routes` (uploads, commits,
-restore downloads), `report_request` (the launch check, the JSON answer) and `group_writer`
-(all writes go through one thread, committed in groups, answered once committed; reads stay
-on each request thread's own connection). This module starts and stops them, keeps the
-port, one `SQLiteReporter` per trial, and the store holds of checkpoints being uploaded.
+It runs on the dashboard's stack, Starlette on uvicorn (one event loop in a thread of
+the daemon), sharing its token check and error handling (`localdet.serving`). It is in
+parts: `launch_tokens` (who may report: a token per launch), `report_handler` (the ASGI
+app: a request's checks and routes), `checkpoint_routes` (uploads, commits, restore
+downloads, in worker threads), `report_request` (the launch check, an upload's stream) and
+`group_writer` (all database work goes through one thread, writes committed in groups,
+answered once committed). This module starts and stops them, keeps the port, one
+`SQLiteReporter` per trial, and the store holds of checkpoints being uploaded.
 
 A launch that is no longer the trial's current one, or a trial that is not running, is
 answered 410 or 409, and the process exits: never two processes training one trial. The
@@ -28,10 +30,13 @@ from __future__ import annotations
 
 import collections
 import os
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+import uvicorn
 
 from localdet.checkpoints.disk_space import Reserve
 from localdet.checkpoints.store import Lease
@@ -46,8 +51,8 @@ from localdet.reporting.launch_tokens import (
     launch_token,
     trial_environment,
 )
-from localdet.reporting.report_handler import ReportHandler
-from localdet.reporting.report_request import ReportHTTPServer, RequestRefused
+from localdet.reporting.report_handler import ReportHandler, create_app
+from localdet.reporting.report_request import RequestRefused
 from localdet.reporting.sqlite_reporter import SQLiteReporter
 
 # Its parts' names, importable from here as before.
@@ -59,7 +64,10 @@ __all__ = [
 PORT_FILE = "report_port"
 BEGUN_SECONDS = 3600.0  # a begun checkpoint's hold on the store, if its commit never comes
 REPORTERS = 4096  # trials whose SQLiteReporter is kept between requests (the most recent)
-_Handler = ReportHandler  # by its former name: tests and benchmarks patch its methods
+# A trial keeps one connection per thread between its reports (uvicorn's default closes an
+# idle one after 5 s, and each next report would reconnect).
+KEEP_ALIVE_SECONDS = 3600
+_Handler = ReportHandler  # by its former name
 
 
 class ReportServer:
@@ -82,7 +90,8 @@ class ReportServer:
         self.secret = daemon_secret(layout)
         self._begun: dict[str, tuple[Lease, float]] = {}  # checkpoint uuid -> store hold
         self._begun_lock = threading.Lock()
-        self._server: ReportHTTPServer | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
         self.writer: GroupWriter | None = None
         # trial id -> its SQLiteReporter, made once a trial (not once a connection: making
         # one opens the database), whose connection is the writer's (see ReportRequest._db).
@@ -97,10 +106,12 @@ class ReportServer:
     def start(self) -> "ReportServer":
         port_file = self.layout.home / PORT_FILE
         self.writer = GroupWriter(self.layout.db, self.log).start()
+        listener = None
         if self.port is not None:
             try:
-                self._server = ReportHTTPServer((self.host, self.port), ReportHandler)
+                listener = _listen(self.host, self.port)
             except OSError as error:
+                self.writer.close()
                 raise ReportServerError(
                     f"cannot serve trial reports on {self.host}:{self.port} "
                     f"({error.strerror or error}); free the port or choose another "
@@ -109,33 +120,54 @@ class ReportServer:
             remembered = _read_port(port_file)
             if remembered:
                 try:
-                    self._server = ReportHTTPServer((self.host, remembered), ReportHandler)
+                    listener = _listen(self.host, remembered)
                 except OSError as error:
                     self.log(f"the report port {remembered} is taken ({error.strerror}); "
                              "trials launched before cannot report until it is free again: "
                              "serving on a new port")
-            if self._server is None:
-                self._server = ReportHTTPServer((self.host, 0), ReportHandler)
-        self._server.app = self
-        self.port = self._server.server_address[1]
+            if listener is None:
+                listener = _listen(self.host, 0)
+        self.port = listener.getsockname()[1]
         if _read_port(port_file) != self.port:
             fresh = port_file.with_name(f".{PORT_FILE}.{os.getpid()}")
             fresh.write_text(f"{self.port}\n")
             os.replace(fresh, port_file)
-        threading.Thread(target=self._server.serve_forever, name="report-server",
-                         daemon=True).start()
-        return self
+        config = uvicorn.Config(create_app(self), log_level="warning", access_log=False,
+                                lifespan="off", proxy_headers=False,
+                                timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                                timeout_graceful_shutdown=10,
+                                h11_max_incomplete_event_size=1 << 20)
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]},
+                                        name="report-server", daemon=True)
+        self._thread.start()
+        while not server.started:  # serving once this returns
+            if not self._thread.is_alive():
+                listener.close()
+                self.writer.close()
+                raise ReportServerError(f"the report server on {self.url} stopped as it "
+                                        "started; see the daemon's log")
+            time.sleep(0.005)
+        return self  # (uvicorn closes the listener when it stops)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(30)
         if self.writer is not None:
             self.writer.close()  # what was queued is committed (and answered) first
         with self._begun_lock:
             for lease, _ in self._begun.values():
                 lease.release()
             self._begun.clear()
+
+    def cached_reporter(self, trial_id: int) -> SQLiteReporter | None:
+        """The trial's SQLiteReporter if it is made already (made, it costs no I/O)."""
+        with self._reporters_lock:
+            reporter = self._reporters.get(trial_id)
+            if reporter is not None:
+                self._reporters.move_to_end(trial_id)
+            return reporter
 
     def reporter(self, trial_id: int) -> SQLiteReporter:
         """The trial's SQLiteReporter (its store, its experiment); its own connection is
@@ -178,6 +210,22 @@ class ReportServer:
         old = [u for u, (_, at) in self._begun.items() if time.monotonic() - at > BEGUN_SECONDS]
         for uuid in old:
             self._begun.pop(uuid)[0].release()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port). Named TCP, so that asyncio sets
+    TCP_NODELAY on its connections: an answer's head and body go out at once, not the
+    body after the client's delayed acknowledgement of the head (40 ms a request)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 def _read_port(path: Path) -> int | None:

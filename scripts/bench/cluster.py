@@ -619,58 +619,84 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
     return result
 
 
-def _count_thread_cpu(report_server):
-    """CPU seconds of the report server's writer thread and of its request threads (each
-    thread's time.thread_time when it ends); returns a function that undoes the counting
-    and returns {"writer": s, "requests": s}."""
-    totals, lock = {"writer": 0.0, "requests": 0.0}, threading.Lock()
-    handler, writer = report_server._Handler, report_server.GroupWriter
-    originals = handler.handle, writer._serve
+def _server_threads(report_server, wrap):
+    """Wrap the report server's threads: its event loop's (uvicorn's `Server.run`: HTTP
+    parsing, routing, answers), its writer's, and each piece of work it hands to a worker
+    thread (uploads, commits, downloads); `wrap(function, key)` -> the wrapped function.
+    Returns a function that undoes it."""
+    import uvicorn
 
-    def counted(original, key):
-        def run(self):
-            try:
-                return original(self)
-            finally:
-                spent = time.thread_time()
-                with lock:
-                    totals[key] += spent
-        return run
+    from localdet.reporting import report_handler
 
-    handler.handle = counted(originals[0], "requests")
-    writer._serve = counted(originals[1], "writer")
+    writer, pool = report_server.GroupWriter, report_handler.run_in_threadpool
+    originals = uvicorn.Server.run, writer._serve
+
+    async def in_pool(function, *args, **kwargs):
+        return await pool(wrap(function, "workers"), *args, **kwargs)
+
+    uvicorn.Server.run = wrap(originals[0], "requests")
+    writer._serve = wrap(originals[1], "writer")
+    report_handler.run_in_threadpool = in_pool
 
     def undo():
-        handler.handle, writer._serve = originals
+        uvicorn.Server.run, writer._serve = originals
+        report_handler.run_in_threadpool = pool
+
+    return undo
+
+
+def _count_thread_cpu(report_server):
+    """CPU seconds of the report server's writer thread, its event loop's thread and its
+    work in worker threads (time.thread_time); returns a function that undoes the counting
+    and returns {"writer": s, "requests": s (event loop and workers), "workers": s}."""
+    totals, lock = {"writer": 0.0, "requests": 0.0, "workers": 0.0}, threading.Lock()
+
+    def counted(original, key):
+        def run(*args, **kwargs):
+            begun = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - begun
+                with lock:
+                    totals[key] += spent
+                    if key == "workers":
+                        totals["requests"] += spent
+        return run
+
+    undo_wrapping = _server_threads(report_server, counted)
+
+    def undo():
+        undo_wrapping()
         return dict(totals)
 
     return undo
 
 
 def _profile_server(report_server):
-    """Profile every report-server thread (request handlers and the writer) by CPU time
-    (time.thread_time), one cProfile a thread; returns a function that undoes it and
-    returns the profiles."""
-    profiles, lock = [], threading.Lock()
-    handler, writer = report_server._Handler, report_server.GroupWriter
-    originals = handler.handle, writer._serve
+    """Profile the report server's threads (its event loop, its writer, its work in worker
+    threads) by CPU time (time.thread_time), one cProfile a thread; returns a function that
+    undoes it and returns the profiles."""
+    profiles, lock, mine = [], threading.Lock(), threading.local()
 
-    def profiled(original):
-        def run(self):
-            profile = cProfile.Profile(time.thread_time)
-            with lock:
-                profiles.append(profile)
+    def profiled(original, key):
+        def run(*args, **kwargs):
+            profile = getattr(mine, "profile", None)
+            if profile is None:
+                mine.profile = profile = cProfile.Profile(time.thread_time)
+                with lock:
+                    profiles.append(profile)
             profile.enable()
             try:
-                return original(self)
+                return original(*args, **kwargs)
             finally:
                 profile.disable()
         return run
 
-    handler.handle, writer._serve = profiled(originals[0]), profiled(originals[1])
+    undo_wrapping = _server_threads(report_server, profiled)
 
     def undo():
-        handler.handle, writer._serve = originals
+        undo_wrapping()
         return profiles
 
     return undo
@@ -743,8 +769,9 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
     wall = max(cpu["wall"], 1e-9)
     print(f"  CPU                daemon's process {cpu['daemon']:.1f} s "
           f"({cpu['daemon'] / wall:.0%} of a core: its loop's thread {cpu['loop']:.1f} s, "
-          f"the report writer {cpu.get('writer', 0):.1f} s, request threads "
-          f"{cpu.get('requests', 0):.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
+          f"the report writer {cpu.get('writer', 0):.1f} s, requests "
+          f"{cpu.get('requests', 0):.1f} s, of which worker threads "
+          f"{cpu.get('workers', 0):.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
           f"daemon's {wall:.1f} s (load average {os.getloadavg()[0]:.1f} at the end)")
     sections = r["sections"]
     loop = sum(sections.totals[p] for p in ("intake", "_watch_scripts", "_handle_requests",

@@ -41,7 +41,6 @@ Every action is the operation `localdet` and `det` call (localdet/operations/).
 from __future__ import annotations
 
 import contextlib
-import hmac
 import importlib
 import ipaddress
 import json
@@ -64,7 +63,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -80,6 +79,7 @@ from localdet.records.continuation import CONTINUED_EVENT
 from localdet.records.db import NotFound, StateDB
 from localdet.records.opening import RecordsUnavailable, unavailable
 from localdet.records.states import ExperimentKind
+from localdet.serving import Refused, answer, presented_token, refusal, token_matches
 from localdet.ui import views
 from localdet.ui.web import comparing, figures, manage, system_figure, timeline_figure
 
@@ -120,8 +120,7 @@ def _name_in(host_header: str) -> str | None:
     return match and (match.group(1) or match.group(2))
 
 
-def _refuse(status: int, sentence: str) -> Response:
-    return JSONResponse({"error": sentence}, status_code=status)
+_refuse = refusal  # the report server's too (localdet/serving.py)
 
 
 class Guard(BaseHTTPMiddleware):
@@ -139,11 +138,9 @@ class Guard(BaseHTTPMiddleware):
             return _refuse(403, f"this dashboard does not answer to the host '{host}'; open "
                                 "it at the address it printed at start")
         cookie = f"{COOKIE}_{request.url.port or 80}"  # one per port: dashboards side by side
-        if self.token:
-            header = request.headers.get("authorization", "")
-            given = (header[7:] if header.lower().startswith("bearer ") else
-                     request.query_params.get("token") or request.cookies.get(cookie) or "")
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
+        if self.token:  # checked as the report server checks a trial's (localdet/serving.py)
+            given = presented_token(request, query=True, cookie=cookie)
+            if not token_matches(given, self.token):
                 return _refuse(401, "this dashboard needs its token: open the address it "
                                     "printed at start (with ?token=...), or send "
                                     "Authorization: Bearer <token>")
@@ -185,9 +182,10 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
             db.close()
 
     def api(handler):
-        """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409.
-        A POST's handler gets its JSON body (an object; {} when empty) too."""
-        async def endpoint(request: Request) -> Response:
+        """A JSON endpoint: the handler's result, NotFound as 404, a refused action as 409
+        (errors answered as the report server's are, localdet/serving.py). A POST's handler
+        gets its JSON body (an object; {} when empty) too."""
+        async def work(request: Request) -> Any:
             args: tuple = (request,)
             if request.method == "POST":
                 raw = await request.body()
@@ -196,21 +194,20 @@ def create_app(layout: Layout, token: str | None = None, host: str = "127.0.0.1"
                 except ValueError:
                     body = None
                 if not isinstance(body, dict):
-                    return _refuse(400, "the request's body must be a JSON object")
+                    raise Refused(400, "the request's body must be a JSON object")
                 args = (request, body)
-            try:  # in a thread: SQLite and the store block
-                result = await run_in_threadpool(handler, *args)
-            except NotFound as error:
-                return JSONResponse({"error": str(error)}, status_code=404)
-            except OperationError as error:
-                return JSONResponse({"error": str(error)}, status_code=409)
-            except RecordsUnavailable as error:  # damaged, a newer schema, a directory, ...
-                return JSONResponse({"error": str(error)}, status_code=503)
-            except sqlite3.Error as error:  # met past the open: locked, a damaged page, ...
-                return JSONResponse({"error": str(unavailable(layout.db, error))},
-                                    status_code=503)
-            return result if isinstance(result, Response) else JSONResponse(result)
+            return await run_in_threadpool(handler, *args)  # SQLite and the store block
+
+        async def endpoint(request: Request) -> Response:
+            return await answer(lambda: work(request), errors, server="the dashboard")
         return endpoint
+
+    errors = (
+        (NotFound, 404), (OperationError, 409),
+        (RecordsUnavailable, 503),  # damaged, a newer schema, a directory, ...
+        # met past the open: locked, a damaged page, ...
+        (sqlite3.Error, lambda error: (503, str(unavailable(layout.db, error)))),
+    )
 
     def experiments(request: Request) -> list[dict]:
         _warm_up()
