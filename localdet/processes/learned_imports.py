@@ -1,19 +1,20 @@
 """What a warm process imports ahead of its trials, learned from the trials it forked.
 
     installed = InstalledPaths()
-    before = set(sys.modules)                 # in the warm process, at the fork
-    ...                                       # the forked trial runs
-    names = installed.modules_since(before)   # in the trial, as it ends: told to the parent
+    tell = tell_imports(teach, installed)     # in the forked trial, first thing: its imports
+    ...                                       # are told once they settle; the trial runs
+    tell()                                    # and as it ends, told again
     import_quietly(names)                     # in the warm process, before its next fork
     installed.changed()                       # something was installed or removed since
 
 A warm process starts with TensorFlow, Keras and the harness imported. The trial code then
 imports what it uses (scikit-learn, SciPy, pandas: a second or more of each trial's start);
-each trial forked from a warm process tells it, as it ends, the modules it imported from the
-interpreter's installed paths (the standard library and site-packages), and the warm process
-imports them before its next fork, so that the second trial of a search onwards starts with
-them. The trial's own code (its model folder, its working folder, an editable install) is
-never imported ahead: it is read fresh by each trial.
+each trial forked from a warm process tells it the modules it imported from the interpreter's
+installed paths (the standard library and site-packages), once its imports settle (no new
+module for a second: its code is imported, it is building or training) and again as it
+ends, and the warm process imports them before its next fork, so that the second trial of a
+search onwards starts with them. The trial's own code (its model folder, its working folder,
+an editable install) is never imported ahead: each trial reads it afresh.
 
 A module imported ahead is the version installed when it was imported, so a warm process
 whose installed paths changed since (a `pip install` into its environment) ends at its next
@@ -23,10 +24,16 @@ order instead of forking, and the trial starts cold, with what is installed now.
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import socket
 import sys
 import sysconfig
-from collections.abc import Collection, Iterable
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+
+SETTLED_SECONDS = 1.0  # no new module for this long: the trial's imports are done
 
 
 class InstalledPaths:
@@ -64,6 +71,33 @@ class InstalledPaths:
             if isinstance(path, str) and os.path.realpath(path).startswith(self.roots):
                 names.append(name)
         return names
+
+
+def tell_imports(teach: socket.socket, installed: InstalledPaths) -> Callable[[], None]:
+    """In a forked trial, before it runs: tells the warm process over `teach` (a datagram
+    socket) what the trial imports from the installed paths once its imports settle, from a
+    thread; the call returned tells it again (as the trial ends). A trial ended before its
+    imports settled, or a list too long for a datagram, tells what it can."""
+    before = set(sys.modules)
+
+    def tell() -> None:
+        try:
+            teach.send(json.dumps(installed.modules_since(before)).encode())
+        except (OSError, ValueError):
+            pass  # the warm process has gone, or the list is too long for one datagram
+
+    def tell_once_settled() -> None:
+        count, settled_at = len(sys.modules), None
+        while True:
+            time.sleep(SETTLED_SECONDS / 4)
+            if len(sys.modules) != count:
+                count, settled_at = len(sys.modules), time.monotonic() + SETTLED_SECONDS
+            elif settled_at is not None and time.monotonic() >= settled_at:
+                tell()
+                return
+
+    threading.Thread(target=tell_once_settled, name="tell-imports", daemon=True).start()
+    return tell
 
 
 def import_quietly(names: Iterable[str]) -> int:

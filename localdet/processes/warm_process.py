@@ -14,8 +14,8 @@ and runs the trial exactly as a cold process would (`determined.exec.run_trial`,
 script), one trial, then exits. The parent answers `{"pid": N}`, and `{"exit": N, "code": C}`
 when that child ends.
 
-Each trial tells the warm process, as it ends, the installed modules it imported (scikit-learn,
-SciPy, ...), which the warm process imports before its next fork: the next trial of the kind
+Each trial tells the warm process the installed modules it imported (scikit-learn, SciPy, ...),
+which the warm process imports before its next fork: the next trial of the kind
 starts with them (localdet/processes/learned_imports.py).
 
 If the daemon goes away, the socket reads end-of-file and the warm process exits; the
@@ -36,7 +36,7 @@ import threading
 import time
 
 from determined.core._reporting import FORKED_AT_VAR
-from localdet.processes.learned_imports import InstalledPaths, import_quietly
+from localdet.processes.learned_imports import InstalledPaths, import_quietly, tell_imports
 
 
 def _prepare() -> None:
@@ -72,9 +72,9 @@ def _run(argv: list[str]) -> int:
 def _become_trial(order: dict, log: int, in_session: int, forked: float,
                   teach: socket.socket, installed: InstalledPaths) -> None:
     """In the forked child: the trial's session, environment, folder and log; then run it.
-    Closing `in_session` tells the parent that the session exists; as it ends, it tells
-    the parent over `teach` the installed modules its trial imported."""
-    before = set(sys.modules)
+    Closing `in_session` tells the parent that the session exists; the parent learns over
+    `teach` the installed modules its trial imports."""
+    tell_imports_again = tell_imports(teach, installed)
     os.setsid()
     os.close(in_session)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -102,10 +102,7 @@ def _become_trial(order: dict, log: int, in_session: int, forked: float,
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            teach.send(json.dumps(installed.modules_since(before)).encode())
-        except (OSError, ValueError):
-            pass  # the warm process has gone, or the list is too long for one message
+        tell_imports_again()
         os._exit(code)  # not the parent's exit handlers: they are the warm process's
 
 
