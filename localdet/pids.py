@@ -1,5 +1,5 @@
 """What the daemon knows of processes: who holds a lock file, whether a pid is alive and
-still the process it was, and how one ended.
+still the process it was, and how one ended. Process facts come from psutil.
 
     lock = DaemonLock(layout.daemon_lock); lock.acquire()   # DaemonAlreadyRunning if held
     DaemonLock.holder(layout.daemon_lock)                    # the holder's pid, or None
@@ -15,6 +15,9 @@ import signal
 from pathlib import Path
 from typing import TextIO
 
+import psutil
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 class DaemonAlreadyRunning(RuntimeError):
     pass
@@ -78,24 +81,23 @@ def exit_description(returncode: int | None) -> str:
 
 
 def process_start(pid: int) -> int | None:
-    """The kernel's start time of a process (clock ticks since boot), None if it is gone."""
+    """The kernel's start time of a process, None if it is gone: in clock ticks since boot,
+    the unit the records have always kept it in (psutil gives seconds since the epoch, which
+    it derived from those ticks; rounding back gives them exactly)."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        created = psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):  # gone, not ours to see, or no pid
         return None
+    return round((created - psutil.boot_time()) * _TICKS)
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether the process runs; a zombie child of ours is dead for our purposes."""
+    if pid <= 0:
         return False
-    except PermissionError:
-        return True
-    # A zombie child of ours is dead for our purposes.
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True

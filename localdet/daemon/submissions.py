@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from localdet.checkpoints import warm_start
 from localdet.config import engines
 from localdet.config.experiment import (
@@ -95,24 +97,16 @@ def _signature(path: Path) -> tuple:
 
 def _open_for_writing(folder: Path) -> set[str]:
     """The files under `folder` that a process we can see holds open for writing (a copy
-    that pauses longer than the settle time is still unfinished)."""
+    that pauses longer than the settle time is still unfinished), by psutil's open files."""
     inside, found = str(folder) + os.sep, set()
-    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+    for process in psutil.process_iter():
         try:
-            fds = os.listdir(fd_dir)
-        except OSError:
+            opened = process.open_files()
+        except psutil.Error:
             continue  # gone, or not ours to see
-        for fd in fds:
-            try:
-                target = os.readlink(fd_dir / fd)
-                if not target.startswith(inside):
-                    continue
-                info = (fd_dir.parent / "fdinfo" / fd).read_text()
-            except OSError:
-                continue
-            flags = int(info.split("flags:")[1].split()[0], 8)
-            if flags & (os.O_WRONLY | os.O_RDWR):
-                found.add(target)
+        for file in opened:
+            if file.path.startswith(inside) and file.flags & (os.O_WRONLY | os.O_RDWR):
+                found.add(file.path)
     return found
 
 

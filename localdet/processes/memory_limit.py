@@ -17,10 +17,12 @@ limit and how):
   trial, never the daemon, even when no daemon is running. The guard notices the kill
   (`oom_kill` in memory.oom_control) and stops the rest of the trial's processes.
 - watcher: elsewhere (cgroup v2 desktops, where a user may not make memory cgroups without
-  moving the daemon itself). A thread sums the private dirty memory (what grows; shared
-  libraries and pages shared with a warm process are left out) of every process in the trial's
-  session every POLL_SECONDS and kills the session with SIGKILL when it is over. It works
-  only while a daemon runs. LOCALDET_MEMORY_WATCHER=1 chooses it everywhere.
+  moving the daemon itself). A thread sums the memory each process of the trial's session
+  or process group holds alone (its USS, read through psutil: shared libraries and pages
+  shared with a warm process are left out) every POLL_SECONDS and kills the session with
+  SIGKILL when it is over. It works only while a daemon runs. LOCALDET_MEMORY_WATCHER=1
+  chooses it everywhere. (The cgroup files below are the kernel's own: psutil has no
+  cgroups.)
 
 RLIMIT_AS is not used: it caps one process, not the tree, and TensorFlow reserves far more
 address space than it uses (it cannot even import under a 1 GB RLIMIT_AS).
@@ -42,6 +44,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from localdet.config.sizes import gigabytes, physical_memory
 
@@ -251,48 +255,41 @@ class Guard:
 
 
 # -- processes --------------------------------------------------------------------------------
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
 def _members(leaders: set[int]) -> dict[int, list[int]]:
     """The live processes of each leader's session or process group (the trial's tree:
-    the rank supervisor keeps its ranks in its group)."""
+    the rank supervisor keeps its ranks in its group; a process that left the tree, its
+    parent gone, is still in them)."""
     found: dict[int, list[int]] = {leader: [] for leader in leaders}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+    for process in psutil.process_iter(["status"]):
+        if process.info["status"] in _GONE:
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, group, session = fields[0], int(fields[2]), int(fields[3])
-        if state in ("Z", "X"):
-            continue
-        for leader in {group, session} & leaders:
-            found[leader].append(int(entry.name))
+            ids = {os.getpgid(process.pid), os.getsid(process.pid)}
+        except OSError:
+            continue  # gone meanwhile
+        for leader in ids & leaders:
+            found[leader].append(process.pid)
     return found
 
 
 def _resident(pid: int) -> int:
-    """The memory a process has written and holds alone, in bytes (0 when it is gone): its
-    private dirty pages. A trial forked from a warm process shares TensorFlow's pages with
-    it until it writes them, and those are not its growth (RssAnon would count them in
-    every trial); without smaps_rollup, resident anonymous and shared memory."""
+    """The memory a process holds alone, in bytes (0 when it is gone): its unique set size
+    (USS), the pages it would free by exiting. A trial forked from a warm process shares
+    TensorFlow's pages with it until it writes them, and those are not its growth (RSS
+    would count them in every trial); where USS cannot be read, its resident memory less
+    what it maps from files."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Private_Dirty:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            lines = status.read().splitlines()
-    except OSError:
+        process = psutil.Process(pid)
+        try:
+            return process.memory_full_info().uss
+        except psutil.AccessDenied:
+            memory = process.memory_info()
+            return max(memory.rss - memory.shared, 0)
+    except psutil.Error:
         return 0
-    kib = 0
-    for line in lines:
-        if line.startswith(("RssAnon:", "RssShmem:")):
-            kib += int(line.split()[1])
-    return kib * 1024
 
 
 def _kill(watched: _Watched, pids: list[int]) -> None:
