@@ -108,8 +108,7 @@ class ReportHandler(CheckpointRoutes):
         return {} if result is None else result
 
     async def _reporter(self) -> SQLiteReporter:
-        cached = getattr(self.app, "cached_reporter", None)
-        reporter = cached(self.trial_id) if cached else None
+        reporter = self.app.cached_reporter(self.trial_id)
         if reporter is None:  # made once a trial: it opens the database
             reporter = await run_in_threadpool(self.app.reporter, self.trial_id)
         return reporter
