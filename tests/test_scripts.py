@@ -47,9 +47,14 @@ FIGURES = {
                    r"\d+\.\d+ +max \|weights - 1 slot\| \d"],
     "search.py": [r"Optuna +process +\d+\.\d s, search +\d+\.\d s",
                   r"Keras Tuner +process +\d+\.\d s",
-                  r"localdet +submit -> COMPLETED +\d+\.\d s",
-                  r"2 trials, 2 epochs trained .* 2 launches",
-                  r"launch -> first batch .*: median \d+\.\d+ s"],
+                  r"2 trials, 2 epochs trained .* 2 launches"]
+                 + [figure for line in ("Keras 2", "Keras 3") for figure in (
+                     rf"bare fits, {line} +fits summed +\d+\.\d s \(\d+\.\d\d s a trial\), "
+                     r"process +\d+\.\d s; localdet's draws",
+                     rf"localdet, {line} +submit -> COMPLETED +\d+\.\d s: \d+\.\d\dx the bare",
+                     rf"timeline \({line}\), shares of .*: training \d+\.\d%, start-up \d+\.\d%",
+                     rf"phase means \({line}\), s: .*process_ready \d+\.\d\d, .*first_batch \d",
+                     rf"launch -> first batch \({line}\): median \d+\.\d+ s")],
     "search_quality.py": [rf"{label} +\d+\.\d+ \+- \d+\.\d+ +median" for label in
                           ("localdet random", "localdet tpe", "optuna TPESampler")]
                          + [r"digits SVC validation error", r"tpe vs Optuna: difference"],

@@ -1,4 +1,4 @@
-"""A hyperparameter search three ways: Optuna, Keras Tuner, localdet's daemon.
+"""A hyperparameter search four ways: Optuna, Keras Tuner, localdet's daemon, and bare fits.
 
 One run does the same search of the digits model (examples/digits_trial: Dense(hidden_units,
 relu), Dropout(0.1), Dense(10, softmax), Adam(learning_rate), on scikit-learn's digits) with:
@@ -11,7 +11,19 @@ relu), Dropout(0.1), Dense(10, softmax), Adam(learning_rate), on scikit-learn's 
   localdet      `localdet daemon --slots 1` (temporary LOCALDET_HOME), already running and
                 idle (--settle, 5, seconds after it says it is watching) when the clock starts;
                 timed from `localdet submit` to the experiment COMPLETED; searcher `random`
-                (max_trials, max_concurrent_trials 1) or `adaptive_asha`
+                (max_trials, max_concurrent_trials 1) or `adaptive_asha`; a fresh daemon for
+                each Keras line (--line) and each --warm setting
+  bare fits     one process that has imported TensorFlow: localdet's trials again, the same
+                hyperparameters (read from its records after its search) and epochs, one
+                `model.fit` after another (build, compile, fit with validation each epoch),
+                under the same Keras line as those trials; timed: the fits summed (TensorFlow's
+                import and the data's loading left out) and the process, spawn to exit
+
+Keras lines (--line keras2|keras3|both, default both): localdet's digits trial is a
+TFKerasTrial, which the daemon runs under Keras 2 (tf_keras) by Determined's rule; for Keras 3
+the experiment's config sets TF_USE_LEGACY_KERAS=0 in environment.environment_variables.
+Each line's search gets bare fits under the same line (a process started with
+TF_USE_LEGACY_KERAS=1 or 0). Optuna and Keras Tuner run once, under Keras 3 (0).
 
 Random (the default): --trials 8 of --epochs 2. ASHA (--searcher asha): 12 trials of at
 most --epochs 16, max_rungs 3, divisor 4: localdet's adaptive_asha (mode standard), Optuna's
@@ -24,100 +36,104 @@ sets its own number of trials (32 for 16 epochs: brackets with rungs after 1, 4,
 4, 16 and 16). The three stop different trials early, so the table gives the trials and
 epochs each trained, and the seconds per epoch trained beside the wall time. (A trial that
 Keras Tuner's Hyperband promotes reloads its weights with a fresh optimizer; localdet's
-resume their optimizer state too.)
+resume their optimizer state too. The bare fits train each of localdet's trials for the
+epochs it trained in all, in one fit.)
 
-How the three are made comparable:
+How they are made comparable:
   - the same model, data split (train_test_split(test_size=0.2, random_state=0): 1437
     training and 360 validation digits), batch size 32, shuffled training data, and one
     validation pass over the 360 digits after every epoch (localdet: min_validation_period 1
     epoch); an epoch is 45 batches (Keras's last batch of each epoch holds 29 digits;
     localdet's data never ends, so its batches all hold 32);
   - the same search space: hidden_units an int in [16, 128], learning_rate log-uniform in
-    [10^-3.5, 10^-1.5], dropout 0.1; each tool draws its own seeded random samples from it;
-  - one trial at a time everywhere (localdet: 1 slot, max_concurrent_trials 1), each in a
-    fresh Python process started by this script, with the same environment (TensorFlow's
+    [10^-3.5, 10^-1.5], dropout 0.1; Optuna, Keras Tuner and localdet each draw their own
+    seeded random samples from it, the bare fits take localdet's (with --only bare and no
+    localdet: a list drawn with Python's random, seeded);
+  - one trial at a time everywhere (localdet: 1 slot, max_concurrent_trials 1), each tool in
+    a fresh Python process started by this script, with the same environment (TensorFlow's
     default thread pools, TF_CPP_MIN_LOG_LEVEL=2), one tool after another; this script
     itself imports no TensorFlow. Run it on an otherwise idle machine: the load average
     before and after is printed, and with 2 CPUs anything else running shifts the figures;
   - each tool keeps what it normally keeps: Optuna its study in SQLite (a row per epoch
     through the pruning callback), Keras Tuner its trials and best weights in a temporary
     folder, localdet its records, metrics and checkpoints (one per trial, one per rung under
-    ASHA) in its temporary LOCALDET_HOME.
+    ASHA) in its temporary LOCALDET_HOME; the bare fits keep nothing.
 
 Optuna's and Keras Tuner's times are given twice: `process` (spawn to exit: Python, importing
 TensorFlow and the tool, the search) and `search` (the `study.optimize` / `tuner.search` call
 alone). localdet's daemon starts before the clock, so the stricter comparison is against
-`search`. (The daemon keeps a warm process ready from its start for trial classes that set
-no environment variables, so every launch here is warm. Its trials run under Keras 2, as a
-trial class does by Determined's rule, while Optuna and Keras Tuner run under this
-interpreter's default, Keras 3; the figures below, from 4395d19, are Keras 3 throughout.)
+`search`, and the strictest against the bare fits summed.
 
-For localdet the script also reads its SQLite file once the experiment is done:
-  launch -> first batch       per launch (`trial_launched` event), the time to the trial's
-                              `trial_first_batch` event if there is one, else to its first
-                              `training` metrics row (which comes at the first workload
-                              boundary: batch 45, the first epoch's end, here)
-  checkpoint -> next batch    per launch after the first, from the latest `checkpoint` event
-                              before it (the previous trial's final checkpoint: one slot) to
-                              the new trial's first batch as above, and the part of it
-                              before the new launch (the old process ending, the daemon
-                              noticing, choosing and starting the next)
-Medians are printed. Targets, printed beside the figures, never asserted: localdet's wall
-time at most 1.2x Optuna's, first batch within 1 s of a warm process being assigned.
+After each localdet search the script reads where its time went, from its timeline
+(localdet/operations/timeline.py, what `localdet status ID --timeline --json` prints):
+  shares        of the slot-seconds from the first launch's decision to the last exit:
+                training, start-up (launch to first batch), validation, checkpoints,
+                shut-down, the daemon (deciding, launching, recording exits), untracked
+                (in a trial between phases), idle
+  phase means   each recorded phase's mean seconds: launch (the daemon's decision to the
+                process started), process_ready (forked from a warm process, or a cold
+                start), import (the trial's module), model_built, data_ready, first_batch
+                (the train function made, the first batch trained), training (a workload),
+                validation, checkpoint, checkpoint_store, end, exit
+and from its launches' phases (table launch_phases), medians of
+  launch -> first batch       the daemon's decision to launch to the first batch's end (the
+                              timeline's launch_to_first_batch, whose mean it prints);
+                              warm and cold launches apart where both occur
+  last batch -> next first batch
+                              between two launches on the slot: the last training batch of
+                              one to the first batch of the next, of which the slot free
+                              (the exit recorded) -> the next launch
+Targets, printed beside the figures, never asserted: localdet's wall time at most 1.15x the
+bare fits summed in the same line, launch -> first batch at most 1 s in both lines.
 
     pip install -e ".[bench]"                       # optuna, optuna-integration, keras-tuner
-    python scripts/bench/search.py                  # random: 8 trials of 2 epochs
+    python scripts/bench/search.py                  # random: 8 trials of 2 epochs, both lines
+    python scripts/bench/search.py --line keras2    # one Keras line (keras2, keras3, both)
     python scripts/bench/search.py --searcher asha  # ASHA: 12 trials, up to 16 epochs
     python scripts/bench/search.py --trials 3 --epochs 1          # a quicker look
     python scripts/bench/search.py --warm 0         # passed to `localdet daemon --warm`
     python scripts/bench/search.py --both-warm      # localdet twice: warm default, --warm 0
-    python scripts/bench/search.py --only localdet  # one tool (repeatable)
+    python scripts/bench/search.py --only localdet --only bare    # some tools (repeatable)
     python scripts/bench/search.py --smoke          # seconds: 2 trials of 1 epoch, no settling
 
-Measured with --both-warm on the 2-vCPU test machine (TensorFlow 2.21, Keras 3.15, Optuna
-5.0, Keras Tuner 1.4.8, localdet at 4395d19), load average under 1.2 through each run;
-x: ratio to Optuna's process / search time:
-                        random, 8 trials x 2 epochs    ASHA, 12 trials, <= 16 epochs
-  Optuna                13.9 s process, 8.8 s search   35.4 s, 30.3 s (156 epochs, 0.19 s/epoch)
-  Keras Tuner           14.0 s, 9.7 s: 1.00x / 1.59x   54.9 s, 50.2 s: 1.55x / 1.81x
-                                                       (32 trials, 136 epochs, 0.37 s/epoch)
-  localdet, warm        10.2 s: 0.73x / 1.16x          22.1 s: 0.63x / 0.73x
-                        (8 of 8 launches warm)         (14 of 14 warm; 120 epochs, 0.18 s/epoch)
-  localdet, --warm 0    34.2 s: 2.46x / 3.89x          62.9 s: 1.78x / 2.08x (0.53 s/epoch)
-  launch -> first batch, medians: warm 0.79 s, --warm 0 3.63 s (ASHA: 0.75 s, 3.49 s)
-  final checkpoint -> next first batch: warm 0.83 s, --warm 0 3.87 s (ASHA: 0.80 s, 3.73 s),
-    of which checkpoint -> next launch 0.04 s warm, 0.25 s with --warm 0 (ASHA the same)
-Before the warm process was kept from the daemon's start (a6fedfb), an experiment's first
-launch was cold (3.6 s to its first batch) and the random search took 1.70x Optuna's search.
+MEASURED
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
+import random
 import shutil
-import signal
-import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "digits_trial"
-RECORDS_PER_EPOCH = 1437  # 80 % of the 1797 digits
-BATCH_SIZE = 32
-BATCHES_PER_EPOCH = -(-RECORDS_PER_EPOCH // BATCH_SIZE)  # 45
-HIDDEN_UNITS = (16, 128)
-LOG10_LEARNING_RATE = (-3.5, -1.5)
-DROPOUT = 0.1
-ASHA_RUNGS, ASHA_DIVISOR = 3, 4
-TOOLS = ("optuna", "kerastuner", "localdet")
-NAMES = {"optuna": "Optuna", "kerastuner": "Keras Tuner", "localdet": "localdet"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _search_localdet import (  # noqa: E402  (imports no TensorFlow)
+    ASHA_DIVISOR,
+    ASHA_RUNGS,
+    BATCH_SIZE,
+    BATCHES_PER_EPOCH,
+    DROPOUT,
+    HIDDEN_UNITS,
+    KERAS,
+    LEGACY,
+    LOG10_LEARNING_RATE,
+    asha_brackets,
+    daemon_has_warm,
+    median,
+    run_localdet,
+)
+
+TOOLS = ("optuna", "kerastuner", "localdet", "bare")
+NAMES = {"optuna": "Optuna", "kerastuner": "Keras Tuner", "localdet": "localdet",
+         "bare": "bare fits"}
+LINES = ("keras2", "keras3")
+TARGET_RATIO, TARGET_FIRST_BATCH = 1.15, 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -127,6 +143,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int,
                         help="epochs per trial (random: 2); asha: the longest rung (16)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--line", choices=(*LINES, "both"), default="both",
+                        help="the Keras line of localdet's trials and their bare fits: keras2 "
+                             "(the daemon's default for a trial class), keras3 "
+                             "(TF_USE_LEGACY_KERAS=0 in the config), or both, one after the other")
     parser.add_argument("--warm", type=int, metavar="N",
                         help="pass --warm N to `localdet daemon` (0: no warm processes)")
     parser.add_argument("--both-warm", action="store_true",
@@ -141,13 +161,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true",
                         help="a check that it runs (tests/test_scripts.py): 2 trials of 1 epoch, "
                              "no settling")
-    parser.add_argument("--worker", choices=("optuna", "kerastuner"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("optuna", "kerastuner", "bare"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--min-resource", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--draws", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.epochs, args.settle = args.trials or 2, args.epochs or 1, 0.0
     args.trials = args.trials or (12 if args.searcher == "asha" else 8)
     args.epochs = args.epochs or (16 if args.searcher == "asha" else 2)
+    args.lines = list(LINES) if args.line == "both" else [args.line]
     if args.warm is not None and args.both_warm:
         parser.error("--warm and --both-warm do not go together")
     return args
@@ -195,7 +218,7 @@ def epoch_counter():
 def run_optuna(args: argparse.Namespace, folder: Path) -> dict:
     import optuna
     import tensorflow as tf
-    if tf.keras.__version__.startswith("3"):
+    if keras_version().startswith("Keras 3"):
         from optuna_integration import KerasPruningCallback as PruningCallback
     else:
         from optuna_integration import TFKerasPruningCallback as PruningCallback
@@ -273,22 +296,71 @@ def run_kerastuner(args: argparse.Namespace, folder: Path) -> dict:
             "best": best}
 
 
+
+
+def run_bare(args: argparse.Namespace) -> dict:
+    """localdet's trials again as plain fits, one after another in this process."""
+    import tensorflow as tf
+    draws = json.loads(args.draws.read_text())
+    x_train, x_val, y_train, y_val = load_data()
+    fits, best = [], 0.0
+    for number, draw in enumerate(draws):
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(args.seed * 1000 + number)
+        start = time.monotonic()
+        model = build_model(draw["hidden_units"], draw["learning_rate"])
+        history = model.fit(x_train, y_train, batch_size=BATCH_SIZE, epochs=draw["epochs"],
+                            validation_data=(x_val, y_val), shuffle=True, verbose=0)
+        fits.append(time.monotonic() - start)
+        best = max([best, *history.history["val_accuracy"]])
+    return {"search": sum(fits), "fits": fits, "trials": len(draws),
+            "epochs": sum(draw["epochs"] for draw in draws), "best": best}
+
+
+def seeded_draws(args: argparse.Namespace) -> list[dict]:
+    """Draws of the search space for bare fits without a localdet search to copy."""
+    rng = random.Random(args.seed)
+    return [{"hidden_units": rng.randint(*HIDDEN_UNITS),
+             "learning_rate": 10 ** rng.uniform(*LOG10_LEARNING_RATE), "epochs": args.epochs}
+            for _ in range(args.trials)]
+
+
 def worker(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix=f"search-bench-{args.worker}-") as folder:
-        run = run_optuna if args.worker == "optuna" else run_kerastuner
-        result = run(args, Path(folder))
-    print("RESULT " + json.dumps(result), flush=True)
+    if args.worker == "bare":
+        result = run_bare(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix=f"search-bench-{args.worker}-") as folder:
+            run = run_optuna if args.worker == "optuna" else run_kerastuner
+            result = run(args, Path(folder))
+    print("RESULT " + json.dumps({**result, "keras": keras_version()}), flush=True)
 
 
-def in_process(tool: str, args: argparse.Namespace, env: dict, logs: Path) -> dict:
-    """Run one tool's search in a fresh process; its wall time from spawn to exit."""
+def keras_version() -> str:
+    """What tf.keras is: "Keras 3.15.1", or "tf_keras 2.21.0" (Keras 2, which has no version
+    of its own under tf.keras)."""
+    import tensorflow as tf
+    version = getattr(tf.keras, "__version__", None)
+    if version is None:
+        import tf_keras
+        return f"tf_keras {tf_keras.__version__}"
+    return f"Keras {version}"
+
+
+def in_process(tool: str, args: argparse.Namespace, env: dict, logs: Path, line: str,
+               draws: list[dict] | None = None) -> dict:
+    """Run one tool's search in a fresh process under a Keras line; its wall time from spawn
+    to exit."""
     argv = [sys.executable, __file__, "--worker", tool, "--searcher", args.searcher,
             "--trials", str(args.trials), "--epochs", str(args.epochs), "--seed", str(args.seed),
             "--min-resource", str(args.min_resource)]
-    log = logs / f"{tool}.log"
+    if draws is not None:
+        (logs / f"{tool}-{line}-draws.json").write_text(json.dumps(draws))
+        argv += ["--draws", str(logs / f"{tool}-{line}-draws.json")]
+    log = logs / f"{tool}-{line}.log"
     start = time.monotonic()
     with open(log, "w") as err:
-        done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        done = subprocess.run(argv, env={**env, "TF_USE_LEGACY_KERAS": LEGACY[line]},
+                              stdout=subprocess.PIPE, stderr=err, text=True)
     wall = time.monotonic() - start
     results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not results:
@@ -297,160 +369,10 @@ def in_process(tool: str, args: argparse.Namespace, env: dict, logs: Path) -> di
     return {"process": wall, **json.loads(results[-1].removeprefix("RESULT "))}
 
 
-# -- the localdet side ------------------------------------------------------------------------
-
-def localdet_config(args: argparse.Namespace) -> dict:
-    searcher = {"metric": "val_accuracy", "smaller_is_better": False,
-                "max_length": {"epochs": args.epochs}, "max_trials": args.trials,
-                "max_concurrent_trials": 1}
-    if args.searcher == "asha":
-        searcher.update(name="adaptive_asha", max_rungs=ASHA_RUNGS, divisor=ASHA_DIVISOR,
-                        mode="standard")
-    else:
-        searcher.update(name="random")
-    return {
-        "name": f"search-bench-{args.searcher}",
-        "entrypoint": "model_def:DigitsTrial",
-        "hyperparameters": {
-            "global_batch_size": BATCH_SIZE, "dropout": DROPOUT,
-            "hidden_units": {"type": "int", "minval": HIDDEN_UNITS[0],
-                             "maxval": HIDDEN_UNITS[1]},
-            "learning_rate": {"type": "log", "minval": LOG10_LEARNING_RATE[0],
-                              "maxval": LOG10_LEARNING_RATE[1]},
-        },
-        "records_per_epoch": RECORDS_PER_EPOCH,
-        "searcher": searcher,
-        "min_validation_period": {"epochs": 1},
-        "max_restarts": 0,
-        "reproducibility": {"experiment_seed": args.seed},
-    }
-
-
-def asha_brackets(args: argparse.Namespace) -> list[list[int]]:
-    """localdet's adaptive_asha brackets for this search, as rung lengths in epochs (Determined's
-    formulas: 12 trials of at most 16 epochs give [[4, 16], [16]], 16 trials [[1, 4, 16],
-    [4, 16]])."""
-    from localdet.search.methods.asha import bracket_rung_counts, rung_units
-    counts = bracket_rung_counts(ASHA_RUNGS, args.epochs, args.trials, ASHA_DIVISOR, "standard")
-    return [rung_units(args.epochs, rungs, ASHA_DIVISOR) for rungs in counts]
-
-
-def seconds(text: str) -> float:
-    return datetime.datetime.fromisoformat(text).timestamp()
-
-
-def daemon_has_warm(env: dict) -> bool:
-    text = subprocess.run([sys.executable, "-m", "localdet", "daemon", "--help"], env=env,
-                          capture_output=True, text=True).stdout
-    return "--warm" in text
-
-
-def run_localdet(args: argparse.Namespace, env: dict, warm: int | None, keep: bool) -> dict:
-    home = tempfile.mkdtemp(prefix="search-bench-localdet-")
-    env = {**env, "LOCALDET_HOME": home}
-    argv = [sys.executable, "-m", "localdet", "daemon", "--slots", "1"]
-    if warm is not None:
-        argv += ["--warm", str(warm)]
-    daemon_log = Path(home) / "bench-daemon.out"
-    with open(daemon_log, "w") as out:
-        daemon = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while "watching" not in daemon_log.read_text():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                sys.exit("the daemon did not start:\n" + daemon_log.read_text()[-3000:])
-            time.sleep(0.1)
-        time.sleep(args.settle)
-        config_path = Path(home) / "search-bench.yaml"
-        config_path.write_text(json.dumps(localdet_config(args)))  # JSON is YAML
-        submitted = time.time()
-        subprocess.run([sys.executable, "-m", "localdet", "submit", str(config_path),
-                        str(EXAMPLE)], env=env, check=True, stdout=subprocess.DEVNULL)
-        db = sqlite3.connect(Path(home) / "localdet.db", timeout=30)
-        while True:
-            rows = db.execute("SELECT id, state, ended_at FROM experiments").fetchall()
-            if rows and rows[0][1] not in ("ACTIVE", "PAUSED"):
-                break
-            if daemon.poll() is not None:
-                sys.exit(f"the daemon exited (status {daemon.returncode}):\n"
-                         + daemon_log.read_text()[-3000:])
-            time.sleep(0.1)
-        seen = time.time()
-        experiment, state, ended_at = rows[0]
-        if state != "COMPLETED":
-            error = db.execute("SELECT error FROM experiments").fetchone()[0]
-            sys.exit(f"the search ended {state}: {error}; the daemon's log:\n"
-                     + daemon_log.read_text()[-3000:])
-        wall = (seconds(ended_at) if ended_at else seen) - submitted
-        result = {"wall": wall, **latencies(db, experiment)}
-        db.close()
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        if keep:
-            print(f"  (localdet home kept: {home})")
-        else:
-            shutil.rmtree(home, ignore_errors=True)
-    return result
-
-
-def latencies(db: sqlite3.Connection, experiment: int) -> dict:
-    events = db.execute("SELECT at, trial_id, kind, payload FROM events "
-                        "WHERE experiment_id = ? ORDER BY id", (experiment,)).fetchall()
-    reports = db.execute(
-        "SELECT m.trial_id, m.recorded_at, m.batches_trained FROM metrics m "
-        "JOIN trials t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.kind = 'training' "
-        "ORDER BY m.id", (experiment,)).fetchall()
-    first_batches = [(trial, seconds(at)) for at, trial, kind, _ in events
-                     if kind == "trial_first_batch"]
-    checkpoints = sorted(seconds(at) for at, _, kind, _ in events if kind == "checkpoint")
-    launches = [(trial, seconds(at), json.loads(payload)) for at, trial, kind, payload in events
-                if kind == "trial_launched"]
-    first, handover, gap, report_batches, warm, handover_warm = [], [], [], [], [], []
-    for trial, launched, payload in launches:
-        marks = [at for t, at in first_batches if t == trial and at >= launched]
-        if not marks:
-            later = [(seconds(at), b) for t, at, b in reports if t == trial
-                     and seconds(at) >= launched]
-            if not later:
-                continue
-            marks = [later[0][0]]
-            report_batches.append(later[0][1])
-        first.append(marks[0] - launched)
-        warm.append(bool(payload.get("warm")))
-        before = [at for at in checkpoints if at < launched]
-        if before and launched != launches[0][1]:
-            handover.append(marks[0] - before[-1])
-            gap.append(launched - before[-1])
-            handover_warm.append(bool(payload.get("warm")))
-    trials = db.execute("SELECT COUNT(*), SUM(batches_trained) FROM trials "
-                        "WHERE experiment_id = ?", (experiment,)).fetchone()
-    best = db.execute(
-        "SELECT MAX(json_extract(m.metrics, '$.val_accuracy')) FROM metrics m JOIN trials t "
-        "ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.kind = 'validation'",
-        (experiment,)).fetchone()[0]
-    return {"trials": trials[0], "epochs": (trials[1] or 0) / BATCHES_PER_EPOCH, "best": best,
-            "launches": len(launches),
-            "warm_launches": sum(bool(p.get("warm")) for _, _, p in launches),
-            "first": first, "handover": handover, "gap": gap, "warm": warm,
-            "handover_warm": handover_warm,
-            "by_event": bool(first_batches), "report_batches": report_batches}
-
-
 # -- the report -------------------------------------------------------------------------------
 
-def median(values: list[float]) -> str:
-    if not values:
-        return "n/a"
-    return (f"median {statistics.median(values):.2f} s (min {min(values):.2f}, "
-            f"max {max(values):.2f}, n={len(values)})")
-
-
-def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
+def report(args: argparse.Namespace, results: dict[str, dict],
+           lines: dict[str, dict[str, dict]]) -> None:
     if args.searcher == "asha":
         what = (f"ASHA: {args.trials} trials (Keras Tuner's Hyperband: its own count), "
                 f"max_rungs {ASHA_RUNGS}, divisor {ASHA_DIVISOR}, at most {args.epochs} epochs; "
@@ -465,7 +387,7 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     def ratios(wall: float) -> str:
         if not base:
             return ""
-        return (f"  {wall / base['process']:.2f}x Optuna's process, "
+        return (f"; {wall / base['process']:.2f}x Optuna's process, "
                 f"{wall / base['search']:.2f}x its search")
 
     def work(r: dict) -> str:
@@ -477,36 +399,56 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         if tool in results:
             r = results[tool]
             print(f"  {NAMES[tool]:<26} process {r['process']:6.1f} s, "
-                  f"search {r['search']:6.1f} s"
+                  f"search {r['search']:6.1f} s ({r['keras']})"
                   + (ratios(r["process"]) if tool != "optuna" else ""))
             print(work(r) + (f", {r['pruned']} pruned" if "pruned" in r else ""))
-    for label, r in results.items():
-        if not label.startswith("localdet"):
-            continue
-        print(f"  {label:<26} submit -> COMPLETED {r['wall']:6.1f} s" + ratios(r["wall"])
-              + ("   (target <= 1.2x)" if base else ""))
-        print(work(r) + f", {r['launches']} launches ({r['warm_launches']} warm)")
-        if r["by_event"]:
-            to = "first batch (trial_first_batch)"
-        else:
-            batch = (f"batch {statistics.median(r['report_batches']):.0f}"
-                     if r["report_batches"] else "")
-            to = f"first training report ({batch})"
-        print(f"      launch -> {to}: {median(r['first'])}")
-        for name, kind in (("warm", True), ("cold", False)):
-            if any(r["warm"]) and kind in r["warm"]:
-                print(f"        {name} launches: "
-                      + median([f for f, w in zip(r["first"], r["warm"], strict=True)
-                                if w == kind]))
-        print("        (target: first batch within 1 s of a warm process being assigned)")
-        print(f"      previous trial's final checkpoint -> next {to.split(' (')[0]}: "
-              f"{median(r['handover'])}")
-        for name, kind in (("warm", True), ("cold", False)):
-            if any(r["handover_warm"]) and kind in r["handover_warm"]:
-                print(f"        to {name} launches: "
-                      + median([h for h, w in zip(r["handover"], r["handover_warm"],
-                                                  strict=True) if w == kind]))
-        print(f"        of which final checkpoint -> next launch: {median(r['gap'])}")
+    for line, runs in lines.items():
+        name = KERAS[line]
+        bare = runs.get("bare")
+        how = ("the daemon's default for a trial class" if line == "keras2"
+               else "TF_USE_LEGACY_KERAS=0 in the config's environment")
+        print(f"  {name}: localdet's trials by {how}"
+              + (f"; the bare fits under {bare['keras']}" if bare else ""))
+        if bare:
+            print(f"    {'bare fits, ' + name:<24} fits summed {bare['search']:6.1f} s "
+                  f"({bare['search'] / max(bare['trials'], 1):.2f} s a trial), "
+                  f"process {bare['process']:6.1f} s"
+                  + ("; localdet's draws" if bare["copied"] else "; seeded draws"))
+        for label, r in runs.items():
+            if label == "bare":
+                continue
+            against = (f": {r['wall'] / bare['search']:.2f}x the bare fits summed (target <= "
+                       f"{TARGET_RATIO}x)" if bare else "")
+            print(f"    {label + ', ' + name:<24} submit -> COMPLETED {r['wall']:6.1f} s"
+                  + against + ratios(r["wall"]))
+            extra = (f", {(r['wall'] - bare['search']) / max(r['trials'], 1):.2f} s a trial "
+                     "over the bare fits" if bare else "")
+            print(work(r) + f", {r['launches']} launches ({r['warm_launches']} warm)" + extra)
+            if r["keras_lines"] != [line]:
+                print(f"      (its launches ran under {', '.join(r['keras_lines'])}, "
+                      f"not {line})")
+            timeline_lines(r, name)
+
+
+def timeline_lines(r: dict, name: str) -> None:
+    summary = r["timeline"]
+    if summary:
+        print(f"      timeline ({name}), shares of {summary['slot_seconds']:.1f} slot-seconds: "
+              + ", ".join(f"{category} {share:.1f}%"
+                          for category, share in summary["shares"].items()))
+        print(f"      phase means ({name}), s: "
+              + ", ".join(f"{phase} {stats['mean']:.2f}"
+                          for phase, stats in summary["phases"].items()))
+    else:
+        print(f"      timeline ({name}): none recorded")
+    print(f"      launch -> first batch ({name}): {median(r['first'])} "
+          f"(target <= {TARGET_FIRST_BATCH:.0f} s)")
+    for label, kind in (("warm", True), ("cold", False)):
+        if any(r["warm"]) and not all(r["warm"]) and kind in r["warm"]:
+            print(f"        {label} launches: "
+                  + median([f for f, w in zip(r["first"], r["warm"], strict=True) if w == kind]))
+    print(f"      last batch -> next first batch: {median(r['handover'])}")
+    print(f"        of which slot free -> next launch: {median(r['gap'])}")
 
 
 def main() -> None:
@@ -528,15 +470,24 @@ def main() -> None:
     for tool in ("optuna", "kerastuner"):
         if tool in tools:
             print(f"{NAMES[tool]}...", file=sys.stderr, flush=True)
-            results[tool] = in_process(tool, args, env, logs)
-    if "localdet" in tools:
-        runs = [("localdet (warm default)", None), ("localdet (--warm 0)", 0)] \
-            if args.both_warm else [("localdet" if args.warm is None
-                                     else f"localdet (--warm {args.warm})", args.warm)]
-        for label, warm in runs:
-            print(f"{label}...", file=sys.stderr, flush=True)
-            results[label] = run_localdet(args, env, warm, args.keep)
-    report(args, results)
+            results[tool] = in_process(tool, args, env, logs, "keras3")
+    lines: dict[str, dict[str, dict]] = {}
+    for line in args.lines:
+        runs: dict[str, dict] = {}
+        if "localdet" in tools:
+            warms = [("localdet", None), ("localdet --warm 0", 0)] if args.both_warm else \
+                [("localdet" if args.warm is None else f"localdet --warm {args.warm}", args.warm)]
+            for label, warm in warms:
+                print(f"{label}, {KERAS[line]}...", file=sys.stderr, flush=True)
+                runs[label] = run_localdet(args, env, line, warm, args.keep)
+        if "bare" in tools:
+            copied = next((r["draws"] for r in runs.values()), None)
+            print(f"bare fits, {KERAS[line]}...", file=sys.stderr, flush=True)
+            runs["bare"] = {**in_process("bare", args, env, logs, line,
+                                         copied or seeded_draws(args)),
+                            "copied": bool(copied)}
+        lines[line] = runs
+    report(args, results, lines)
     if args.keep:
         print(f"  (logs kept: {logs})")
     else:
