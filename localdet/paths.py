@@ -10,9 +10,12 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from determined.core._reporting import HOME_VAR
 
@@ -107,3 +110,16 @@ def user_cache_dir() -> Path:
         return Path(os.environ["LOCALDET_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "localdet"
+
+
+def write_cache_file(path: Path, value: Any) -> None:
+    """Write `value` as JSON to a file of the user's cache, whole or not at all (readers in
+    other processes never see half of it); a folder that cannot be written only costs the
+    next call a computation, so it is not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        scratch.write_text(json.dumps(value))
+        os.replace(scratch, path)
+    except OSError:
+        pass

@@ -30,6 +30,21 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def module_from_file(name: str, path: Path):
+    """A module loaded from a file outside any package (a benchmark, a migration)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records_bench():
+    """scripts/bench/records.py, whose `fill_experiment` records a large search quickly."""
+    return module_from_file("records_bench", REPO / "scripts" / "bench" / "records.py")
+
+
 def one_error_line(result: subprocess.CompletedProcess) -> str:
     """The one line a command that failed as it should (exit 1, no traceback) said."""
     assert result.returncode == 1, result

@@ -6,11 +6,11 @@ a real SQLite file, filled as scripts/bench/records.py fills its search."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import records_bench
 
 from localdet.paths import Layout
 from localdet.records.db import StateDB
@@ -18,12 +18,8 @@ from localdet.ui.web import curve_cache, figures
 
 
 def _fill(home: Path, trials: int, seed: int = 0) -> int:
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "records.py"
-    spec = importlib.util.spec_from_file_location("records_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     with StateDB.open(Layout(home).ensure().db) as db:
-        return bench.fill_experiment(db, trials, 30, 3, running=2, seed=seed)
+        return records_bench().fill_experiment(db, trials, 30, 3, running=2, seed=seed)
 
 
 @pytest.fixture

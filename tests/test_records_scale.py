@@ -11,14 +11,13 @@ minute."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import urllib.request
-from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, served
+from conftest import records_bench
 
 from localdet.paths import Layout
 from localdet.records.db import StateDB
@@ -26,14 +25,6 @@ from localdet.ui.web import downsample, figures
 from localdet.ui.web.app import create_app
 
 TRIALS, ROWS, VALIDATIONS = 40, 1200, 40
-
-
-def _bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "records.py"
-    spec = importlib.util.spec_from_file_location("records_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- thinning -------------------------------------------------------------------------------
@@ -92,7 +83,7 @@ def test_the_experiment_page_draws_the_best_trials_and_the_running_ones():
 def search(tmp_path_factory):
     layout = Layout(tmp_path_factory.mktemp("scale") / "home").ensure()
     with StateDB.open(layout.db) as db:
-        experiment_id = _bench().fill_experiment(db, TRIALS, ROWS, VALIDATIONS)
+        experiment_id = records_bench().fill_experiment(db, TRIALS, ROWS, VALIDATIONS)
         trial_ids = [t.id for t in db.trials(experiment_id)]
     return layout, experiment_id, trial_ids
 

@@ -6,14 +6,13 @@ scripts/bench/records.py records its 1,000 trials (`fill_experiment`), at 40 tri
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import records_bench
 
 from localdet.operations import facts as facts_module
 from localdet.records.db import StateDB
@@ -23,21 +22,13 @@ from localdet.ui.cli import cli
 TRIALS = 40
 
 
-def _bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "records.py"
-    spec = importlib.util.spec_from_file_location("records_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def search(tmp_path_factory):
     from localdet.paths import Layout
 
     layout = Layout(tmp_path_factory.mktemp("status") / "home").ensure()
     with StateDB.open(layout.db) as db:
-        experiment_id = _bench().fill_experiment(db, TRIALS, 20, 4)
+        experiment_id = records_bench().fill_experiment(db, TRIALS, 20, 4)
         with db.atomic():  # one completed trial failed instead (a state no search ends in)
             db.db.execute("UPDATE trials SET state = 'ERROR', error = 'it broke' WHERE id = ?",
                           [db.trials(experiment_id)[3].id])

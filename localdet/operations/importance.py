@@ -29,15 +29,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from localdet.operations.facts import flat_hparams, validation_summary
-from localdet.paths import Layout, user_cache_dir
+from localdet.paths import Layout, user_cache_dir, write_cache_file
 from localdet.records.db import Experiment, StateDB
 
 EVALUATOR = "ped-anova"
@@ -119,14 +117,7 @@ def _read_cache(layout: Layout, experiment_id: int, digest: str) -> dict[str, An
 
 def _write_cache(layout: Layout, experiment_id: int, digest: str,
                  answer: dict[str, Any]) -> None:
-    path = cache_path(layout, experiment_id)
-    try:  # a cache: a folder that cannot be written only costs the next call a computation
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        scratch.write_text(json.dumps({"digest": digest, "answer": answer}))
-        os.replace(scratch, path)
-    except OSError:
-        pass
+    write_cache_file(cache_path(layout, experiment_id), {"digest": digest, "answer": answer})
 
 
 def importances(layout: Layout, db: StateDB, experiment_id: int, *,

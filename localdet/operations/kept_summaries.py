@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from localdet.paths import user_cache_dir
+from localdet.paths import user_cache_dir, write_cache_file
 from localdet.records.db import Experiment, StateDB
 
 KEEP_FROM = 5000
@@ -48,13 +46,7 @@ def summary(db: StateDB, experiment: Experiment,
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # none yet, or unreadable: computed again
     found = compute(db, experiment)
-    try:  # a cache: a folder that cannot be written only costs the next call a computation
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        scratch.write_text(json.dumps({"mark": mark, "summary": found}))
-        os.replace(scratch, path)
-    except OSError:
-        pass
+    write_cache_file(path, {"mark": mark, "summary": found})
     return found
 
 
