@@ -11,8 +11,10 @@ restore.
     GET  checkpoints/<uuid>           the manifest's files
     GET  checkpoints/<uuid>/blobs/<sha256>   one file's bytes, each chunk checked
 
-Each runs in a worker thread (the store's files are read, hashed and written there); an
-upload's body is read as it arrives (`StreamedBody`), a download is streamed.
+What may block (the store's files read, hashed and written, its leases, S3) runs in a
+worker thread, the rest on the event loop; an upload of at most a batch of chunks is read
+whole before it is stored, a larger one as it arrives (`StreamedBody`), a download is
+streamed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shutil
 import tempfile
 from typing import Any, Iterator
 
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
 from localdet.checkpoints.manifest import files_of
@@ -47,28 +50,38 @@ class CheckpointRoutes(ReportRequest):
         (ReportHandler.serve)."""
         return {
             ("POST", "checkpoints", 2): self._checkpoint_step,
-            ("GET", "checkpoints", 1): lambda r, p, uuid: self.db(
-                r, lambda w: _manifest(w, uuid), write=False),
+            ("GET", "checkpoints", 1): self._manifest,
         }
 
-    def _checkpoint_step(self, reporter: SQLiteReporter, payload: dict, uuid: str,
-                         step: str) -> dict:
+    async def _manifest(self, reporter: SQLiteReporter, payload: Any, uuid: str) -> dict:
+        return await self.db_async(reporter, lambda w: _manifest(w, uuid), write=False)
+
+    async def _checkpoint_step(self, reporter: SQLiteReporter, payload: dict | None,
+                               uuid: str, step: str) -> dict:
+        """On the event loop; what may block (a store's lease, S3, the commit) in a worker
+        thread."""
         app = self.app
         if not _UUID.fullmatch(uuid):
             raise RequestRefused(400, f"{uuid!r} is not a checkpoint uuid")
         if step == "begin":
-            self.db(reporter, write=False)
-            reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
-            app.begin(reporter.store, uuid)
+            await self.db_async(reporter, write=False)
+
+            def begin() -> None:
+                reporter._reserve.check_before_writing(app.layout.store)  # DiskFull: 507
+                app.begin(reporter.store, uuid)  # waits while a collector deletes blobs
+            await run_in_threadpool(begin)
             return {"chunks": True}  # this server takes chunked uploads (PUT chunks)
         if step == "missing":
-            self.db(reporter, write=False)
             hashes = (payload or {}).get("hashes", [])
             if not isinstance(hashes, list):
                 raise RequestRefused(400, "\"hashes\" must be a list of sha256 digests")
-            return {"missing": chunk_intake.missing(reporter.store, hashes)}
+            await self.db_async(reporter, write=False)
+            if isinstance(reporter.store, Store):  # a stat a blob: no thread needed
+                return {"missing": chunk_intake.missing(reporter.store, hashes)}
+            return {"missing": await run_in_threadpool(chunk_intake.missing, reporter.store,
+                                                       hashes)}  # S3: requests
         if step == "commit":
-            return self._commit(reporter, payload, uuid)
+            return await run_in_threadpool(self._commit, reporter, payload, uuid)
         raise RequestRefused(404, f"no such checkpoint step {step!r}")
 
     @staticmethod

@@ -1,6 +1,6 @@
 """The report server's writes to SQLite: one thread commits them in groups.
 
-Writes go through one thread (`GroupWriter`): the request threads queue their work, the
+Writes go through one thread (`GroupWriter`): the requests queue their work, the
 writer runs everything queued in one transaction (each request in a savepoint of its own)
 and commits, and only then are the requests answered. One connection writes instead of one
 per trial connection, so hundreds of trials do not take turns at SQLite's write lock (and

@@ -626,7 +626,7 @@ def _server_threads(report_server, wrap):
     Returns a function that undoes it."""
     import uvicorn
 
-    from localdet.reporting import report_handler
+    from localdet.reporting import checkpoint_routes, report_handler
 
     writer, pool = report_server.GroupWriter, report_handler.run_in_threadpool
     originals = uvicorn.Server.run, writer._serve
@@ -636,11 +636,11 @@ def _server_threads(report_server, wrap):
 
     uvicorn.Server.run = wrap(originals[0], "requests")
     writer._serve = wrap(originals[1], "writer")
-    report_handler.run_in_threadpool = in_pool
+    report_handler.run_in_threadpool = checkpoint_routes.run_in_threadpool = in_pool
 
     def undo():
         uvicorn.Server.run, writer._serve = originals
-        report_handler.run_in_threadpool = pool
+        report_handler.run_in_threadpool = checkpoint_routes.run_in_threadpool = pool
 
     return undo
 
