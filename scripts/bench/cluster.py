@@ -34,8 +34,9 @@ launch that filled the last slot to the last launch, before the queue runs dry):
   report writer    the writes the report server's writer committed, in how many
                    transactions, and the reads it ran beside them
   CPU              CPU seconds of the daemon's process (its loop's thread, the report
-                   writer, the request threads) and of the trials' workers, and the load
-                   average at the end: the machine is shared
+                   writer, the requests: the report server's event loop and what it hands
+                   to worker threads) and of the trials' workers, and the load average at
+                   the end: the machine is shared
 
 and where the daemon's main loop spent its time (perf_counter around each part of `step`).
 `--profile` adds a cProfile of the daemon's thread by CPU time, `--profile-server` one of
