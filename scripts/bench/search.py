@@ -98,36 +98,38 @@ bare fits summed in the same line, launch -> first batch at most 1 s in both lin
 
 Measured on the 2-vCPU test machine (TensorFlow 2.21, Keras 3.15.1, tf_keras 2.21.0, Optuna
 5.0, Keras Tuner 1.4.8), localdet at 926c045, the default run (random, 8 trials x 2 epochs,
-both lines), while other engineers' tests and benchmarks ran (scripts/bench/cluster.py at 256
-slots among them): load average 1.3 before, 4.7 after, so these are not idle figures. Optuna
-20.4 s process, 12.5 s search; Keras Tuner 23.1 s, 15.0 s (both Keras 3). x: localdet's wall
-time over the bare fits summed in the same line (target <= 1.15x, not met in either):
+both lines). Other engineers' tests and benchmarks were running on and off all along; this
+run fell in a lull: load average 1.1 before, 1.7 after (1-minute), not an idle machine.
+Optuna 24.0 s process, 15.0 s search; Keras Tuner 23.1 s, 15.7 s (both Keras 3). x: localdet's
+wall time over the bare fits summed in the same line (target <= 1.15x, not met in either):
 
                           Keras 2 (the default)          Keras 3 (TF_USE_LEGACY_KERAS=0)
-  bare fits summed        8.4 s (1.05 s a trial;         13.7 s (1.71 s a trial;
-                          process 14.8 s)                process 24.6 s)
-  localdet                14.6 s: 1.73x (+0.77 s a       19.1 s: 1.39x (+0.67 s a trial);
-                          trial); 1.16x Optuna's search  1.52x Optuna's search
+  bare fits summed        7.4 s (0.93 s a trial;         11.3 s (1.41 s a trial;
+                          process 14.9 s)                process 20.2 s)
+  localdet                16.1 s: 2.18x (+1.09 s a       20.5 s: 1.82x (+1.15 s a trial);
+                          trial); 1.07x Optuna's search  1.36x Optuna's search
   launches                8 of 8 warm                    7 of 8 warm (the first cold)
-  launch -> first batch   median 1.11 s (0.80 to 1.73)   1.17 s; warm 1.11 s, cold 6.50 s
-  last batch -> next      1.25 s, of which slot free     1.29 s, of which slot free
+  launch -> first batch   median 1.13 s (0.95 to 2.37)   1.26 s; warm 1.20 s, cold 6.91 s
+  last batch -> next      1.26 s, of which slot free     1.32 s, of which slot free
     first batch           -> next launch 0.00 s          -> next launch 0.00 s
-  shares: training        7.1%                           6.4%
-    start-up              73.1%                          80.7%
-    validation            12.1%                          7.5%
-    checkpoints           3.7%                           2.8%
-    daemon, shut-down,    3.8%, 0.1%, 0.2%, 0.1%         2.3%, 0.0%, 0.1%, 0.1%
+  shares: training        7.0%                           6.3%
+    start-up              74.0%                          80.8%
+    validation            12.4%                          7.5%
+    checkpoints           3.7%                           2.6%
+    daemon, shut-down,    2.4%, 0.1%, 0.2%, 0.1%         2.5%, 0.0%, 0.1%, 0.1%
     untracked, idle
-  phase means, s:         process_ready 0.17, import     process_ready 0.12, import 0.66,
-                          0.12, model_built 0.21,        model_built 0.15, data_ready
-                          data_ready 0.08, first_batch   0.07, first_batch 0.77, training
-                          0.62, training 0.06,           0.07, validation 0.08, checkpoint
-                          validation 0.10, checkpoint    0.04, checkpoint_store 0.02, end
-                          0.03, checkpoint_store 0.03,   0.03, exit 0.05
-                          end 0.03, exit 0.06
-An earlier run of 926c045 with the load rising from 3.1 to 8.2 gave Optuna 29.6 s / 20.4 s;
-localdet Keras 2 17.8 s, 1.80x its bare fits (9.9 s), 0.87x Optuna's search; Keras 3 36.8 s,
-2.33x its bare fits (15.8 s), its cold first launch 17.1 s to the first batch.
+  phase means, s:         process_ready 0.19, import     process_ready 0.11, import 0.69
+                          0.15, model_built 0.21,        (the cold launch's in it),
+                          data_ready 0.09, first_batch   model_built 0.17, data_ready
+                          0.73, training 0.07,           0.08, first_batch 0.88, training
+                          validation 0.12, checkpoint    0.07, validation 0.09, checkpoint
+                          0.04, checkpoint_store 0.03,   0.04, checkpoint_store 0.02, end
+                          end 0.03, exit 0.04            0.02, exit 0.06
+Two runs of 926c045 under more load, one after the other: load 1.3 -> 4.7: Keras 2 14.6 s,
+1.73x its bare fits (8.4 s), 1.16x Optuna's search (12.5 s); Keras 3 19.1 s, 1.39x (13.7 s);
+launch -> first batch 1.11 s and 1.17 s (cold 6.50 s). Load 3.1 -> 8.2: Keras 2 17.8 s,
+1.80x (9.9 s), 0.87x Optuna's search (20.4 s); Keras 3 36.8 s, 2.33x (15.8 s), its cold
+first launch 17.1 s to the first batch. The ratios move by 0.4x from run to run here.
 
 Reading them: start-up (the daemon's decision to the first batch) is most of every trial.
 Its first_batch phase (the train function traced, one batch) is paid by a bare fit too; what
