@@ -205,8 +205,8 @@ def test_a_0_17_config_applies_what_one_machine_can_and_notes_the_rest():
                 "environment.ports", "resources.shm_size", "resources.resource_pool",
                 "resources.agent_label", "resources.devices", "resources.weight",
                 "resources.native_parallel", "bind_mounts", "optimizations",
-                "profiling.sync_timings", "security", "data_layer", "tensorboard_storage", "checkpoint_storage.hdfs_url",
-                "checkpoint_storage.type"):
+                "profiling.sync_timings", "security", "data_layer", "tensorboard_storage",
+                "checkpoint_storage.hdfs_url", "checkpoint_storage.type"):
         assert f"'{key}'" in notes, key
     assert "internal" not in notes  # null: the default, nothing to note
     # Read for the daemon's system metrics: sampled up to batch 10.
