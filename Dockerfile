@@ -37,7 +37,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "h5py>=3.10" "sqlite-utils>=4.0,<4.3" "watchdog>=4.0" \
         "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0,<15.1" "numpy>=1.26" \
         "starlette>=0.37" "uvicorn>=0.29" "httptools>=0.6" "plotly>=5.20" "matplotlib>=3.8" \
-        "optuna>=4.0" "pyfastcdc>=0.3.1,<0.4" "scikit-learn>=1.3"
+        "optuna>=4.0" "pyfastcdc>=0.3.1,<0.4" "psutil>=5.9" "nvidia-ml-py>=12" \
+        "scikit-learn>=1.3"
 
 # localdet itself as its wheel, built from the sources and installed as a package index's
 # would be (tests/test_installed_wheel.py tests one built the same way), never the source
