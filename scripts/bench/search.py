@@ -94,7 +94,7 @@ bare fits summed in the same line, launch -> first batch at most 1 s in both lin
     python scripts/bench/search.py --warm 0         # passed to `localdet daemon --warm`
     python scripts/bench/search.py --both-warm      # localdet twice: warm default, --warm 0
     python scripts/bench/search.py --only localdet --only bare    # some tools (repeatable)
-    python scripts/bench/search.py --smoke          # seconds: 2 trials of 1 epoch, no settling
+    python scripts/bench/search.py --smoke          # seconds: 2 trials, 1 epoch, Keras 2
 
 Measured on the 2-vCPU test machine (TensorFlow 2.21, Keras 3.15.1, tf_keras 2.21.0, Optuna
 5.0, Keras Tuner 1.4.8), localdet at 926c045, the default run (random, 8 trials x 2 epochs,
@@ -191,10 +191,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int,
                         help="epochs per trial (random: 2); asha: the longest rung (16)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--line", choices=(*LINES, "both"), default="both",
+    parser.add_argument("--line", choices=(*LINES, "both"),
                         help="the Keras line of localdet's trials and their bare fits: keras2 "
                              "(the daemon's default for a trial class), keras3 "
-                             "(TF_USE_LEGACY_KERAS=0 in the config), or both, one after the other")
+                             "(TF_USE_LEGACY_KERAS=0 in the config), or both, one after the other "
+                             "(the default; --smoke: keras2)")
     parser.add_argument("--warm", type=int, metavar="N",
                         help="pass --warm N to `localdet daemon` (0: no warm processes)")
     parser.add_argument("--both-warm", action="store_true",
@@ -214,8 +215,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-resource", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--draws", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # one line: the other differs only by an environment variable
         args.trials, args.epochs, args.settle = args.trials or 2, args.epochs or 1, 0.0
+        args.line = args.line or "keras2"
+    args.line = args.line or "both"
     args.trials = args.trials or (12 if args.searcher == "asha" else 8)
     args.epochs = args.epochs or (16 if args.searcher == "asha" else 2)
     args.lines = list(LINES) if args.line == "both" else [args.line]
