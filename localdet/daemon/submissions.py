@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from localdet.checkpoints import warm_start
-from localdet.config import engines
+from localdet.config import engines, script_hparams
 from localdet.config.experiment import (
     MAX_CONFIG_BYTES,
     ConfigError,
@@ -228,6 +228,14 @@ def check_slots(config: dict, kind: str, slots: list[Slot] | None) -> None:
     raise SubmissionError(f"{key} is {asked} but this machine has {describe(slots)}; {remedy}")
 
 
+def check_script_hparams(config: dict, kind: str, model_dir: Path) -> None:
+    """Raise ConfigError for a hyperparameter a script that never imports `determined`
+    defines neither as a command-line option nor as a module-level constant
+    (localdet/config/script_hparams.py): refused before anything runs."""
+    if kind != JOB:
+        script_hparams.check(config, model_dir)
+
+
 def check_engine(config: dict, kind: str, model_dir: Path, node_slots: int | None = None
                  ) -> None:
     """Raise SubmissionError when no engine here can train a trial on its slots (a job's
@@ -362,6 +370,7 @@ class Intake:
         parsed = _load(kind, text)
         check_slots(parsed.config, kind, self.slot_list)
         check_engine(parsed.config, kind, staged, self.node_slots)
+        check_script_hparams(parsed.config, kind, staged)
         check_warm_start(self.db, parsed, kind)
         return text, parsed
 
@@ -501,6 +510,7 @@ def read_submission(config_path: Path, model_dir: Path | None, kind: str = EXPER
     check_slots(parsed.config, kind, slots)
     if model_dir is not None:
         check_engine(parsed.config, kind, Path(model_dir))
+        check_script_hparams(parsed.config, kind, Path(model_dir))
     return text, parsed
 
 
