@@ -28,9 +28,9 @@ from determined.core._reporting import (
     TRIAL_ID_VAR,
 )
 from localdet.checkpoints import disk_space
-from localdet.config import engines, keras_choice
+from localdet.config import engines, keras_choice, script_hparams
 from localdet.paths import Layout
-from localdet.processes import capped_log, startup_hook
+from localdet.processes import capped_log, startup_hook, unchanged_scripts
 from localdet.records.db import Experiment, Trial
 from localdet.records.states import ExperimentKind
 
@@ -93,10 +93,23 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         if visible_devices:  # nvidia-smi counts GPUs in PCI order; CUDA may not by default
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env[ENGINE_VAR] = engine
+    # A script that never imports `determined` gets its hyperparameters as its own options
+    # or module-level constants (localdet/config/script_hparams.py); the log says which.
+    try:
+        given = script_hparams.for_launch(argv_for(experiment.config), experiment.config,
+                                          Path(experiment.model_dir), trial.hparams)
+    except script_hparams.ScriptHparamError as error:
+        raise LaunchError(str(error)) from None
+    env.update(given.env)
+    # An entrypoint_script that never imports `determined`: localdet trains its fits
+    # (localdet/processes/unchanged_scripts.py).
+    argv = unchanged_scripts.injected(given.argv, experiment.config,
+                                      Path(experiment.model_dir),
+                                      job=experiment.kind == ExperimentKind.JOB)
     return LaunchSpec(
         # The folder's startup-hook.sh first, once for all ranks (once per container, as
         # Determined ran it): localdet/processes/startup_hook.py.
-        argv=startup_hook.wrapped(supervised_argv(argv_for(experiment.config), engine,
+        argv=startup_hook.wrapped(supervised_argv(argv, engine,
                                                   len(slots), experiment.config.get("launcher")),
                                   Path(experiment.model_dir), allow_system=allow_system_hooks,
                                   strict=experiment.config["environment"].get(
@@ -107,8 +120,8 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
         keras_line=line,
         keras_line_reason=reason,
         engine=engine,
-        header=(f"[localdet] trial {trial.id} launch {trial.restarts + 1} on slots {slots}: "
-                f"{line} ({reason}); engine {engine}"),
+        header="\n".join([f"[localdet] trial {trial.id} launch {trial.restarts + 1} on slots "
+                           f"{slots}: {line} ({reason}); engine {engine}", *given.lines]),
         max_log_bytes=max_log_bytes,
     )
 
@@ -203,7 +216,9 @@ def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:
     log, writer = _log_writer(spec)
     try:
         if spec.header:  # which Keras and why, before anything the trial prints
-            os.write(log, f"{spec.header}{'; in a warm process' if warm else ''}\n".encode())
+            first, *rest = spec.header.split("\n")
+            os.write(log, "\n".join([f"{first}{'; in a warm process' if warm else ''}", *rest,
+                                     ""]).encode())
         process = warm.hand_over(spec, log) if warm is not None else None
         if process is not None:
             process.log_writer, process.warm = writer, True
