@@ -35,6 +35,7 @@ from localdet.ui import (
     daemon_commands,
     doctor_commands,
     migrate_command,
+    script_commands,
     views,
 )
 
@@ -112,7 +113,10 @@ def submit(config: Path, model_dir: Path | None) -> None:
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("model_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--hp", "hps", multiple=True, metavar="NAME=VALUE",
+              help="With a SCRIPT.py instead of a config: a hyperparameter (repeat for more); "
+                   "a range (lr=log(1e-4,1e-1)) is drawn once. See `localdet search --help`.")
 @click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU slots (trials at once) when the machine has no GPU; with GPUs, "
                    "one slot per GPU.")
@@ -121,12 +125,25 @@ def submit(config: Path, model_dir: Path | None) -> None:
               help="Run the lines of model folders' startup-hook.sh that change the machine "
                    "(apt-get, yum, conda install, sudo ...); without it they are skipped with "
                    "a warning.")
-def run(config: Path, model_dir: Path, slots: int, quiet: bool,
+def run(config: Path, model_dir: Path | None, hps: tuple[str, ...], slots: int, quiet: bool,
         allow_system_hooks: bool) -> None:
-    """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it)."""
+    """Run one experiment in the foreground, without a daemon (Ctrl-C pauses it): CONFIG
+    and its MODEL_DIR, or a SCRIPT.py alone (`localdet run train.py --hp lr=0.01`), run
+    from its folder with the config written for it."""
     from localdet.daemon.submissions import SubmissionError
     from localdet.ui import foreground
 
+    if config.suffix == ".py":
+        from localdet.ui.script_commands import run_script
+
+        if model_dir is not None:
+            _fail(f"{config} is a script, run from its own folder; leave out {model_dir}")
+        return run_script(config, hps, slots, quiet, allow_system_hooks, console)
+    if hps:
+        _fail("--hp goes with a script (localdet run train.py --hp lr=0.01); with a config, "
+              "set its hyperparameters section")
+    if model_dir is None:
+        _fail(f"give the model folder after {config} (localdet run CONFIG MODEL_DIR)")
     layout = Layout.from_environment()
     try:
         experiment_id, warnings = foreground.record(layout, config, model_dir)
@@ -556,6 +573,7 @@ cli.add_command(compare.compare)
 cli.add_command(doctor_commands.doctor)
 cli.add_command(daemon_commands.daemon)
 cli.add_command(migrate_command.migrate)
+cli.add_command(script_commands.search)
 
 
 def main() -> None:
