@@ -6,7 +6,6 @@ few milliseconds run the scripts to show what they received)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,6 @@ import pytest
 
 from localdet.config.experiment import ConfigError, parse_config
 from localdet.config.script_hparams import (
-    CONSTANTS_VAR,
     ScriptHparamError,
     check,
     for_launch,
@@ -196,8 +194,7 @@ def run_launch(tmp_path: Path, hparams: dict, command: str = "python3 train.py")
     script wrote."""
     cfg = config({name: value for name, value in hparams.items()}, command)
     launch = for_launch([sys.executable, *command.split()[1:]], cfg, tmp_path, hparams)
-    env = {**os.environ, **launch.env}
-    subprocess.run(launch.argv, cwd=tmp_path, env=env, check=True, capture_output=True)
+    subprocess.run(launch.argv, cwd=tmp_path, check=True, capture_output=True)
     return launch, json.loads((tmp_path / "got.json").read_text())
 
 
@@ -210,9 +207,9 @@ def test_options_and_constants_reach_an_argparse_script(tmp_path):
                            "verbose": True, "augment": False}
     assert (got["EPOCHS"], got["NAME"], got["SCALE"], got["LEARNING_RATE"]) == \
         (3, "tuned", -0.5, 1e-3)
-    assert launch.argv[1:4] == ["-m", "determined.exec.run_script", "train.py"]
-    assert json.loads(launch.env[CONSTANTS_VAR]) == {"EPOCHS": 3, "NAME": "tuned",
-                                                     "SCALE": -0.5}
+    assert launch.argv[1:4] == ["-m", "determined.exec.run_script", "--constants"]
+    assert json.loads(launch.argv[4]) == {"EPOCHS": 3, "NAME": "tuned", "SCALE": -0.5}
+    assert launch.argv[5] == "train.py"
     said = "\n".join(launch.lines)
     assert "hyperparameter learning_rate=0.02: train.py's argparse option --learning-rate " \
            "(line 14), given as --learning-rate=0.02" in said
@@ -228,7 +225,7 @@ def test_options_only_run_the_script_itself(tmp_path):
                                         "out": "got.json"})
     assert got == {"units": 7, "learning_rate": 0.5, "shout": False, "opt": "sgd",
                    "dropout_rate": 0.25, "debug": True}
-    assert launch.argv[1] == "train.py" and not launch.env
+    assert launch.argv[1] == "train.py"  # no runner: the script itself
     assert launch.argv[-1] == "got.json"  # the positional after the options
 
 
@@ -263,8 +260,7 @@ def test_a_traceback_names_the_users_file_and_line(tmp_path):
                      "go()\n")
     cfg = config({"STEPS": 7})
     launch = for_launch([sys.executable, "train.py"], cfg, tmp_path, {"STEPS": 7})
-    result = subprocess.run(launch.argv, cwd=tmp_path, env={**os.environ, **launch.env},
-                            capture_output=True, text=True)
+    result = subprocess.run(launch.argv, cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1
     assert f'File "{tmp_path / "train.py"}", line 6, in go' in result.stderr
     assert result.stderr.strip().endswith("ValueError: 7")
@@ -273,9 +269,9 @@ def test_a_traceback_names_the_users_file_and_line(tmp_path):
 
 def test_the_runner_refuses_a_constant_the_file_no_longer_assigns(tmp_path):
     script(tmp_path, "X = 1\n")
-    result = subprocess.run([sys.executable, "-m", "determined.exec.run_script", "train.py"],
-                            cwd=tmp_path, env={**os.environ, CONSTANTS_VAR: '{"Y": 2}'},
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "determined.exec.run_script", "--constants",
+                             '{"Y": 2}', "train.py"], cwd=tmp_path, capture_output=True,
+                            text=True)
     assert result.returncode == 1
     assert result.stderr.strip() == ("error: train.py no longer assigns Y a literal at module "
                                      "level, so localdet cannot give it the hyperparameter; "

@@ -5,7 +5,7 @@ runs (localdet/config/script_options.py finds both without running the script).
     check(config, model_dir)        # at submit: ScriptHparamError names one it cannot take
     launch = for_launch(argv, config, model_dir, {"learning_rate": 0.01, "EPOCHS": 3})
     launch.argv      # [..., "train.py", "--learning-rate=0.01"]: options after the entrypoint's
-    launch.env       # the constants for determined.exec.run_script, which then runs the script
+    # constants: [..., "-m", "determined.exec.run_script", "--constants", JSON, "train.py", ...]
     launch.lines     # what the trial log says: which form each hyperparameter took
 
 When it applies: the entrypoint is `python[3] FILE.py ...` and that file (or a module of the
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from determined.exec.run_script import CONSTANTS_VAR
+from determined.exec.run_script import CONSTANTS_OPTION
 from localdet.config.schema import ConfigError
 from localdet.config.script_options import (
     ScriptError,
@@ -49,8 +49,7 @@ class ScriptHparamError(ConfigError):
 @dataclass
 class ScriptLaunch:
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # the trial log's: which form each took
 
 
 def script_index(argv: list[str]) -> int | None:
@@ -251,10 +250,10 @@ def for_launch(argv: list[str], config: dict, model_dir: Path,
         new_argv.extend(given)
     for _, given in positionals:
         new_argv.extend(given)
-    env = {}
     if constants:
-        # `python -m determined.exec.run_script FILE.py ARGS`: the same interpreter and
-        # options; the runner parses the file, replaces the constants, runs it as __main__.
-        new_argv = [*new_argv[:index], "-m", RUNNER_MODULE, *new_argv[index:]]
-        env[CONSTANTS_VAR] = json.dumps(constants)
-    return ScriptLaunch(new_argv, env, lines)
+        # `python -m determined.exec.run_script --constants JSON FILE.py ARGS`: the same
+        # interpreter and options; the runner parses the file, replaces the constants and
+        # runs it as __main__.
+        new_argv = [*new_argv[:index], "-m", RUNNER_MODULE, CONSTANTS_OPTION,
+                    json.dumps(constants), *new_argv[index:]]
+    return ScriptLaunch(new_argv, lines)

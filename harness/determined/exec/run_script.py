@@ -2,7 +2,7 @@
 replaced: how localdet gives hyperparameters to a script that never imports `determined`
 and has no command-line option for them.
 
-    LOCALDET_SCRIPT_CONSTANTS='{"EPOCHS": 3}' python -m determined.exec.run_script train.py
+    python -m determined.exec.run_script --constants '{"EPOCHS": 3}' train.py ARGS...
 
 The file is never changed, nor copied: its syntax tree is parsed, each top-level
 `NAME = literal` (or `NAME: type = literal`) of a named constant gets the new value, and the
@@ -22,7 +22,8 @@ import sys
 import types
 from typing import Any
 
-CONSTANTS_VAR = "LOCALDET_SCRIPT_CONSTANTS"  # JSON: {name: value}
+CONSTANTS_OPTION = "--constants"  # JSON: {name: value}; in argv, so each trial's own (a
+# warm process's environment must match its trials', localdet/processes/warm_pool.py)
 
 
 def _literal_target(node: ast.stmt) -> str | None:
@@ -91,10 +92,14 @@ def run(path: str, args: list[str], constants: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m determined.exec.run_script FILE.py [ARGS...]")
-    constants = json.loads(os.environ.pop(CONSTANTS_VAR, "{}") or "{}")
-    run(sys.argv[1], sys.argv[2:], constants)
+    args = sys.argv[1:]
+    constants = {}
+    if args[:1] == [CONSTANTS_OPTION] and len(args) >= 2:
+        constants, args = json.loads(args[1]), args[2:]
+    if not args:
+        raise SystemExit("usage: python -m determined.exec.run_script [--constants JSON] "
+                         "FILE.py [ARGS...]")
+    run(args[0], args[1:], constants)
 
 
 if __name__ == "__main__":
