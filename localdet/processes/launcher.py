@@ -100,7 +100,6 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
                                           Path(experiment.model_dir), trial.hparams)
     except script_hparams.ScriptHparamError as error:
         raise LaunchError(str(error)) from None
-    env.update(given.env)
     # An entrypoint_script that never imports `determined`: localdet trains its fits
     # (localdet/processes/unchanged_scripts.py).
     argv = unchanged_scripts.injected(given.argv, experiment.config,
