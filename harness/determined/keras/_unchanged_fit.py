@@ -1,0 +1,245 @@
+"""Each `model.fit` of an unchanged script, trained by localdet's runner (`TrialController`,
+the one `context.fit` and `TFKerasTrial`s train through): metrics at the workload boundaries
+the config sets, checkpoints, pause and exact resume.
+
+    fits = ScriptFits.start()     # in the trial's process, before the script runs
+    _unchanged.install(fits.fit)  # each Model.fit call is served by fits.fit
+
+Phases. The script's fit calls are the trial's phases, counted in the order it makes them
+(a frozen phase, then fine-tuning, is phases 0 and 1). The runner trains each phase as a
+run of its own, counting batches from 0, while the records count on across phases: a
+phase's metrics and checkpoints are recorded at the batches of the phases before it plus
+its own, and the trial's length grows by each phase's as it begins. Every checkpoint names
+its phase (`unchanged_script` in its metadata). A resumed script runs from its first line
+again; a fit call of a phase its checkpoint had finished trains nothing and returns that
+phase's recorded History; the phase the checkpoint is in restores it (weights, optimizer,
+random generators, data position, epoch) and goes on with `initial_epoch` where it stopped;
+later phases train as new.
+
+Length. Where the searcher sets one (`max_length`), it is each phase's length in batches,
+in place of the script's `epochs`; where it sets none, the script's `epochs` decide. The log
+says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from determined.core import TrialInfo, TrialReporter, reporter_from_environment
+from determined.core._reporting import reporter_factory
+from determined.keras import _engine, _unchanged
+
+METADATA_KEY = "unchanged_script"
+
+
+def _history_class(model: Any) -> Any:
+    """The model's own Keras's History (`keras`, or `tf_keras` under Keras 2)."""
+    package = importlib.import_module(type(model).__module__.split(".")[0])
+    keras = getattr(package, "keras", package)  # a model of `tensorflow.python.keras`
+    return keras.callbacks.History
+
+
+class PhaseReporter:
+    """The trial's reporter as one phase's runner sees it: batches counted from the phase's
+    start, recorded from the trial's (`offset` more); its checkpoints name the phase."""
+
+    def __init__(self, reporter: TrialReporter, fits: "ScriptFits", phase: int, offset: int):
+        self._reporter = reporter
+        self._fits = fits
+        self.phase = phase
+        self.offset = offset
+        self.target = 0  # this phase's length in batches, once known
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reporter, name)
+
+    def report_training_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        self._reporter.report_training_metrics(self.offset + batches_trained, metrics)
+
+    def report_validation_metrics(self, batches_trained: int,
+                                  metrics: Dict[str, float]) -> None:
+        self._reporter.report_validation_metrics(self.offset + batches_trained, metrics)
+
+    def set_target_batches(self, batches: int) -> None:
+        self.target = batches
+        self._fits.recorded_target = self.offset + batches
+        self._reporter.set_target_batches(self.offset + batches)
+
+    def save_checkpoint(self, directory: Path, batches_trained: int, metadata: Dict[str, Any],
+                        uuid: Optional[str] = None) -> str:
+        metadata = {**metadata, "batches_trained": self.offset + batches_trained,
+                    METADATA_KEY: self._fits.phase_record(self, batches_trained)}
+        (directory / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
+        return self._reporter.save_checkpoint(directory, self.offset + batches_trained,
+                                              metadata, uuid)
+
+
+class ScriptFits:
+    """The trial's fit calls, phase by phase; see the module docstring."""
+
+    def __init__(self, info: TrialInfo, reporter: TrialReporter, managed: bool = True):
+        self.info = info
+        self.reporter = reporter
+        self.managed = managed
+        self.calls = 0                   # fit calls made so far: the next one's phase
+        self.trained = 0                 # batches of the phases run so far
+        self.histories: List[Dict[str, List[float]]] = []  # finished phases' History
+        self.recorded_target = info.target_batches
+        saved = self._saved_phase(info)
+        self.resume_phase: Optional[int] = saved.get("phase") if saved else None
+        self.resume_offset = int(saved.get("offset", 0)) if saved else 0
+        if saved:
+            self.histories = [dict(h) for h in saved.get("histories", [])]
+        # The searcher's length of a phase: the trial's, unless this process set it (a
+        # phase's end) and the daemon has not changed it since (ASHA's next rung).
+        self.searcher_length = info.target_batches
+        if saved and info.target_batches == saved.get("recorded_target"):
+            self.searcher_length = int(saved.get("searcher_length", 0))
+            self.recorded_target = info.target_batches
+
+    @classmethod
+    def start(cls) -> "ScriptFits":
+        """For the trial this process was launched for: its reporter, settings and seeded
+        generators, as `det.keras.init()` prepares a script that calls it."""
+        from determined import _old_releases
+        from determined.keras._trial_controller import prepare_process
+
+        reporter = reporter_from_environment()
+        info = reporter.trial_info()
+        _old_releases.install(info.config)
+        prepare_process(info)
+        return cls(info, reporter)
+
+    def _saved_phase(self, info: TrialInfo) -> Dict[str, Any]:
+        if not info.latest_checkpoint:
+            return {}
+        try:
+            metadata = reporter_factory().checkpoint_metadata(info.latest_checkpoint)
+        except FileNotFoundError:  # a trial reporting over HTTP: read the checkpoint's own
+            metadata = self._restored_metadata(info.latest_checkpoint)
+        saved = metadata.get(METADATA_KEY)
+        # A checkpoint without one (a script changed to unchanged): its phase is the first.
+        return dict(saved) if isinstance(saved, dict) else {"phase": 0, "offset": 0}
+
+    def _restored_metadata(self, uuid: str) -> Dict[str, Any]:
+        scratch = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".phase-"))
+        try:
+            folder = self.reporter.restore_checkpoint(uuid, scratch / "checkpoint")
+            metadata = json.loads((folder / "metadata.json").read_text())
+            self.reporter.verify_restored_checkpoint()
+            return dict(metadata)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def phase_record(self, phase: PhaseReporter, batches_trained: int) -> Dict[str, Any]:
+        """What a checkpoint of `phase` says of the phases (read back on resume)."""
+        return {"phase": phase.phase, "offset": phase.offset, "phase_batches": batches_trained,
+                "phase_target": phase.target, "searcher_length": self.searcher_length,
+                "recorded_target": self.recorded_target, "histories": self.histories}
+
+    def _say(self, text: str) -> None:
+        if _engine.current().distributed.rank == 0:
+            print(f"[trial {self.info.trial_id}] {text}", flush=True)
+
+    # -- one fit call --------------------------------------------------------------------
+    def fit(self, original: Callable[..., Any], model: Any, args: Tuple[Any, ...],
+            kwargs: Dict[str, Any]) -> Any:
+        """Serve one `model.fit(*args, **kwargs)` call of the script."""
+        arguments = _unchanged.fit_arguments(original, model, args, kwargs)
+        phase = self.calls
+        self.calls += 1
+        if self.resume_phase is not None and phase < self.resume_phase:
+            self._say(f"fit call {phase + 1}: trained before this trial was resumed; skipped "
+                      "(the checkpoint holds what it trained)")
+            history = _history_class(model)()
+            history.set_model(model)
+            recorded = self.histories[phase] if phase < len(self.histories) else {}
+            history.history = {k: list(v) for k, v in recorded.items()}
+            history.epoch = list(range(len(next(iter(recorded.values()), []))))
+            return history
+        resuming = self.resume_phase == phase
+        offset = self.resume_offset if resuming else self.trained
+        info = dataclasses.replace(
+            self.info, latest_checkpoint=self.info.latest_checkpoint if resuming else None,
+            target_batches=self.searcher_length)
+        reporter = PhaseReporter(self.reporter, self, phase, offset)
+        if self.searcher_length:
+            reporter.set_target_batches(self.searcher_length)
+            self._say(f"fit call {phase + 1}: trains the searcher's length, "
+                      f"{self.searcher_length} batches, in place of the script's "
+                      f"epochs={arguments.get('epochs', 1)}")
+        else:
+            self._say(f"fit call {phase + 1}: trains the script's "
+                      f"epochs={arguments.get('epochs', 1)} (the searcher sets no length)")
+        controller, history = _run_phase(info, reporter, model, arguments)
+        self.trained = offset + controller.batches_trained
+        if controller.paused:
+            if self.managed:
+                sys.exit(0)  # checkpointed: the script runs again from its start on resume
+            return history
+        self.histories.append({k: [float(x) for x in v] for k, v in history.history.items()})
+        return history
+
+
+def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
+               arguments: Dict[str, Any]) -> Tuple[Any, Any]:
+    """Train one phase through the runner, as `context.fit` does; returns the controller
+    and Keras's History."""
+    from determined.keras import _keras_context as fit_args
+    from determined.keras._context import TFKerasTrialContext
+    from determined.keras._trial_controller import FitOptions
+    from determined.keras._unchanged_controller import ScriptController
+
+    x, y = arguments.get("x"), arguments.get("y")
+    sample_weight = arguments.get("sample_weight")
+    validation_data = arguments.get("validation_data")
+    if validation_data is None and arguments.get("validation_split"):
+        (x, y, sample_weight), (vx, vy, vw) = fit_args._validation_split(
+            x, y, sample_weight, arguments["validation_split"])
+        validation_data = (vx, vy) if vw is None else (vx, vy, vw)
+    train = fit_args._as_loader(x, y, sample_weight, "model.fit()")
+    validation = None
+    if isinstance(validation_data, (tuple, list)):
+        if not 2 <= len(validation_data) <= 3:
+            raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
+                             "dataset or a keras.utils.PyDataset")
+        val_x, val_y, val_weight = [*validation_data, None, None][:3]
+        validation = fit_args._as_loader(val_x, val_y, val_weight, "validation_data")
+    elif validation_data is not None:
+        validation = validation_data
+    batch_size = arguments.get("batch_size")
+    if isinstance(train, tuple) and batch_size is None:
+        batch_size = 32  # Keras's default
+    context = TFKerasTrialContext(info)
+    context.fit_config = {"verbose": fit_args._interactive_verbose(
+                              arguments.get("verbose", "auto")),
+                          "shuffle": arguments.get("shuffle", True),
+                          "class_weight": arguments.get("class_weight"),
+                          "validation_steps": arguments.get("validation_steps")}
+    context.configure_fit(workers=arguments.get("workers"),
+                          use_multiprocessing=arguments.get("use_multiprocessing"),
+                          max_queue_size=arguments.get("max_queue_size"))
+    context.wrap_model(model)
+    for loader in (train, validation):  # the script's own datasets: shared as they are
+        if loader is not None and not isinstance(loader, tuple):
+            context._wrapped_datasets.add(id(loader))
+    history = _history_class(model)()
+    options = FitOptions(epochs=arguments.get("epochs", 1) or 1,
+                         initial_epoch=arguments.get("initial_epoch", 0) or 0,
+                         steps_per_epoch=arguments.get("steps_per_epoch"),
+                         validation_freq=arguments.get("validation_freq", 1) or 1,
+                         validation_batch_size=arguments.get("validation_batch_size"),
+                         history=history)
+    controller = ScriptController(info, reporter, context, model, train, validation,
+                                  list(arguments.get("callbacks") or []),
+                                  batch_size=batch_size or None, fit=options)
+    controller.run()
+    reporter.heartbeat()  # writes the phase's last timeline phases (its end)
+    return controller, history

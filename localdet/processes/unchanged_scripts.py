@@ -1,0 +1,55 @@
+"""Which trials run an unchanged script, and the command that runs one with localdet's
+fit hook in front (determined/exec/unchanged_script.py).
+
+An experiment's `entrypoint_script` whose files (the script and every model-folder module
+it imports) never import `determined` is an unchanged Keras script: each `model.fit` it
+calls is trained by localdet. A script that imports `determined` (`det.keras.init()`, the
+Core API) runs as it always did, and so does a batch job.
+
+    argv = injected(argv, config, model_dir)   # argv itself unless it is such a script
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+from localdet.config import keras_choice, keras_uses
+
+RUNNER = "determined.exec.unchanged_script"
+
+
+def is_unchanged(model_dir: Path, config: dict) -> bool:
+    """Whether the experiment's script never imports `determined`, in any file it reaches."""
+    if config.get("entrypoint_kind") != "script" or not config.get("script_command"):
+        return False
+    return _unchanged(Path(model_dir), config["script_command"])
+
+
+@functools.lru_cache(maxsize=256)  # a model folder is a snapshot: read once per experiment
+def _unchanged(model_dir: Path, script_command: str) -> bool:
+    config = {"entrypoint_kind": "script", "script_command": script_command}
+    starts = keras_choice.entry_files(model_dir, config)
+    if not starts:
+        return False  # not a Python file of the folder: nothing to hook
+    for path in keras_choice.reachable(model_dir, starts):
+        found = keras_uses.uses(path)
+        if found is None or found.unparsed is not None:
+            return False  # unreadable: run it as it is
+        if any(name == "determined" or name.startswith("determined.")
+               for name in found.absolute_imports):
+            return False
+    return True
+
+
+def injected(argv: list[str], config: dict, model_dir: Path, job: bool = False) -> list[str]:
+    """The trial's command with the fit hook in front, for an unchanged script run by this
+    interpreter (`python FILE.py ...`, `python -m MODULE ...`); else `argv` as it is."""
+    if job or len(argv) < 2 or argv[0] != sys.executable or argv[1:3] == ["-m", RUNNER]:
+        return argv
+    if not (argv[1].endswith(".py") or (argv[1] == "-m" and len(argv) > 2)):
+        return argv
+    if not is_unchanged(model_dir, config):
+        return argv
+    return [argv[0], "-m", RUNNER, *argv[1:]]
