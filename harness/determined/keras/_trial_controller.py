@@ -265,7 +265,8 @@ class TrialController(TrialCheckpoints):
                                  "multiple of resources.slots_per_trial")
             return self.context.get_per_slot_batch_size()
         if all(isinstance(loader, tf.data.Dataset) or _data.is_sequence(loader)
-               for loader in (self.train_loader, self.validation_loader)):
+               for loader in (self.train_loader, self.validation_loader)
+               if loader is not None):
             return 0
         raise TrialError("NumPy data loaders need a 'global_batch_size' hyperparameter "
                          "to batch the data; add it to the experiment config")
@@ -353,9 +354,10 @@ class TrialController(TrialCheckpoints):
                             and not self.graph_mode and not by_position else "skip"),
             repeat=not self.epochs_end_with_data, **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
-        self.validation_data = _data.validation_stream(
-            self.validation_loader, validation_batch_size, **workers)
-        if self.graph_mode:
+        # No validation data: a script's own fit may have none (_unchanged_controller).
+        self.validation_data = None if self.validation_loader is None else \
+            _data.validation_stream(self.validation_loader, validation_batch_size, **workers)
+        if self.graph_mode and self.validation_data is not None:
             self.validation_data = _graph_mode.Batches(self.validation_data)
         if self.epochs_end_with_data:
             self.target = UNTIL_THE_DATA_ENDS
