@@ -355,7 +355,7 @@ class TrialController(TrialCheckpoints):
             repeat=not self.epochs_end_with_data, **workers)
         validation_batch_size = (self.fit and self.fit.validation_batch_size) or self._batch_size()
         # No validation data: a script's own fit may have none (_unchanged_controller).
-        self.validation_data = None if self.validation_loader is None else \
+        self.validation_data: Any = None if self.validation_loader is None else \
             _data.validation_stream(self.validation_loader, validation_batch_size, **workers)
         if self.graph_mode and self.validation_data is not None:
             self.validation_data = _graph_mode.Batches(self.validation_data)
