@@ -221,7 +221,9 @@ def for_launch(argv: list[str], config: dict, model_dir: Path,
     index = script_index(argv)
     if found is None or index is None:
         return ScriptLaunch(list(argv))
-    script, options, positionals = found.path.name, [], []
+    script = found.path.name
+    options: list[tuple[ScriptOption, list[str]]] = []
+    positionals: list[tuple[ScriptOption, list[str]]] = []
     constants: dict[str, Any] = {}
     lines = []
     for name in sorted(hparams):

@@ -96,7 +96,8 @@ def parse_script(path: Path) -> ast.Module:
     try:
         return ast.parse(source, filename=str(path))
     except (SyntaxError, ValueError) as error:  # ValueError: null bytes
-        where = f" at line {error.lineno}" if getattr(error, "lineno", None) else ""
+        line = getattr(error, "lineno", None)
+        where = f" at line {line}" if line else ""
         reason = getattr(error, "msg", None) or str(error)
         raise ScriptError(f"{path.name} does not parse as Python ({reason}{where}), so its "
                           "options and constants cannot be read; fix the script") from None
@@ -203,8 +204,8 @@ class _Finder(ast.NodeVisitor):
             self._argparse(node)
         elif last.startswith("DEFINE_"):
             self._absl(node, last.removeprefix("DEFINE_"))
-        elif self._click_kind(name) in ("option", "argument"):
-            self._click(node, self._click_kind(name))
+        elif (kind := self._click_kind(name)) in ("option", "argument"):
+            self._click(node, str(kind))
         self.generic_visit(node)
 
     def _click_kind(self, name: str) -> str | None:

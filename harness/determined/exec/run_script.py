@@ -60,8 +60,9 @@ def rewritten(source: bytes, path: str, constants: dict[str, Any]) -> types.Code
     replaced = set()
     for node in tree.body:
         name = _literal_target(node)
-        if name in constants:
-            node.value = _value_node(constants[name], node.value)  # type: ignore[union-attr]
+        if name in constants and isinstance(node, (ast.Assign, ast.AnnAssign)) \
+                and node.value is not None:
+            node.value = _value_node(constants[name], node.value)
             replaced.add(name)
     missing = sorted(set(constants) - replaced)
     if missing:
