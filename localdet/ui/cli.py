@@ -143,7 +143,7 @@ def run(config: Path, model_dir: Path | None, hps: tuple[str, ...], slots: int, 
         _fail("--hp goes with a script (localdet run train.py --hp lr=0.01); with a config, "
               "set its hyperparameters section")
     if model_dir is None:
-        _fail(f"give the model folder after {config} (localdet run CONFIG MODEL_DIR)")
+        return _fail(f"give the model folder after {config} (localdet run CONFIG MODEL_DIR)")
     layout = Layout.from_environment()
     try:
         experiment_id, warnings = foreground.record(layout, config, model_dir)
