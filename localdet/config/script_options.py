@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# How many of the model folder's own modules are followed to see whether the script
-# imports `determined` through them (a helper module calling det.keras.init()).
-MAX_LOCAL_MODULES = 200
+from localdet.config import keras_choice, keras_uses
+
 _NOTHING = object()  # a default or value that is not a literal
 
 
@@ -112,7 +111,7 @@ def discover(path: Path, model_dir: Path | None = None) -> ScriptInterface:
     for positional in found.positionals:
         found.options.setdefault(positional.name, positional)
     found.constants = module_constants(tree)
-    found.imports_determined = _imports_determined(tree, path, model_dir or path.parent)
+    found.imports_determined = _imports_determined(path, model_dir or path.parent)
     return found
 
 
@@ -329,52 +328,15 @@ class _Finder(ast.NodeVisitor):
             self._add(ScriptOption(name=name, flag=longest, **common))
 
 
-def _imports_determined(tree: ast.Module, path: Path, model_dir: Path) -> bool:
+def _imports_determined(path: Path, model_dir: Path) -> bool:
     """Whether the script, or a module of the model folder it imports (transitively),
-    imports `determined`."""
-    seen: set[Path] = {path.resolve()}
-    pending = [(tree, path.parent)]
-    while pending and len(seen) <= MAX_LOCAL_MODULES:
-        module, folder = pending.pop()
-        for node in ast.walk(module):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level == 0 and node.module:
-                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-                elif node.level > 0:  # relative: inside the folder's package
-                    names = [f".{node.module or ''}"]
-            for name in names:
-                if name == "determined" or name.startswith("determined."):
-                    return True
-                for local in _local_files(name, folder, model_dir):
-                    if local.resolve() in seen:
-                        continue
-                    seen.add(local.resolve())
-                    try:
-                        pending.append((ast.parse(local.read_bytes()), local.parent))
-                    except (OSError, SyntaxError, ValueError):
-                        continue  # the launch will say what is wrong with it
+    imports `determined`: the same reading that decides whether localdet trains the
+    script's fits (localdet/processes/unchanged_scripts.py). A file that does not parse
+    is passed over: the launch says what is wrong with it."""
+    for reached in keras_choice.reachable(model_dir, [path]):
+        found = keras_uses.uses(reached)
+        if found is not None and found.unparsed is None and any(
+                name == "determined" or name.startswith("determined.")
+                for name in found.absolute_imports):
+            return True
     return False
-
-
-def _local_files(name: str, folder: Path, model_dir: Path) -> list[Path]:
-    """The model folder's files a dotted import may name (module, or package __init__)."""
-    if name.startswith("."):
-        relative = name.strip(".").replace(".", "/")
-        bases = [folder / relative] if relative else [folder]
-    else:
-        relative = name.replace(".", "/")
-        bases = [folder / relative, model_dir / relative]
-    found = []
-    for base in bases:
-        for candidate in (base.with_suffix(".py") if base.name else None,
-                          base / "__init__.py"):
-            if candidate is not None and candidate.is_file():
-                try:
-                    candidate.resolve().relative_to(model_dir.resolve())
-                except ValueError:
-                    continue
-                found.append(candidate)
-    return found
