@@ -80,10 +80,7 @@ def assert_timeline_of_a_paused_and_resumed_trial(home, experiment_id):
         assert begun >= previous_exit
         for phase, started, stopped, _ in its:
             assert begun <= started <= stopped, (phase, started, stopped)
-            # The trial's `end` can be written a few ms after the daemon recorded the exit
-            # (the slot is freed once the trial's end is recorded, before its process
-            # exits): a known race, left in issue 34's note.
-            assert phase == "end" or stopped <= ended, (phase, started, stopped, ended)
+            assert stopped <= ended, (phase, started, stopped, ended)
         ready = json.loads(next(d for p, _, _, d in its if p == "process_ready"))
         assert ready["warm"] is False  # the daemons keep no warm process
         previous_exit = ended

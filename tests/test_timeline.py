@@ -67,6 +67,33 @@ def test_a_launch_records_its_phases_in_order_with_its_heartbeats(tmp_path):
     assert summary["seconds"]["idle"] == 0 and summary["seconds"]["training"] > 0
 
 
+def test_phases_written_after_the_exit_record_extend_the_exit(tmp_path):
+    """The slot is freed once a trial's end is recorded, a moment before its process is gone:
+    its `end`, arriving with its last report after the daemon's exit record, still lies
+    within the launch."""
+    db, trial_id, _, _ = start_trial(tmp_path, target=10)
+    launch = now()
+    db.update_trial(trial_id, state="RUNNING", started_at=launch)
+    begun = phases.seconds(launch)
+    with db.atomic():
+        phases.insert(db, 1, trial_id, launch, [("training", begun, begun + 0.1, None)])
+        phases.record_exit(db, trial_id, time.time(), {"returncode": 0})
+    exit_ended = phases.of_experiment(db, 1)[-1]["ended"]
+    with db.atomic():  # a later launch's exit row is not touched
+        phases.insert(db, 1, trial_id, "another launch", [("exit", 1.0, 2.0, None)])
+    with db.atomic():
+        phases.insert(db, 1, trial_id, launch, [("end", exit_ended - 0.01, exit_ended + 0.25,
+                                                None)])
+    rows = {(row["launch"], row["phase"]): row for row in phases.of_experiment(db, 1)}
+    assert rows[(launch, "exit")]["ended"] == exit_ended + 0.25
+    assert rows[("another launch", "exit")]["ended"] == 2.0
+    with db.atomic():  # an earlier phase changes nothing
+        phases.insert(db, 1, trial_id, launch, [("validation", begun, begun + 0.2, None)])
+    exits = [row["ended"] for row in phases.of_experiment(db, 1)
+             if (row["launch"], row["phase"]) == (launch, "exit")]
+    assert exits == [exit_ended + 0.25]
+
+
 def _search(tmp_path):
     """A grid of three trials on two slots, its phases as the daemon and trials record
     them: trial 3 waits from its creation for trial 1's slot, slot 1 is idle after trial 2."""

@@ -54,6 +54,14 @@ def insert(db: Any, experiment_id: int, trial_id: int, launch: str,
     if values:
         db.db.conn.executemany("INSERT INTO launch_phases (experiment_id, trial_id, launch, phase, "
                         "started, ended, details) VALUES (?, ?, ?, ?, ?, ?, ?)", values)
+    # A trial's last phases can arrive after the daemon recorded its exit (its slot is freed
+    # once its end is recorded, a moment before its process is gone): the exit then ends
+    # with them, so that every phase of a launch lies within it.
+    own = [value[5] for value in values if value[3] not in ("launch", "exit")]
+    if own:
+        db.db.conn.execute("UPDATE launch_phases SET ended = ? WHERE trial_id = ? AND launch = ? "
+                           "AND phase = 'exit' AND ended < ?",
+                           [max(own), trial_id, launch, max(own)])
 
 
 def last_ended(db: Any, trial_id: int, launch: str) -> float | None:
