@@ -23,6 +23,7 @@ iterator, on either side; see README.md). Both sides must print the same val_acc
     python scripts/bench/overhead.py --keras2         # Keras 2 (tf-keras): TF_USE_LEGACY_KERAS=1
     python scripts/bench/overhead.py --batches 2000 --repeats 5
     python scripts/bench/overhead.py --api fit        # New Keras API: context.fit
+    python scripts/bench/overhead.py --api unchanged  # the bare script's own model.fit, hooked
     python scripts/bench/overhead.py --smoke          # seconds: tiny sizes, figures meaningless
 
 With `--remote` the localdet side reports over the network transport a trial on another
@@ -37,6 +38,11 @@ every epoch end: bare `model.fit(x, y, epochs=E, validation_data=...)` against a
 `context.fit(model, x, y, epochs=E, validation_data=...)` (metrics, checkpoint at the end).
 Keras ends each epoch with a short batch where localdet's batches are all full, so the
 val_accuracy of the two sides may differ in the last digits.
+
+With `--api unchanged` both sides run the same code, `run_bare_fit` (the --api fit bare side:
+an unchanged script's `model.fit`, its own `model.save`); the localdet side first does what
+`determined.exec.unchanged_script` does in a trial (reporter, seeded generators, the fit
+hook of determined/keras/_unchanged.py), so its `fit` is trained by localdet's runner.
 
 Needs `pip install .[test]` (scikit-learn). Timings are printed, never asserted.
 """
@@ -68,8 +74,9 @@ parser.add_argument("--batches", type=int, default=600, help="batches to train p
 parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
 parser.add_argument("--warmup", type=int, default=100,
                     help="batches of the untimed warm-up (0: none)")
-parser.add_argument("--api", choices=("trial", "fit"), default="trial",
-                    help="TFKerasTrial (default) or the New Keras API's context.fit")
+parser.add_argument("--api", choices=("trial", "fit", "unchanged"), default="trial",
+                    help="TFKerasTrial (default), the New Keras API's context.fit, or an "
+                    "unchanged script's model.fit")
 parser.add_argument("--epochs", type=int, default=15, help="epochs per run with --api fit")
 parser.add_argument("--remote", action="store_true",
                     help="the trial reports over HTTP to a report server (HTTPReporter)")
@@ -80,7 +87,7 @@ add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
 if args.smoke:
     args.batches, args.repeats, args.warmup, args.epochs = 20, 1, 0, 1
-if args.remote and args.api == "fit":
+if args.remote and args.api != "trial":
     parser.error("--remote measures the trial API only; leave out --api fit")
 select_keras(args)
 
@@ -92,12 +99,14 @@ from determined import keras as det_keras  # noqa: E402
 from determined.keras import (  # noqa: E402
     KerasContext,
     _data,
+    _unchanged,
 )
 from determined.keras._trial_controller import (  # noqa: E402
     TrialController,
     keras_line,
     prepare_process,
 )
+from determined.keras._unchanged_fit import ScriptFits  # noqa: E402
 from localdet.paths import Layout  # noqa: E402
 from localdet.records.db import StateDB, now  # noqa: E402
 from localdet.reporting.http_reporter import HTTPReporter  # noqa: E402
@@ -187,6 +196,28 @@ def run_localdet_fit(layout: Layout, epochs: int) -> tuple[float, float]:
     return seconds, float(history.history["val_accuracy"][-1])
 
 
+def run_localdet_unchanged(layout: Layout, epochs: int, out_dir: Path) -> tuple[float, float]:
+    """The bare side's own code, its model.fit served by localdet's hook as in a trial of
+    an unchanged script (determined.exec.unchanged_script)."""
+    experiment_id, trial_id = create_trial(layout, raw_config(1), [Path(__file__)])
+    log_path = layout.trial_log(experiment_id, trial_id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
+        start = time.perf_counter()
+        reporter = SQLiteReporter(layout, trial_id)
+        reporter.db.update_trial(trial_id, target_batches=0)  # no max_length: epochs decide
+        info = reporter.trial_info()
+        prepare_process(info)
+        _unchanged.install(ScriptFits(info, reporter, managed=False).fit)
+        try:
+            _, accuracy = run_bare_fit(epochs, info.seed, out_dir)
+        finally:
+            _unchanged.uninstall()
+        seconds = time.perf_counter() - start
+    reporter.db.close()
+    return seconds, accuracy
+
+
 def raw_config(batches: int) -> dict:
     return {
         "name": "overhead-bench", "entrypoint": "overhead:BenchTrial",
@@ -243,11 +274,14 @@ def main() -> None:
             if args.api == "fit":
                 return (run_bare_fit(length, seed, bare_dir) if side == "bare"
                         else run_localdet_fit(layout, length))
+            if args.api == "unchanged":
+                return (run_bare_fit(length, seed, bare_dir) if side == "bare"
+                        else run_localdet_unchanged(layout, length, bare_dir))
             return (run_bare(length, seed, bare_dir) if side == "bare"
                     else run_localdet(layout, length, server and server.url))
 
-        length = args.epochs if args.api == "fit" else args.batches
-        warmup = 2 if args.api == "fit" else args.warmup
+        length = args.epochs if args.api != "trial" else args.batches
+        warmup = 2 if args.api != "trial" else args.warmup
         if warmup:
             timed("bare", warmup)
             timed("localdet", warmup)
@@ -264,15 +298,19 @@ def main() -> None:
 
     bare, localdet = statistics.median(times["bare"]), statistics.median(times["localdet"])
     devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "?"
-    what = (f"{args.epochs} epochs with validation" if args.api == "fit"
+    what = (f"{args.epochs} epochs with validation" if args.api != "trial"
             else f"{args.batches} batches")
     print(f"{keras_line()} (TensorFlow {tf.__version__}, devices: {devices}), "
           f"{what} of {BATCH_SIZE}")
     print(f"bare model.fit: {bare:.2f} s (median of {args.repeats})")
-    side = "context.fit" if args.api == "fit" else "localdet trial"
+    side = {"fit": "context.fit", "unchanged": "unchanged script's model.fit under localdet",
+            "trial": "localdet trial"}[args.api]
     side += " over HTTP (HTTPReporter + ReportServer)" if args.remote else ""
     print(f"{side}: {localdet:.2f} s (median of {args.repeats})")
     print(f"ratio: {localdet / bare:.3f} (target <= 1.05)")
+    if args.api != "trial":
+        print(f"epoch time: bare {bare / args.epochs:.3f} s, localdet "
+              f"{localdet / args.epochs:.3f} s")
     print(f"ratio of the fastest runs: {min(times['localdet']) / min(times['bare']):.3f}")
 
 
