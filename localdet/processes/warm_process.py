@@ -40,14 +40,26 @@ from localdet.processes.learned_imports import InstalledPaths, import_quietly, t
 
 
 def _prepare() -> None:
-    """What every trial of this Keras line imports first: the slow part of a cold start."""
+    """What every trial of this Keras line and backend imports first: the slow part of a
+    cold start. KERAS_BACKEND is part of a warm process's environment, so each backend in
+    use has warm processes of its own."""
     from determined.exec import keras_alias
 
     keras_alias.install()  # before anything imports `keras`, as run_trial does
+    import localdet.reporting.sqlite_reporter  # noqa: F401  (the TrialReporter seam's: sqlite-utils, jsonschema)
+    from determined.keras._backend import is_tensorflow
+
+    if not is_tensorflow():
+        # Keras's JAX or PyTorch backend: Keras, the backend and context.fit's runner; a
+        # trial on it imports no TensorFlow unless its own code does.
+        import keras  # noqa: F401
+
+        import determined.keras  # noqa: F401
+        from determined.keras import _backend_fit  # noqa: F401
+        return
     import tensorflow  # noqa: F401
 
     import determined.keras  # noqa: F401  (Keras itself, the controller, the callbacks)
-    import localdet.reporting.sqlite_reporter  # noqa: F401  (the TrialReporter seam's: sqlite-utils, jsonschema)
     from determined.keras import _trial_controller  # noqa: F401
 
 
