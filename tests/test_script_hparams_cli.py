@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import Home, one_error_line
+from conftest import Home, one_error_line, wait_for
 
 from localdet.config.experiment import load_config_file
 from localdet.config.hparam_syntax import parse_hparams
@@ -129,6 +129,8 @@ def test_search_a_script_without_a_config(shared_home, project):
     # Edited and resubmitted as it is, with the script's folder.
     resubmitted = shared_home.cli("submit", written, project)
     assert resubmitted.stdout.startswith("queued ")
+    wait_for(lambda: len(shared_home.rows("SELECT id FROM experiments WHERE name = 'hp'")) == 2,
+             60, "the resubmitted config to be taken")
 
 
 def test_search_refuses_before_submitting(shared_home, project, tmp_path):
