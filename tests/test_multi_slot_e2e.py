@@ -186,7 +186,8 @@ def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_o
                 # machine (at 200, a run beside a warm process once finished first).
                 searcher=dict(KERAS2["searcher"], max_length={"batches": 320}),
                 min_checkpoint_period={"batches": 40})
-    daemon = daemons(home, "--slots", "2")
+    # A warm process: each launch's supervisor is forked from it, and forks its ranks.
+    daemon = daemons(home, "--slots", "2", "--warm", "1")
     home.cli("submit", write_config(tmp_path, "two", resources={"slots_per_trial": 2},
                                     **long), EXAMPLE)
     two = home.experiment_named("two")["id"]
@@ -224,6 +225,9 @@ def test_two_processes_under_keras_2_paused_resumed_and_a_rank_killed_end_like_o
     assert "[rank 1] " in log
     assert "rank 1 of 2: gradients averaged across the ranks' processes" in log
     assert "rank 1 was killed by SIGKILL; stopping the other ranks" in log
+    # The resume and the restart at least (the first launch finds a warm process of
+    # another kind: the daemon started before the experiment was submitted).
+    assert log.count("2 ranks forked from a warm process") >= 2
     assert two_trial["restarts"] == 1
     assert one_trial["engine"] == "single"
     assert two_trial["engine"] == "gradient_allreduce"
@@ -289,7 +293,7 @@ def test_a_tf_data_trial_on_two_slots_paused_and_resumed_ends_like_a_straight_ru
     config = dict(base, entrypoint="model_def:DatasetDigits", scheduling_unit=5,
                   resources=resources,
                   searcher=dict(SHORT["searcher"], max_length={"batches": 100}))
-    daemon = daemons(home, "--slots", "2")
+    daemon = daemons(home, "--slots", "2", "--warm", "1")  # ranks forked, as on a bigger box
     home.cli("submit", write_config(tmp_path, "paused", **config), model)
     paused = home.experiment_named("paused")["id"]
     pause_soon_after(home, paused, 15)
@@ -327,7 +331,8 @@ def gan_on_one_and_two_slots(home, tmp_path, daemons) -> tuple[dict, dict, str]:
     """The GAN-like compat folder's distributed.yaml (Keras 2) on one slot and on two, under
     one daemon: their final weights agree within 1e-5. Returns (one, two, two's log)."""
     config = yaml.safe_load((GAN / "distributed.yaml").read_text())
-    daemon = daemons(home, "--slots", "3")  # both at once: their start-ups overlap
+    # Both at once: their start-ups overlap; the 2-slot trial's ranks forked warm.
+    daemon = daemons(home, "--slots", "3", "--warm", "1")
     for slots in (1, 2):
         path = tmp_path / f"gan{slots}.yaml"
         path.write_text(yaml.safe_dump(dict(

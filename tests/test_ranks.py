@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -27,13 +29,35 @@ PREAMBLE = textwrap.dedent("""\
 """)
 
 
-def supervisor(size: int, script: str, *args: str, options: tuple = (), env=None):
+# The supervisor as a warm process runs it (localdet/processes/warm_process.py): forking its ranks.
+FORKING_SUPERVISOR = [sys.executable, "-P", "-c", "import sys; from localdet.processes import "
+                      "ranks, warm_process; sys.exit(ranks.main(sys.argv[1:], "
+                      "run_forked=warm_process._run_and_exit))"]
+
+
+@pytest.fixture(params=["started", "forked"])
+def how(request) -> str:
+    """How the supervisor makes its ranks: started anew, or forked from it (as in a warm
+    process)."""
+    return request.param
+
+
+def supervisor(size: int, script: str, *args: str, options: tuple = (), env=None,
+               how: str = "started"):
     """`python -m localdet.processes.ranks` running `python -c PREAMBLE+script ARGS` in its own
-    session, as the launcher starts it."""
+    session, as the launcher starts it; `how="forked"`: the same script run from a file by
+    ranks forked from the supervisor."""
+    code = PREAMBLE + textwrap.dedent(script)
+    if how == "forked":
+        path = Path(tempfile.mkdtemp(prefix="ranks-")) / "rank.py"
+        path.write_text(code)
+        argv = [*FORKING_SUPERVISOR, "--size", str(size), *options, "--",
+                sys.executable, str(path), *args]
+    else:
+        argv = [*SUPERVISOR, "--size", str(size), *options, "--", sys.executable, "-c", code,
+                *args]
     return subprocess.Popen(
-        [*SUPERVISOR, "--size", str(size), *options, "--",
-         sys.executable, "-c", PREAMBLE + textwrap.dedent(script), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         env={**{k: v for k, v in os.environ.items() if k != "LOCALDET_SLOTS"}, **(env or {})})
 
 
@@ -55,25 +79,31 @@ def rank_pids(folder, size: int) -> list[int]:
     return [int((folder / str(r)).read_text()) for r in range(size)]
 
 
-def test_ranks_reach_each_other_and_every_line_names_its_rank(tmp_path):
+def test_ranks_reach_each_other_and_every_line_names_its_rank(tmp_path, how):
     code, out, _ = finish(supervisor(2, """
         from determined.core import DistributedContext
         distributed = DistributedContext.from_environment()
         print("gathered", distributed.allgather(distributed.get_rank()))
+        print("forked", "localdet.processes.warm_process" in sys.modules, os.getppid())
         print("to stderr", file=sys.stderr)
         sys.stdout.flush()
         sys.stdout.buffer.write(b"bad \\xff byte, no newline")
-    """, str(tmp_path)))
+    """, str(tmp_path), how=how))
     assert code == 0, out
     lines = out.splitlines()
+    if how == "forked":
+        assert lines.pop(0) == "[localdet] 2 ranks forked from a warm process", out
     assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in lines), out
+    # Forked: the supervisor's modules are the rank's without importing them again.
+    forked = {line.split(" forked ")[1] for line in lines if " forked " in line}
+    assert len(forked) == 1 and forked.pop().startswith(str(how == "forked")), out
     for rank in (0, 1):
         assert f"[rank {rank}] gathered [0, 1]" in lines
         assert f"[rank {rank}] to stderr" in lines
         assert f"[rank {rank}] bad \ufffd byte, no newline" in lines
 
 
-def test_a_failing_rank_stops_the_others_and_gives_its_status(tmp_path):
+def test_a_failing_rank_stops_the_others_and_gives_its_status(tmp_path, how):
     proc = supervisor(2, """
         if RANK == 1:
             while not (PIDS / "0").exists():
@@ -81,7 +111,7 @@ def test_a_failing_rank_stops_the_others_and_gives_its_status(tmp_path):
             print("giving up")
             sys.exit(3)
         time.sleep(60)
-    """, str(tmp_path))
+    """, str(tmp_path), how=how)
     code, out, took = finish(proc)
     assert code == 3, out
     assert took < 20
@@ -91,24 +121,24 @@ def test_a_failing_rank_stops_the_others_and_gives_its_status(tmp_path):
     assert not any(map(alive, rank_pids(tmp_path, 2)))
 
 
-def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal(tmp_path):
+def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal(tmp_path, how):
     code, out, _ = finish(supervisor(2, """
         if RANK == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-    """, str(tmp_path)))
+    """, str(tmp_path), how=how))
     assert code == 128 + signal.SIGKILL, out
     assert "[localdet] rank 1 was killed by SIGKILL" in out
     assert not any(map(alive, rank_pids(tmp_path, 2)))
 
 
-def test_sigterm_to_the_supervisor_stops_every_rank_even_one_that_ignores_it(tmp_path):
+def test_sigterm_to_the_supervisor_stops_every_rank_even_one_that_ignores_it(tmp_path, how):
     proc = supervisor(2, """
         if RANK == 1:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("ready", flush=True)
         time.sleep(60)
-    """, str(tmp_path), options=("--grace", "0.5"))
+    """, str(tmp_path), options=("--grace", "0.5"), how=how)
     pids = rank_pids(tmp_path, 2)
     proc.send_signal(signal.SIGTERM)
     code, out, took = finish(proc)
@@ -118,8 +148,8 @@ def test_sigterm_to_the_supervisor_stops_every_rank_even_one_that_ignores_it(tmp
     assert not any(map(alive, pids))
 
 
-def test_ranks_die_with_a_supervisor_killed_alone(tmp_path):
-    proc = supervisor(2, "time.sleep(60)", str(tmp_path))
+def test_ranks_die_with_a_supervisor_killed_alone(tmp_path, how):
+    proc = supervisor(2, "time.sleep(60)", str(tmp_path), how=how)
     try:
         pids = rank_pids(tmp_path, 2)
         proc.kill()  # the supervisor only, not its group: PR_SET_PDEATHSIG takes the ranks
@@ -151,12 +181,12 @@ def test_each_rank_gets_its_own_slot_and_gpu(tmp_path):
     assert code == 2 and "LOCALDET_SLOTS=0,1,2 lists 3 slots but --size is 2" in out
 
 
-def test_tf_config_describes_a_localhost_worker_per_rank(tmp_path):
+def test_tf_config_describes_a_localhost_worker_per_rank(tmp_path, how):
     code, out, _ = finish(supervisor(2, """
         from determined.core import DistributedContext
         print("config", os.environ["TF_CONFIG"])
         print("rank from TF_CONFIG", DistributedContext._ranks_from_tf_config().get_rank())
-    """, str(tmp_path), options=("--tf-config",)))
+    """, str(tmp_path), options=("--tf-config",), how=how))
     assert code == 0, out
     configs = {}
     for line in out.splitlines():

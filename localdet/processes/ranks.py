@@ -25,6 +25,11 @@ multi-process trial starts this instead, in its own session, its stdout the tria
   them) and on Linux each asks the kernel for SIGKILL when the supervisor dies
   (PR_SET_PDEATHSIG), which covers a `kill -9` of the supervisor alone.
 - --size 1 execs the command unchanged: same pid, no prefix, no added variables.
+- In a warm trial process (localdet/processes/warm_process.py runs the supervisor in the
+  process it forked, TensorFlow already imported), each rank is forked from the supervisor
+  instead of started anew: `main(args, run_forked=...)`, where `run_forked(argv)` runs the
+  rank's command in the forked process and exits. The ranks skip the interpreter's and
+  TensorFlow's start-up as a single-slot trial does.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 from determined.core import distributed_environments
-from determined.core._reporting import CHIEF_ADDR_VAR, SLOTS_VAR
+from determined.core._reporting import CHIEF_ADDR_VAR, FORKED_AT_VAR, SLOTS_VAR
 
 _PR_SET_PDEATHSIG = 1
 _MAX_LINE = 64 * 1024  # a line without a newline (a progress bar) is copied at this size
@@ -194,6 +201,33 @@ def _die_with_parent(parent: int):
     return preexec
 
 
+class _ForkedRank:
+    """A rank forked from the supervisor: what the supervisor needs of a Popen."""
+
+    def __init__(self, pid: int, stdout):
+        self.pid, self.stdout = pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return int(self.returncode)
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:  # not reaped: the pid is still this rank's
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 class _Pipe:
     """A rank's output: its rank, its pipe, and the bytes not yet copied."""
 
@@ -202,10 +236,12 @@ class _Pipe:
 
 
 class Supervisor:
-    def __init__(self, grace: float = 5.0, serving=None):
+    def __init__(self, grace: float = 5.0, serving=None,
+                 run_forked: Callable[[list[str]], NoReturn] | None = None):
         self.grace = grace
         self.serving = serving  # a server to serve_forever once the ranks are started
-        self.procs: list[subprocess.Popen] = []
+        self.run_forked = run_forked  # set: fork each rank, which runs its command in it
+        self.procs: list = []  # subprocess.Popen, or _ForkedRank
         self.selector = selectors.DefaultSelector()  # the open pipes, data: a _Pipe
         self.signals: list[int] = []                 # stop requests, from the handler
 
@@ -262,9 +298,10 @@ class Supervisor:
             # Same process group as the supervisor (no new session): killpg reaches ranks.
             # preexec_fn is safe here: the supervisor has no other thread.
             try:
-                proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT,
-                                        preexec_fn=die_with_parent)  # noqa: PLW1509
+                proc = self._fork(argv, env, die_with_parent) if self.run_forked else \
+                    subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_parent)  # noqa: PLW1509
             except OSError as error:
                 return self.cannot_start(argv[0], error)
             self.procs.append(proc)
@@ -272,9 +309,40 @@ class Supervisor:
                 raise RuntimeError(f"rank {rank}'s process has no stdout pipe")
             os.set_blocking(proc.stdout.fileno(), False)
             self.selector.register(proc.stdout, selectors.EVENT_READ, _Pipe(rank, proc.stdout))
+        if self.run_forked is not None:
+            self.say(f"{len(envs)} ranks forked from a warm process")
         if self.serving is not None:
             threading.Thread(target=self.serving.serve_forever, daemon=True).start()
         return None
+
+    def _fork(self, argv: list[str], env: dict[str, str], die_with_parent) -> _ForkedRank:
+        """A rank forked from this process, its output into a pipe as a started one's."""
+        if self.run_forked is None:
+            raise RuntimeError("ranks are forked only where run_forked is given")
+        read_end, write_end = os.pipe()
+        forked_at = time.time()
+        pid = os.fork()
+        if pid == 0:  # the rank: nothing of the supervisor's but what it needs
+            try:
+                os.close(read_end)
+                for key in list(self.selector.get_map().values()):  # earlier ranks' pipes
+                    os.close(key.fd)
+                os.dup2(write_end, 1)
+                os.dup2(write_end, 2)
+                os.close(write_end)
+                for signum in (signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                if die_with_parent is not None:
+                    die_with_parent()
+                os.environ.clear()
+                os.environ.update(env)
+                os.environ[FORKED_AT_VAR] = repr(forked_at)  # its timeline: a warm start
+            except BaseException:
+                os._exit(126)
+            self.run_forked(argv)
+        os.close(write_end)
+        return _ForkedRank(pid, os.fdopen(read_end, "rb", buffering=0))
 
     def stop(self, signum: int) -> None:
         """Send `signum` to the running ranks; SIGKILL those left after the grace period."""
@@ -327,7 +395,9 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def main(args: list[str] | None = None) -> int:
+def main(args: list[str] | None = None,
+         run_forked: Callable[[list[str]], NoReturn] | None = None) -> int:
+    """`run_forked`: fork the ranks from this process (see the module's docstring)."""
     args = sys.argv[1:] if args is None else args
     parser = argparse.ArgumentParser(prog="python -m localdet.ranks",
                                      usage="%(prog)s --size N [--tf-config | --horovod] "
@@ -357,7 +427,8 @@ def main(args: list[str] | None = None) -> int:
                   f"{error}", flush=True)
             return 1
         horovod_environments(envs, rendezvous.server_address[1])
-    supervisor = Supervisor(grace=options.grace, serving=rendezvous)
+    supervisor = Supervisor(grace=options.grace, serving=rendezvous,
+                            run_forked=run_forked if options.size > 1 else None)
     if options.size == 1:
         try:
             os.execvp(argv[0], argv)  # the trial as if started directly

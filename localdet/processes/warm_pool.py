@@ -11,8 +11,10 @@ start-up (several seconds a trial).
 
 A warm process fits a trial when it was started with the same environment but for what is
 the trial's own (its id, slots and devices): the same Keras line, the same experiment
-environment variables, the same interpreter. Only single-process trials whose command is
-this interpreter (the trial runner, a module or a `.py` file) run warm; others start cold.
+environment variables, the same interpreter. Trials whose command is this interpreter (the
+trial runner, a module or a `.py` file) run warm, and so do the ranks of a multi-process
+trial of such a command (forked by its supervisor, itself forked from the warm process);
+others start cold.
 Each trial still has a process of its own (forked, in its own session), so a crash, a leak
 or a stuck device context dies with its trial, and the daemon signals and adopts it as any.
 """
@@ -43,7 +45,7 @@ from determined.core._reporting import (
 from localdet.config import engines
 from localdet.paths import Layout
 from localdet.pids import alive
-from localdet.processes.warm_process import is_warm_command
+from localdet.processes.warm_process import RANK_SUPERVISOR, is_warm_command
 
 # What a launch sets for its trial alone; everything else must match for a process to fit.
 TRIAL_OWN = (TRIAL_ID_VAR, SLOTS_VAR, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
@@ -57,9 +59,12 @@ ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
 def kind_of(spec) -> tuple | None:
     """What a warm process for this launch must have been started with; None when the
     launch cannot run warm."""
-    if spec.engine != engines.SINGLE or not is_warm_command(spec.argv):
-        return None
-    return environment_kind(spec.env)
+    argv = spec.argv
+    if spec.engine != engines.SINGLE:  # its rank supervisor forks the ranks from it
+        if argv[1:4] != RANK_SUPERVISOR or "--" not in argv:
+            return None
+        argv = argv[argv.index("--") + 1:]
+    return environment_kind(spec.env) if is_warm_command(argv) else None
 
 
 def environment_kind(env: dict[str, str]) -> tuple:

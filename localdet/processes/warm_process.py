@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from determined.core._reporting import FORKED_AT_VAR
 from localdet.processes.learned_imports import InstalledPaths, import_quietly, tell_imports
@@ -63,9 +64,17 @@ def _prepare() -> None:
     from determined.keras import _trial_controller  # noqa: F401
 
 
+# The rank supervisor of a multi-process trial (localdet/processes/launcher.py's supervised_argv).
+RANK_SUPERVISOR = ["-P", "-m", "localdet.processes.ranks"]
+
+
 def _run(argv: list[str]) -> int:
     """Run the trial's command in this interpreter, as `python ARGS...` would."""
     args = argv[1:]
+    if args[:3] == RANK_SUPERVISOR:  # its ranks are forked from here, warm too
+        from localdet.processes import ranks
+
+        return ranks.main(args[3:], run_forked=_run_and_exit)
     if args == ["-m", "determined.exec.run_trial"]:
         from determined.exec import run_trial
 
@@ -100,9 +109,15 @@ def _become_trial(order: dict, log: int, in_session: int, forked: float,
     os.environ.update(order["env"])
     os.environ[FORKED_AT_VAR] = repr(forked)  # the trial's timeline: a warm start, since
     os.chdir(order["cwd"])
+    _run_and_exit(order["argv"], tell_imports_again)
+
+
+def _run_and_exit(argv: list[str], before_exit=lambda: None) -> NoReturn:
+    """Run the command in this forked process and exit with its status, as the
+    interpreter would (a trial, or one rank of a trial forked by its supervisor)."""
     code = 1
     try:
-        code = _run(order["argv"])
+        code = _run(argv)
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
         if isinstance(exit.code, str):
@@ -114,7 +129,7 @@ def _become_trial(order: dict, log: int, in_session: int, forked: float,
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        tell_imports_again()
+        before_exit()
         os._exit(code)  # not the parent's exit handlers: they are the warm process's
 
 

@@ -48,6 +48,7 @@ Row = tuple[str, float, float, "dict[str, Any] | None"]  # (phase, started, ende
 def insert(db: Any, experiment_id: int, trial_id: int, launch: str,
            rows: Iterable[Row]) -> None:
     """Add a launch's phases, in the transaction the caller (a StateDB's) holds."""
+    rows = list(rows)
     values = [[experiment_id, trial_id, launch, phase, float(started), float(ended),
                json.dumps(details, default=str) if details else None]
               for phase, started, ended, details in rows]
@@ -57,7 +58,7 @@ def insert(db: Any, experiment_id: int, trial_id: int, launch: str,
     # A trial's last phases can arrive after the daemon recorded its exit (its slot is freed
     # once its end is recorded, a moment before its process is gone): the exit then ends
     # with them, so that every phase of a launch lies within it.
-    own = [value[5] for value in values if value[3] not in ("launch", "exit")]
+    own = [float(ended) for phase, _, ended, _ in rows if phase not in ("launch", "exit")]
     if own:
         db.db.conn.execute("UPDATE launch_phases SET ended = ? WHERE trial_id = ? AND launch = ? "
                            "AND phase = 'exit' AND ended < ?",
