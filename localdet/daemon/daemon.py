@@ -203,17 +203,16 @@ class Daemon:
         try:
             # Trials on a cluster report over HTTP: they cannot reach the SQLite file.
             if self.report == "http" or not self.local:
-                # Before adopting: adopted trials report to it at once.
-                from localdet.reporting.report_server import ReportServer
+                # Before adopting: adopted trials report to it at once. In a process of
+                # its own: this loop keeps its core (localdet/reporting/report_process.py).
+                from localdet.reporting.report_process import start_report_server
 
                 host = self.backend.report_host()
-                reporting = ReportServer(self.layout, host, self.report_port,
-                                         self.reserve, self.log).start()
+                reporting = start_report_server(self.layout, host, self.report_port,
+                                                self.reserve, self.log, on_failure=self.stop)
                 # Our write transactions and the report writer's alternate, instead of each
                 # sleeping in SQLite's busy handler while the other holds the lock.
-                if reporting.writer is None:  # start() makes it
-                    raise RuntimeError("the report server started without its writer")
-                self.db.turns = reporting.writer.turns
+                self.db.turns = reporting.turns
                 self.report_url = self.launches.report_url = reporting.url
                 self.log(f"trials report over HTTP to {reporting.url}")
             write_slot_file(self.layout.slot_file, self.machine)  # `localdet submit` checks it

@@ -80,11 +80,15 @@ class ReportServer:
             `$LOCALDET_HOME/report_port` if free, else a free one, then remembered.
         reserve: the daemon's free-space reserve, checked before a checkpoint is written.
         log: where to say what it does.
+        turns: how its writer and the daemon's connection take turns (default: a
+            WriteTurns of its own, for a server in the daemon's process).
     """
 
     def __init__(self, layout: Layout, host: str = "127.0.0.1", port: int | None = None,
-                 reserve: Reserve | None = None, log: Callable[[str], None] = print):
+                 reserve: Reserve | None = None, log: Callable[[str], None] = print,
+                 turns: WriteTurns | None = None):
         self.layout, self.host, self.port = layout, host, port
+        self.turns = turns  # shared with the daemon's writes (report_process.ProcessTurns)
         self.reserve = reserve or Reserve()
         self.log = log
         self.secret = daemon_secret(layout)
@@ -105,7 +109,7 @@ class ReportServer:
 
     def start(self) -> "ReportServer":
         port_file = self.layout.home / PORT_FILE
-        self.writer = GroupWriter(self.layout.db, self.log).start()
+        self.writer = GroupWriter(self.layout.db, self.log, self.turns).start()
         listener = None
         if self.port is not None:
             try:

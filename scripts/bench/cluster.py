@@ -554,15 +554,25 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
 
     daemon.open = open_and_wrap
     outcome: dict = {}
-    from localdet.reporting import report_server
-    servers = []
+    from localdet.reporting import report_process, report_server
+    servers: list = []
     started = report_server.ReportServer.start
+    process_started = report_process.ReportProcess.start
 
     def start_and_keep(server):  # to read its writer's counts after the run
         servers.append(server)
         return started(server)
 
+    def start_process_and_keep(server):  # its child tells them as it stops
+        servers.append(server)
+        return process_started(server)
+
     report_server.ReportServer.start = start_and_keep
+    report_process.ReportProcess.start = start_process_and_keep
+    if args.profile_server and not args.in_process:
+        print("--profile-server profiles the report server in the daemon's process: with "
+              "--in-process only (else: py-spy on its process)")
+        args.profile_server = False
     server_profiles = _profile_server(report_server) if args.profile_server else None
     thread_cpu = _count_thread_cpu(report_server)
 
@@ -601,11 +611,20 @@ def run(slots: int, nodes: int, trials: int, args) -> dict:
         if profile:
             profile.disable()
         report_server.ReportServer.start = started
+        report_process.ReportProcess.start = process_started
     cpu = {key: after - cpu[key] for key, after in _cpu().items()}
     cpu.update(thread_cpu())
     driver.join()
     result = measure(cluster, slots, commits.count - begun_commits)
-    writer = servers[0].writer if servers else None
+    writer = getattr(servers[0], "writer", None) if servers else None
+    child = getattr(servers[0], "stats", None) if servers else None
+    if child:  # the report server's own process: its CPU was counted with the children's
+        writer = argparse.Namespace(**{key: child[key] for key in ("groups", "pieces", "reads")})
+        server_cpu = child["cpu"]
+        cpu["trials"] -= server_cpu["total"]
+        cpu.update(server=server_cpu["total"], writer=server_cpu.get("writer", 0.0),
+                   requests=server_cpu.get("requests", 0.0) + server_cpu.get("workers", 0.0),
+                   workers=server_cpu.get("workers", 0.0))
     if server_profiles is not None:
         server_profiles = server_profiles()
     result.update(outcome=outcome, sections=sections, prefilled=prefilled, profile=profile, cpu=cpu,
@@ -768,12 +787,21 @@ def report(slots: int, nodes: int, trials: int, result: dict, args) -> None:
     print(f"  trial stretch      {r['stretch']:.2f}x  (launch-to-exit over the sleep given)")
     cpu = r["cpu"]
     wall = max(cpu["wall"], 1e-9)
-    print(f"  CPU                daemon's process {cpu['daemon']:.1f} s "
-          f"({cpu['daemon'] / wall:.0%} of a core: its loop's thread {cpu['loop']:.1f} s, "
-          f"the report writer {cpu.get('writer', 0):.1f} s, requests "
-          f"{cpu.get('requests', 0):.1f} s, of which worker threads "
-          f"{cpu.get('workers', 0):.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
-          f"daemon's {wall:.1f} s (load average {os.getloadavg()[0]:.1f} at the end)")
+    if "server" in cpu:  # the report server in a process of its own
+        print(f"  CPU                daemon's process {cpu['daemon']:.1f} s "
+              f"({cpu['daemon'] / wall:.0%} of a core; its loop's thread {cpu['loop']:.1f} s),"
+              f" report server's process {cpu['server']:.1f} s ({cpu['server'] / wall:.0%}: "
+              f"its writer {cpu['writer']:.1f} s, event loop "
+              f"{cpu['requests'] - cpu['workers']:.1f} s, worker threads "
+              f"{cpu['workers']:.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
+              f"daemon's {wall:.1f} s (load average {os.getloadavg()[0]:.1f} at the end)")
+    else:
+        print(f"  CPU                daemon's process {cpu['daemon']:.1f} s "
+              f"({cpu['daemon'] / wall:.0%} of a core: its loop's thread {cpu['loop']:.1f} s, "
+              f"the report writer {cpu.get('writer', 0):.1f} s, requests "
+              f"{cpu.get('requests', 0):.1f} s, of which worker threads "
+              f"{cpu.get('workers', 0):.1f} s), trials' workers {cpu['trials']:.1f} s, in the "
+              f"daemon's {wall:.1f} s (load average {os.getloadavg()[0]:.1f} at the end)")
     sections = r["sections"]
     loop = sum(sections.totals[p] for p in ("intake", "_watch_scripts", "_handle_requests",
                                             "_watch_space", "_search", "_reap", "_schedule"))
@@ -837,6 +865,9 @@ def main() -> None:
                         help="finished trials of the experiment recorded before the daemon "
                              "starts (its search goes on from them); the pass cost line "
                              "compares sizes")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the report server in the daemon's process, as before 2025's "
+                             "issue 34 (LOCALDET_REPORT_IN_PROCESS=1)")
     parser.add_argument("--keep", action="store_true", help="keep the LOCALDET_HOME")
     parser.add_argument("--smoke", action="store_true",
                         help="a few seconds: 8 slots of 0.5-s trials for 2 s, 20 recorded")
@@ -845,6 +876,8 @@ def main() -> None:
         args.slots, args.nodes = args.slots or [8], args.nodes or 2
         args.seconds, args.trial_seconds, args.max_seconds = 2.0, 0.5, 60.0
         args.recorded = args.recorded or 20
+    if args.in_process:
+        os.environ["LOCALDET_REPORT_IN_PROCESS"] = "1"
     commits.install()
     results = {}
     for slots in args.slots or [32, 64, 256]:
