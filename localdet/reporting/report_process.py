@@ -13,9 +13,13 @@ the daemon's process. It tells the daemon, one JSON line at a time on its standa
 that it serves (and on which port), what it logs, and as it stops what it did (its
 writer's groups and its threads' CPU, for benchmarks).
 
-It dies with the daemon: it stops when its standard input (a pipe from the daemon) closes,
-and the kernel sends it SIGTERM if the daemon's thread that started it ends
-(PR_SET_PDEATHSIG), a `kill -9` included. If it dies while the daemon runs, the daemon
+It dies with the daemon. The daemon's `close()` asks it to stop on its standard input (a
+pipe from the daemon): it commits what is queued, answers, and exits. If the daemon dies
+instead (a `kill -9` included), the pipe closes without that word and the kernel kills the
+child too (PR_SET_PDEATHSIG, sent when the daemon's thread that started it ends): the
+port is free at once for the next daemon, which adopts the trials still running, and what
+was not committed was not acknowledged (the trials send it again). If it dies while the
+daemon runs, the daemon
 says so in its log and starts it again on the same port (trials retry their reports
 meanwhile); after `RESTARTS` deaths within a minute it says so and stops the daemon.
 
@@ -152,8 +156,9 @@ class ReportProcess:
         self._closing = True
         process = self._process
         if process is not None and process.stdin is not None:
-            try:
-                process.stdin.close()  # it commits what is queued, then exits
+            try:  # it commits what is queued, then exits
+                process.stdin.write(b"stop\n")
+                process.stdin.close()
             except OSError:
                 pass
         if self._thread is not None:
@@ -237,15 +242,15 @@ class ReportProcess:
 # -- the child ------------------------------------------------------------------------------
 
 def _die_with_parent(parent: int) -> None:
-    """SIGTERM when the daemon's thread that started us ends (Linux); and if the daemon is
-    gone already, stop now."""
+    """Killed when the daemon's thread that started us ends (Linux); and if the daemon is
+    gone already, gone now."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
-        raise SystemExit(0)
+        os._exit(1)
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -299,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     say("ready", server.port)
 
     def watch_stdin() -> None:
-        sys.stdin.buffer.read()  # returns when the daemon closes it, or dies
+        if sys.stdin.buffer.readline().strip() != b"stop":
+            os._exit(1)  # the daemon died without a word: so do we, at once (see above)
         stop.set()
 
     threading.Thread(target=watch_stdin, name="report-stdin", daemon=True).start()
