@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 
 from determined.core import reporter_for_script, reporter_from_environment
 from determined.core._reporting import CONFIG_VAR, RECORD_VAR, TRIAL_ID_VAR
-from determined.keras._keras_context import KerasContext
+from determined.keras._backend import is_tensorflow
 
 
 def _script_path() -> Path:
@@ -37,9 +37,16 @@ def _recording(record: Optional[bool]) -> bool:
     return os.environ.get(RECORD_VAR, "1").strip().lower() not in ("0", "false", "no")
 
 
-def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None) -> KerasContext:
-    """The context of this training script or batch job; see the module docstring."""
-    from determined.keras._trial_controller import prepare_process
+def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None) -> Any:
+    """The context of this training script or batch job; see the module docstring. On
+    Keras's JAX or PyTorch backend (KERAS_BACKEND) it trains without TensorFlow."""
+    context_class: Any
+    if is_tensorflow():
+        from determined.keras._keras_context import KerasContext as context_class
+        from determined.keras._trial_controller import prepare_process
+    else:
+        from determined.keras._backend_context import BackendKerasContext as context_class
+        from determined.keras._backend_fit import prepare_process
 
     managed = bool(os.environ.get(TRIAL_ID_VAR))
     if managed:
@@ -56,4 +63,4 @@ def init(hparams: Optional[Dict[str, Any]] = None, record: Optional[bool] = None
 
     _old_releases.install(info.config)  # what the script's release allowed
     prepare_process(info)
-    return KerasContext(info, reporter, managed=managed)
+    return context_class(info, reporter, managed=managed)

@@ -26,41 +26,13 @@ import tensorflow as tf
 from determined.core import DistributedContext, TrialInfo, TrialReporter
 from determined.core._reporting import reporter_factory
 from determined.keras import _data, _engine, _sharding
+from determined.keras._backend_context import (  # one definition for every backend
+    JobHasNoTrainingError,
+    TrainingContext,
+    _interactive_verbose,
+)
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._load import load_model_from_checkpoint_path
-
-
-class JobHasNoTrainingError(RuntimeError):
-    """A batch job touched `context.training` or trained."""
-
-
-class Hyperparameters(dict):
-    """`context.training.hparams`: a dict whose missing keys say where values come from."""
-
-    def __missing__(self, name: str) -> Any:
-        known = ", ".join(sorted(self)) or "none"
-        raise KeyError(f"hyperparameter '{name}' is not set (set: {known}); add it to the "
-                       "experiment config's hyperparameters, or when running the script "
-                       "on its own pass det.keras.init(hparams={...}) or set LOCALDET_CONFIG")
-
-
-class TrainingContext:
-    """`context.training`: what only a training run has."""
-
-    def __init__(self, info: TrialInfo):
-        self.hparams = Hyperparameters(info.hparams)
-        self.trial_id = info.trial_id
-        self.experiment_id = info.experiment_id
-        self.seed = info.seed
-
-
-def _interactive_verbose(verbose: Any) -> int:
-    """Keras's "auto" and 1 draw a live bar; in a log file one line per epoch reads better."""
-    if verbose == "auto":
-        verbose = 1
-    if verbose == 1 and not sys.stdout.isatty():
-        return 2
-    return int(verbose)
 
 
 def _validation_split(x: Any, y: Any, sample_weight: Any, split: float) -> tuple:

@@ -80,6 +80,14 @@ def load_model_from_checkpoint_path(path: str, tags: Optional[List[str]] = None)
     out; for a loss, the model is returned uncompiled for you to compile). Where the model
     cannot be built in this line, the other line builds it, with a warning saying so.
     """
+    from determined.keras import _backend_checkpoint
+
+    if _backend_checkpoint.model_file(Path(path)) is not None:
+        # Keras's own format (a trial on JAX or PyTorch wrote it): any backend reads it.
+        try:
+            return _backend_checkpoint.load_model(Path(path))
+        except _backend_checkpoint.BackendCheckpointError as error:
+            raise CheckpointLoadError(str(error)) from None
     try:
         saved = read_checkpoint(Path(path))
     except CheckpointFormatError as error:
@@ -116,9 +124,13 @@ def load_weights_from_checkpoint_path(model: Any, path: str) -> Any:
         model = MyModel()
         load_weights_from_checkpoint_path(model, "./best")
     """
-    from determined.keras import _weights_file
+    from determined.keras import _backend_checkpoint, _weights_file
 
     folder = Path(path)
+    native = _backend_checkpoint.model_file(folder)
+    if native is not None:  # Keras's own format, on any backend
+        model.load_weights(str(native))
+        return model
     weights = folder / _weights_file.WEIGHTS_FILENAME
     if weights.is_file():
         try:
