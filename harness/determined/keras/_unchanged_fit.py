@@ -37,6 +37,7 @@ from determined.core._reporting import reporter_factory
 from determined.keras import _engine, _unchanged
 
 METADATA_KEY = "unchanged_script"
+LENGTHS_FILE = ".unchanged-script-length.json"  # in the trial's folder: the length it set
 
 
 def _history_class(model: Any) -> Any:
@@ -56,6 +57,8 @@ class PhaseReporter:
         self.phase = phase
         self.offset = offset
         self.target = 0  # this phase's length in batches, once known
+        self.earlier: Dict[str, List[float]] = {}  # its History before this launch
+        self.history: Any = None  # its History in this launch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reporter, name)
@@ -69,8 +72,7 @@ class PhaseReporter:
 
     def set_target_batches(self, batches: int) -> None:
         self.target = batches
-        self._fits.recorded_target = self.offset + batches
-        self._reporter.set_target_batches(self.offset + batches)
+        self._fits.set_length(self.offset + batches)
 
     def save_checkpoint(self, directory: Path, batches_trained: int, metadata: Dict[str, Any],
                         uuid: Optional[str] = None) -> str:
@@ -91,18 +93,25 @@ class ScriptFits:
         self.calls = 0                   # fit calls made so far: the next one's phase
         self.trained = 0                 # batches of the phases run so far
         self.histories: List[Dict[str, List[float]]] = []  # finished phases' History
-        self.recorded_target = info.target_batches
         saved = self._saved_phase(info)
         self.resume_phase: Optional[int] = saved.get("phase") if saved else None
         self.resume_offset = int(saved.get("offset", 0)) if saved else 0
+        self.resumed_history: Dict[str, List[float]] = {}
         if saved:
             self.histories = [dict(h) for h in saved.get("histories", [])]
-        # The searcher's length of a phase: the trial's, unless this process set it (a
-        # phase's end) and the daemon has not changed it since (ASHA's next rung).
+            self.resumed_history = dict(saved.get("phase_history") or {})
+        # The searcher's length of a phase: the trial's, unless an earlier launch set the
+        # trial's length itself (a phase's start) and the daemon has not changed it since
+        # (ASHA's next rung).
         self.searcher_length = info.target_batches
-        if saved and info.target_batches == saved.get("recorded_target"):
-            self.searcher_length = int(saved.get("searcher_length", 0))
-            self.recorded_target = info.target_batches
+        self._lengths = info.trial_dir / LENGTHS_FILE
+        try:
+            set_before = json.loads(self._lengths.read_text())
+        except (OSError, ValueError):
+            set_before = {}
+        if set_before.get("target") == info.target_batches:
+            self.searcher_length = int(set_before.get("searcher_length", 0))
+        self.recorded_target = info.target_batches
 
     @classmethod
     def start(cls) -> "ScriptFits":
@@ -138,11 +147,22 @@ class ScriptFits:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def set_length(self, target: int) -> None:
+        """Record the trial's length as it grows phase by phase, and remember that this
+        trial set it (not the searcher)."""
+        self.recorded_target = target
+        if _engine.current().distributed.rank == 0:
+            self.info.trial_dir.mkdir(parents=True, exist_ok=True)
+            self._lengths.write_text(json.dumps({"target": target,
+                                                 "searcher_length": self.searcher_length}))
+        self.reporter.set_target_batches(target)
+
     def phase_record(self, phase: PhaseReporter, batches_trained: int) -> Dict[str, Any]:
         """What a checkpoint of `phase` says of the phases (read back on resume)."""
         return {"phase": phase.phase, "offset": phase.offset, "phase_batches": batches_trained,
                 "phase_target": phase.target, "searcher_length": self.searcher_length,
-                "recorded_target": self.recorded_target, "histories": self.histories}
+                "recorded_target": self.recorded_target, "histories": self.histories,
+                "phase_history": _joined(phase.earlier, phase.history)}
 
     def _say(self, text: str) -> None:
         if _engine.current().distributed.rank == 0:
@@ -166,10 +186,17 @@ class ScriptFits:
             return history
         resuming = self.resume_phase == phase
         offset = self.resume_offset if resuming else self.trained
+        config = self.info.config
+        if phase and isinstance(config.get("searcher"), dict):
+            # searcher.source_checkpoint_uuid starts the first phase only.
+            config = {**config, "searcher": {**config["searcher"],
+                                             "source_checkpoint_uuid": None}}
         info = dataclasses.replace(
             self.info, latest_checkpoint=self.info.latest_checkpoint if resuming else None,
-            target_batches=self.searcher_length)
+            target_batches=self.searcher_length, config=config)
         reporter = PhaseReporter(self.reporter, self, phase, offset)
+        reporter.earlier = self.resumed_history if resuming else {}
+        reporter.history = history = _history_class(model)()
         if self.searcher_length:
             reporter.set_target_batches(self.searcher_length)
             self._say(f"fit call {phase + 1}: trains the searcher's length, "
@@ -178,20 +205,34 @@ class ScriptFits:
         else:
             self._say(f"fit call {phase + 1}: trains the script's "
                       f"epochs={arguments.get('epochs', 1)} (the searcher sets no length)")
-        controller, history = _run_phase(info, reporter, model, arguments)
+        controller = _run_phase(info, reporter, model, arguments, history)
         self.trained = offset + controller.batches_trained
         if controller.paused:
             if self.managed:
                 sys.exit(0)  # checkpointed: the script runs again from its start on resume
             return history
-        self.histories.append({k: [float(x) for x in v] for k, v in history.history.items()})
+        # The History of the whole phase, the epochs before a pause included.
+        whole = _joined(reporter.earlier, history)
+        history.history = {k: list(v) for k, v in whole.items()}
+        if reporter.earlier:
+            first = history.epoch[0] if history.epoch else 0
+            before = len(next(iter(reporter.earlier.values()), []))
+            history.epoch = [*range(first - before, first), *history.epoch]
+        self.histories.append(whole)
         return history
 
 
+def _joined(earlier: Dict[str, List[float]], history: Any) -> Dict[str, List[float]]:
+    """A phase's History so far: the epochs of earlier launches, then this launch's."""
+    now = getattr(history, "history", None) or {}
+    return {k: [float(x) for x in earlier.get(k, [])] + [float(x) for x in now.get(k, [])]
+            for k in {*earlier, *now}}
+
+
 def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
-               arguments: Dict[str, Any]) -> Tuple[Any, Any]:
-    """Train one phase through the runner, as `context.fit` does; returns the controller
-    and Keras's History."""
+               arguments: Dict[str, Any], history: Any) -> Any:
+    """Train one phase through the runner, as `context.fit` does, into Keras's `history`;
+    returns the controller."""
     from determined.keras import _keras_context as fit_args
     from determined.keras._context import TFKerasTrialContext
     from determined.keras._trial_controller import FitOptions
@@ -230,7 +271,6 @@ def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
     for loader in (train, validation):  # the script's own datasets: shared as they are
         if loader is not None and not isinstance(loader, tuple):
             context._wrapped_datasets.add(id(loader))
-    history = _history_class(model)()
     options = FitOptions(epochs=arguments.get("epochs", 1) or 1,
                          initial_epoch=arguments.get("initial_epoch", 0) or 0,
                          steps_per_epoch=arguments.get("steps_per_epoch"),
@@ -242,4 +282,4 @@ def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
                                   batch_size=batch_size or None, fit=options)
     controller.run()
     reporter.heartbeat()  # writes the phase's last timeline phases (its end)
-    return controller, history
+    return controller
