@@ -109,8 +109,10 @@ class ReportHandler(CheckpointRoutes):
 
     async def _reporter(self) -> SQLiteReporter:
         reporter = self.app.cached_reporter(self.trial_id)
-        if reporter is None:  # made once a trial: it opens the database
-            reporter = await run_in_threadpool(self.app.reporter, self.trial_id)
+        if reporter is None:  # made once a trial, on the writer's connection (no other)
+            trial_id = self.trial_id
+            reporter = await self._writer().run_async(
+                lambda db: self.app.reporter(trial_id, db), write=False)
         return reporter
 
     async def _payload(self, method: str) -> Any:

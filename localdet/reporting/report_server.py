@@ -41,7 +41,7 @@ import uvicorn
 from localdet.checkpoints.disk_space import Reserve
 from localdet.checkpoints.store import Lease
 from localdet.paths import Layout
-from localdet.records.db import NotFound
+from localdet.records.db import NotFound, StateDB
 from localdet.reporting import report_wire as wire
 from localdet.reporting.group_writer import GroupWriter, WriteTurns
 from localdet.reporting.launch_tokens import (
@@ -102,6 +102,7 @@ class ReportServer:
         self._reporters: collections.OrderedDict[int, SQLiteReporter] = \
             collections.OrderedDict()
         self._reporters_lock = threading.Lock()
+        self._stores: dict = {}  # experiment id -> its checkpoint store (SQLiteReporter)
 
     @property
     def url(self) -> str:
@@ -173,20 +174,23 @@ class ReportServer:
                 self._reporters.move_to_end(trial_id)
             return reporter
 
-    def reporter(self, trial_id: int) -> SQLiteReporter:
-        """The trial's SQLiteReporter (its store, its experiment); its own connection is
-        closed: requests read and write through the writer's."""
+    def reporter(self, trial_id: int, db: StateDB | None = None) -> SQLiteReporter:
+        """The trial's SQLiteReporter (its store, its experiment), made on `db` (the
+        writer's connection, in its thread; by default a connection of its own, closed
+        once made): requests read and write through the writer's."""
         with self._reporters_lock:
             reporter = self._reporters.get(trial_id)
             if reporter is not None:
                 self._reporters.move_to_end(trial_id)
                 return reporter
         try:
-            reporter = SQLiteReporter(self.layout, trial_id)
+            # A trial's store is its experiment's: made once an experiment, not a trial.
+            reporter = SQLiteReporter(self.layout, trial_id, db, self._stores)
         except NotFound:
             raise RequestRefused(wire.STALE, f"trial {trial_id} does not exist in this daemon's "
                                              "state; this process exits") from None
-        reporter.db.close()
+        if db is None:
+            reporter.db.close()
         reporter._reserve = self.reserve  # the daemon's, not the environment's
         with self._reporters_lock:
             reporter = self._reporters.setdefault(trial_id, reporter)

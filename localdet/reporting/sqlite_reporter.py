@@ -22,7 +22,7 @@ from determined.core import TrialInfo
 from localdet.checkpoints.disk_space import DiskFull, Reserve
 from localdet.checkpoints.hash_worker import HashWorker
 from localdet.checkpoints.manifest import build_manifest, files_of
-from localdet.checkpoints.storage import checkpoint_store, experiment_store
+from localdet.checkpoints.storage import CheckpointStore, checkpoint_store, experiment_store
 from localdet.checkpoints.store import FileEntry, Store, StoreError
 from localdet.config.experiment import length_to_batches
 from localdet.paths import Layout
@@ -33,13 +33,22 @@ from localdet.reporting.restore import Restore
 
 
 class SQLiteReporter:
-    def __init__(self, layout: Layout, trial_id: int):
+    def __init__(self, layout: Layout, trial_id: int, db: StateDB | None = None,
+                 stores: dict[int, CheckpointStore] | None = None):
+        """`db`: an open connection to use (the report server's writer's) instead of one
+        of its own; `stores`: experiment id -> its store, made once an experiment."""
         self.layout = layout
         self.trial_id = trial_id
-        self.db = StateDB.open(layout.db)
-        # The experiment's checkpoint_storage: localdet's own store, shared_fs or s3.
-        self.store = experiment_store(layout, self.db, self.db.trial(trial_id).experiment_id)
+        self.db = StateDB.open(layout.db) if db is None else db
         self._trial = self.db.trial(trial_id)
+        # The experiment's checkpoint_storage: localdet's own store, shared_fs or s3.
+        experiment_id = self._trial.experiment_id
+        store = None if stores is None else stores.get(experiment_id)
+        if store is None:
+            store = experiment_store(layout, self.db, experiment_id)
+            if stores is not None:
+                stores[experiment_id] = store
+        self.store = store
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
         self._restore: Restore | None = None  # the last restore, until verified
