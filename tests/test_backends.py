@@ -1,0 +1,140 @@
+"""Keras 3 on JAX (issue 35 item 3): `KERAS_BACKEND=jax` trains `context.fit` scripts without
+TensorFlow: lengths, metrics, exact pause and resume, checkpoints that any backend loads, two
+slots through keras.distribution, and localdet running where TensorFlow is absent.
+
+A process chooses its backend before Keras is imported, so the checks run in one subprocess
+(tests/backend_checks.py, once for the module) and each test asserts on what it found; the
+checkpoint it wrote is then loaded here, on TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import REPO
+
+TESTS = Path(__file__).resolve().parent
+SCRIPT = TESTS / "trials" / "backend_script"
+pytest.importorskip("jax", reason="Keras's JAX backend: pip install -e '.[jax]'")
+
+# sitecustomize for a process tree where TensorFlow is absent: `import tensorflow` fails as
+# it does where the package is not installed.
+NO_TENSORFLOW = '''import importlib.abc, sys
+class _NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tf_keras"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoTensorFlow())
+'''
+
+
+def jax_environment(**extra: str) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
+    for name in ("TF_USE_LEGACY_KERAS", "LOCALDET_SLOTS", "LOCALDET_TRIAL_ID"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax")
+    env = jax_environment(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                          # the checks' eight fits of one model compile it once
+                          JAX_COMPILATION_CACHE_DIR=str(out / "jax-cache"))
+    result = subprocess.run([sys.executable, str(TESTS / "backend_checks.py"), str(out)],
+                            env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    found = json.loads((out / "facts.json").read_text())
+    found["out"] = str(out)
+    return found
+
+
+def test_fit_on_jax_trains_to_the_searcher_length_and_reports(facts):
+    assert facts["backend"] == "jax"
+    lengths = facts["lengths"]
+    assert lengths["batches_trained"] == 30
+    assert lengths["training_at"] == [5, 10, 15, 20, 25, 30]
+    assert lengths["validation_at"] == [12, 24, 30]  # each 12-batch epoch's end, and the end
+    assert lengths["history_keys"] == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert lengths["history_val_loss"][-1] == pytest.approx(lengths["last_val_loss"])
+
+
+def test_fit_on_jax_trains_the_scripts_epochs_without_a_searcher_length(facts):
+    assert facts["epochs"] == {"target": 24, "epochs": [1, 2], "batches_trained": 24}
+
+
+@pytest.mark.parametrize("data", ["numpy_resume", "pydataset_resume"])
+def test_a_paused_and_resumed_fit_on_jax_ends_with_the_same_weights_and_metrics(facts, data):
+    resumed = facts[data]
+    assert resumed["launches"] == 2  # paused mid-epoch, at batch 15
+    assert resumed["same_weights"] and resumed["same_metrics"], resumed
+
+
+def test_a_jax_checkpoint_is_keras_own_format_and_loads_on_jax(facts):
+    lengths = facts["lengths"]
+    assert "model.keras" in lengths["files"] and "trial_state.pkl" in lengths["files"]
+    assert lengths["metadata"]["keras_backend"] == "jax"
+    assert lengths["metadata"]["weights_file"] == "model.keras"
+    assert lengths["loaded_predicts_alike"] and lengths["loaded_optimizer"] == "Adam"
+
+
+def test_a_jax_checkpoint_loads_on_tensorflow(facts):
+    import keras
+
+    from determined.keras import load_model_from_checkpoint_path
+
+    assert keras.backend.backend() == "tensorflow"
+    model = load_model_from_checkpoint_path(facts["lengths"]["checkpoint"])
+    x_val = np.random.default_rng(0).normal(size=(96, 6)).astype("float32")[:32]
+    expected = np.load(Path(facts["out"]) / "expected.npy")
+    np.testing.assert_allclose(model.predict(x_val, verbose=0), expected, atol=1e-5)
+    assert model.optimizer is not None and model.loss == "sparse_categorical_crossentropy"
+
+
+def test_a_jax_trial_imports_no_tensorflow(facts):
+    assert facts["tensorflow_imported"] == []
+
+
+def test_tensorflow_only_apis_say_so_in_one_sentence_on_jax(facts):
+    error = facts["tensorflow_only"]["error"]
+    assert error.startswith("determined.keras.TFKerasTrial runs on Keras's TensorFlow "
+                            "backend only") and "KERAS_BACKEND=jax" in error
+    assert error.count(". ") == 0
+
+
+def test_two_slots_train_data_parallel_in_one_process(facts):
+    parallel = facts["data_parallel"]
+    assert parallel["distribution"] == "DataParallel" and parallel["devices"] == 2
+    assert parallel["same_val_loss"] and parallel["batches_trained"] == 12
+
+
+@pytest.mark.slow
+def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path):
+    blocker = tmp_path / "no-tensorflow"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(NO_TENSORFLOW)
+    env = jax_environment(PYTHONPATH=str(blocker), LOCALDET_HOME=str(home.path))
+    absent = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
+                            capture_output=True, text=True)
+    assert absent.returncode != 0 and "No module named 'tensorflow'" in absent.stderr
+    config = {"name": "jax-script", "entrypoint_script": "python3 train.py",
+              "hyperparameters": {"learning_rate": 0.01, "batch_size": 16, "epochs": 2},
+              "scheduling_unit": 4, "reproducibility": {"experiment_seed": 5},
+              "environment": {"environment_variables": ["KERAS_BACKEND=jax"]}}
+    path = tmp_path / "jax.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # The foreground runner (the daemon's work, in this process) and the trial's process.
+    result = subprocess.run([sys.executable, "-m", "localdet", "run", str(path), str(SCRIPT)],
+                            env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "experiment 1: COMPLETED" in output, output[-4000:]
+    assert "backend jax; tensorflow importable: False; tensorflow imported: False" in output
+    assert "validation at 24" in output
