@@ -33,19 +33,24 @@ launch that filled the last slot to the last launch, before the queue runs dry):
                    waiting on reports (hello, should_pause, checkpoint, the final flush)
   report writer    the writes the report server's writer committed, in how many
                    transactions, and the reads it ran beside them
-  CPU              CPU seconds of the daemon's process (its loop's thread, the report
-                   writer, the requests: the report server's event loop and what it hands
-                   to worker threads) and of the trials' workers, and the load average at
-                   the end: the machine is shared
+  CPU              CPU seconds of the daemon's process (its loop's thread), of the report
+                   server's process (its writer, its event loop, what it hands to worker
+                   threads; told by the server as it stops) and of the trials' workers, and
+                   the load average at the end: the machine is shared. With --in-process
+                   (the report server in the daemon's process, as before issue 34 item 4)
+                   the writer's and the requests' threads are counted in the daemon's
 
 and where the daemon's main loop spent its time (perf_counter around each part of `step`).
-`--profile` adds a cProfile of the daemon's thread by CPU time, `--profile-server` one of
-every report server thread by CPU time. With no `--slots`, the run is made for 32, 64 and
-256 slots, and ratios to the 32-slot figures are printed.
+`--profile` adds a cProfile of the daemon's thread by CPU time, `--profile-server` (with
+`--in-process`) one of every report server thread by CPU time; the report server's own
+process is profiled with py-spy (`py-spy record --pid PID`, its pid in `ps`). With no
+`--slots`, the run is made for 32, 64 and 256 slots, and ratios to the 32-slot figures are
+printed.
 
     python scripts/bench/cluster.py                    # 32, 64, 256 slots (about 6 minutes)
     python scripts/bench/cluster.py --slots 256 --nodes 32 --trial-seconds 8
-    python scripts/bench/cluster.py --slots 256 --nodes 32 --profile-server
+    python scripts/bench/cluster.py --slots 256 --nodes 32 --in-process --profile-server
+    python scripts/bench/cluster.py --slots 256 --nodes 32 --in-process   # the server as before
     python scripts/bench/cluster.py --slots 64 --seconds 30 --trial-seconds 2
 
 Measured on the shared 2-vCPU test machine (Python 3.11), one worker process, nice 10, other
