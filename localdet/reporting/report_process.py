@@ -163,6 +163,7 @@ class ReportProcess:
                 pass
         if self._thread is not None:
             self._thread.join(CLOSE_SECONDS)
+        process = self._process  # (one started again meanwhile, if any)
         if process is not None and process.poll() is None:
             self.log(f"the report server (pid {process.pid}) did not stop within "
                      f"{CLOSE_SECONDS:g} s; killing it")
@@ -184,7 +185,7 @@ class ReportProcess:
 
     def _watch(self) -> None:
         deaths: collections.deque[float] = collections.deque()
-        while True:
+        while not self._closing:  # (closed while waiting to start it again: not again)
             try:
                 process = self._process = self._spawn()
             except OSError as error:
