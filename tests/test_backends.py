@@ -138,3 +138,18 @@ def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path):
     assert "experiment 1: COMPLETED" in output, output[-4000:]
     assert "backend jax; tensorflow importable: False; tensorflow imported: False" in output
     assert "validation at 24" in output
+
+
+def test_numpy_batches_are_one_batch_each_and_found_again_by_position():
+    from determined.keras._backend_data import NumpyBatches
+
+    x, y = np.arange(10, dtype="float32")[:, None], np.arange(10)
+    natural = iter(NumpyBatches((x, y), 4, seed=3, start=0, shuffle=False))
+    # Full batches that cross the passes' boundaries, as on TensorFlow.
+    assert [next(natural)[1].tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                             [8, 9, 0, 1]]
+    shuffled = iter(NumpyBatches((x, y), 4, seed=3, start=0, shuffle=True))
+    straight = [next(shuffled)[1].tolist() for _ in range(6)]
+    resumed = iter(NumpyBatches((x, y), 4, seed=3, start=2, shuffle=True))
+    assert [next(resumed)[1].tolist() for _ in range(4)] == straight[2:]
+    assert sorted(straight[0] + straight[1] + straight[2][:2]) == list(range(10))  # a pass

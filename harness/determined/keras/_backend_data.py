@@ -123,8 +123,8 @@ class NumpyBatches(Batches):
         while True:
             first, last = k * bs, (k + 1) * bs  # positions in the passes laid end to end
             pass_index = first // n
-            rows = order(pass_index)[first - pass_index * n:]
-            if len(rows) < bs:
+            rows = order(pass_index)[first - pass_index * n:last - pass_index * n]
+            if len(rows) < bs:  # the batch ends in the next pass
                 rows = np.concatenate([rows, order(pass_index + 1)[:last - (pass_index + 1) * n]])
             yield tuple(_map(lambda a, r=rows: a[r], part) for part in self.arrays)  # type: ignore
             k += 1

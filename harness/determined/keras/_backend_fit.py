@@ -105,6 +105,78 @@ def prepare_process(info: TrialInfo) -> None:
     _seed(info.seed)
 
 
+class _Steps:
+    """Training steps one batch at a time through the model's own train function, as Keras's
+    `fit` runs them: the compiled metrics accumulate until `reset_metrics` (at a workload's
+    end), where `train_on_batch` would reset them every batch. PyTorch's trainer, and the
+    base of JAX's."""
+
+    def __init__(self, model: Any, class_weight: Optional[Dict[int, float]]):
+        self.model, self.class_weight = model, class_weight
+        self._built = False
+
+    def _batch(self, x: Any, y: Any, weight: Any) -> tuple:
+        if self.class_weight is not None and weight is None:
+            # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
+            from keras.src.trainers.data_adapters import data_adapter_utils
+
+            weight = data_adapter_utils.class_weight_to_sample_weights(y, self.class_weight)
+        return (x, y, weight)
+
+    def _build(self, data: tuple) -> None:
+        if not self._built:
+            self.model._symbolic_build(data_batch=data)
+            self.model.make_train_function()
+            if hasattr(self.model, "train"):  # PyTorch: the module in training mode
+                self.model.train()
+            self._built = True
+
+    def __call__(self, x: Any, y: Any, weight: Any) -> Dict[str, Any]:
+        data = self._batch(x, y, weight)
+        self._build(data)
+        return self.model.train_function([data])
+
+    def sync(self) -> None:
+        """Make the model's variables current (before validating, checkpointing, resetting
+        metrics)."""
+
+    def reset_metrics(self) -> None:
+        self.sync()
+        self.model.reset_metrics()
+
+
+class _JaxSteps(_Steps):
+    """JAX: the state (weights, optimizer, metrics) stays on the devices from step to step and
+    is written back into the model's variables only when something reads them, as in
+    Keras's JAX `fit` (its callbacks' `self.model` syncs it too)."""
+
+    def __call__(self, x: Any, y: Any, weight: Any) -> Dict[str, Any]:
+        # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
+        from keras.src.backend.jax.trainer import _distribute_data
+
+        model = self.model
+        data = _distribute_data(self._batch(x, y, weight))
+        self._build(data)
+        if getattr(self, "_state", None) is None or getattr(model, "_jax_state_synced", True):
+            self._state = model._get_jax_state(
+                trainable_variables=True, non_trainable_variables=True,
+                optimizer_variables=True, metrics_variables=True, purge_model_variables=True)
+            model._jax_state_synced = False
+        logs, self._state = model.train_function(self._state, iter([data]))
+        trainable, non_trainable, optimizer, metrics = self._state
+        model._jax_state = {"trainable_variables": trainable,
+                            "non_trainable_variables": non_trainable,
+                            "optimizer_variables": optimizer, "metrics_variables": metrics}
+        return logs
+
+    def sync(self) -> None:
+        self.model.jax_state_sync()
+
+
+def _steps(model: Any, class_weight: Optional[Dict[int, float]]) -> _Steps:
+    return (_JaxSteps if backend() == "jax" else _Steps)(model, class_weight)
+
+
 @dataclass
 class FitOptions:
     epochs: int = 1
@@ -153,6 +225,7 @@ class BackendFit:
         self.stop_requested = False
         self._workload_began_at = 0
         self._last_mark = time.time()
+        self.steps = _steps(model, fit.class_weight)
 
     def _note(self, phase: str, started: float, details: Optional[Dict[str, Any]] = None
               ) -> None:
@@ -223,6 +296,7 @@ class BackendFit:
                 self._train(callbacks, iter(batches), per_epoch)
             if not self.paused:
                 self._finish()
+            self.steps.sync()  # the script's model holds what was trained
             callbacks.on_train_end()
         finally:
             self.reporter.wait_for_checkpoints()
@@ -230,6 +304,7 @@ class BackendFit:
                                                 "paused": self.paused})
 
     def _train(self, callbacks: Any, batches: Any, per_epoch: int) -> None:
+        self.steps = _steps(self.model, self.fit.class_weight)
         self.model.reset_metrics()
         want_epoch_begin = True  # a resumed fit is inside an epoch all the same
         want_workload_begin = True
@@ -249,9 +324,7 @@ class BackendFit:
             step = self.batches_trained % per_epoch if per_epoch else self.batches_trained
             callbacks.on_train_batch_begin(step)
             x, y, weight = next(batches)
-            logs = self.model.train_on_batch(x, y, sample_weight=weight,
-                                             class_weight=self.fit.class_weight,
-                                             return_dict=True)
+            logs = self.steps(x, y, weight)
             callbacks.on_train_batch_end(step, logs)
             self.batches_trained += 1
             if first_batch:
@@ -306,7 +379,7 @@ class BackendFit:
         self.paused = not finished and self.reporter.should_pause()
         if finished or self.paused or self._due(batches_trained, self.info.checkpoint_period):
             self.checkpoint()
-        self.model.reset_metrics()  # the next workload averages from zero
+        self.steps.reset_metrics()  # the next workload averages from zero
         self.reporter.heartbeat()
         if self.paused:
             print(f"[trial {self.info.trial_id}] paused at {batches_trained} batches",
@@ -320,6 +393,7 @@ class BackendFit:
 
     def validate(self) -> Dict[str, float]:
         began = time.time()
+        self.steps.sync()
         results = _backend_data.evaluate(
             self.model, self.validation,
             self.fit.validation_batch_size or self.batch_size, self.fit.validation_steps, [])
@@ -338,6 +412,7 @@ class BackendFit:
         import keras
 
         paused = time.time()
+        self.steps.sync()
         directory = Path(tempfile.mkdtemp(dir=self.info.trial_dir, prefix=".checkpoint-"))
         try:
             trial_state = {
