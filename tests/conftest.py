@@ -428,6 +428,7 @@ LONGEST_FILES = [
     "test_script_e2e.py",       # ~55
     "test_callback_order.py",   # ~50 (CPU ~40)
     "test_custom_search.py",    # ~45 (two runner scripts, a runner and a daemon killed -9)
+    "test_backends.py",         # ~40 (one JAX process of eight tiny fits; a localdet run)
     "test_pause_resume_e2e.py", # ~30 (CPU ~27)
     "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
     "test_fuzz_intake.py",      # ~30
