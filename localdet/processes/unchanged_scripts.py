@@ -2,9 +2,10 @@
 fit hook in front (determined/exec/unchanged_script.py).
 
 An experiment's `entrypoint_script` whose files (the script and every model-folder module
-it imports) never import `determined` is an unchanged Keras script: each `model.fit` it
-calls is trained by localdet. A script that imports `determined` (`det.keras.init()`, the
-Core API) runs as it always did, and so does a batch job.
+it imports) import Keras (or TensorFlow) and never `determined` is an unchanged Keras
+script: each `model.fit` it calls is trained by localdet. A script that imports
+`determined` (`det.keras.init()`, the Core API) runs as it always did, and so do a script
+without Keras and a batch job.
 
     argv = injected(argv, config, model_dir)   # argv itself unless it is such a script
 """
@@ -21,7 +22,8 @@ RUNNER = "determined.exec.unchanged_script"
 
 
 def is_unchanged(model_dir: Path, config: dict) -> bool:
-    """Whether the experiment's script never imports `determined`, in any file it reaches."""
+    """Whether the experiment's script imports Keras and never `determined`, in the files it
+    reaches."""
     if config.get("entrypoint_kind") != "script" or not config.get("script_command"):
         return False
     return _unchanged(Path(model_dir), config["script_command"])
@@ -33,14 +35,25 @@ def _unchanged(model_dir: Path, script_command: str) -> bool:
     starts = keras_choice.entry_files(model_dir, config)
     if not starts:
         return False  # not a Python file of the folder: nothing to hook
+    uses_keras = False
     for path in keras_choice.reachable(model_dir, starts):
         found = keras_uses.uses(path)
         if found is None or found.unparsed is not None:
             return False  # unreadable: run it as it is
-        if any(name == "determined" or name.startswith("determined.")
-               for name in found.absolute_imports):
+        if any(_within(name, "determined") for name in found.absolute_imports):
             return False
-    return True
+        uses_keras = uses_keras or any(_within(name, package) for name in found.absolute_imports
+                                       for package in KERAS_PACKAGES)
+    # A script that imports no Keras has no fit to serve: it runs as it is, without the
+    # hook's imports (TensorFlow's memory would count against its limit).
+    return uses_keras
+
+
+KERAS_PACKAGES = ("keras", "tf_keras", "tensorflow")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def injected(argv: list[str], config: dict, model_dir: Path, job: bool = False) -> list[str]:

@@ -412,7 +412,9 @@ def model_code_cases(start: int) -> list[Case]:
     """Submissions whose config is good and whose code fails: accepted, their trials end
     ERROR with the cause. `start` numbers their names after the others."""
     trial = {**BASE, "resources": {}}  # these run
-    script = {k: v for k, v in trial.items() if k not in ("entrypoint", "searcher")}
+    # (An unchanged script takes hyperparameters only as its options or constants: none here.)
+    script = {k: v for k, v in trial.items()
+              if k not in ("entrypoint", "searcher", "hyperparameters")}
     script["entrypoint"] = "python3 train.py"
     raising = b"raise RuntimeError('the model refuses to import')\n"
     exiting = b"import sys\nsys.exit(3)\n"

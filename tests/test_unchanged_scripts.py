@@ -1,0 +1,30 @@
+"""Which scripts get localdet's fit hook (localdet/processes/unchanged_scripts.py): those whose
+files import Keras and never `determined`; every other command runs as it is."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from localdet.processes.unchanged_scripts import RUNNER, injected
+
+
+@pytest.mark.parametrize("code, hooked", [
+    ("import keras\nkeras.Sequential().fit\n", True),
+    ("from tensorflow import keras\n", True),
+    ("import helper\n", True),  # the Keras import is in a module of the folder
+    ("import determined as det\nimport keras\n", False),  # the New Keras API's own
+    ("import os\nprint(os.getpid())\n", False),  # no Keras: no fit to serve
+    ("import helper_with_det\n", False),
+])
+def test_the_hook_goes_in_front_of_keras_scripts_that_never_import_determined(tmp_path, code,
+                                                                             hooked):
+    (tmp_path / "train.py").write_text(code)
+    (tmp_path / "helper.py").write_text("import tf_keras\n")
+    (tmp_path / "helper_with_det.py").write_text("import keras\nfrom determined import core\n")
+    config = {"entrypoint_kind": "script", "script_command": "python3 train.py --epochs 2"}
+    argv = [sys.executable, "train.py", "--epochs", "2"]
+    expected = [sys.executable, "-m", RUNNER, "train.py", "--epochs", "2"] if hooked else argv
+    assert injected(argv, config, tmp_path) == expected
+    assert injected(argv, config, tmp_path, job=True) == argv  # a batch job never
