@@ -11,7 +11,7 @@ from test_exact_resume import PausingReporter
 
 from determined.core import DistributedContext
 from determined.keras import KerasContext
-from determined.keras._keras_context import JobHasNoTrainingError
+from determined.keras._backend_context import JobHasNoTrainingError
 from determined.keras._trial_controller import TrialError, prepare_process
 
 pytestmark = pytest.mark.keras2  # and again under Keras 2 (tests/test_keras_2_line.py)

@@ -92,7 +92,68 @@ def _as_loader(x: Any, y: Any, sample_weight: Any, what: str) -> Any:
     return x
 
 
-class BackendKerasContext:
+class ContextCommon:
+    """What the New Keras API's context does alike on every backend: `training`,
+    `config_data`, `evaluate`, `predict` and `load_checkpoint_model`. A subclass sets
+    `_info`, `_reporter`, `_training`, `_batches_trained` and `distributed`, and says how a
+    checkpoint's folder becomes a model (`_load_model`)."""
+
+    _info: TrialInfo
+    _reporter: TrialReporter
+    _training: Optional[TrainingContext]
+    _batches_trained: int
+    distributed: DistributedContext
+
+    @property
+    def training(self) -> TrainingContext:
+        if self._training is None:
+            raise JobHasNoTrainingError(
+                "context.training is not available: jobs have no training context (no "
+                "hyperparameters, no fit); read your settings from context.config_data")
+        return self._training
+
+    @property
+    def config_data(self) -> Dict[str, Any]:
+        """The config's `data` section: any settings of your own."""
+        return dict(self._info.config.get("data") or {})
+
+    def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """`model.evaluate`; in a training run its results are also recorded beside the
+        validation metrics, as test_<name> (by the chief)."""
+        return_dict = kwargs.pop("return_dict", False)
+        results = model.evaluate(*args, return_dict=True, **kwargs)
+        if self._training is not None and self.distributed.rank == 0:
+            self._reporter.report_validation_metrics(
+                self._batches_trained,
+                {f"test_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0})
+        if return_dict:
+            return results
+        # Keras's own order without return_dict: the loss, then the compiled metrics.
+        names = sorted(results, key=lambda name: name != "loss")
+        values = [results[name] for name in names]
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """`model.predict`, for batch inference."""
+        return model.predict(*args, **kwargs)
+
+    def load_checkpoint_model(self, trial_id: Optional[int] = None,
+                              checkpoint_uuid: Optional[str] = None) -> Any:
+        """Load a Keras model (architecture and weights) from the latest checkpoint of a
+        trial, or from one checkpoint (a unique uuid prefix works)."""
+        scratch = Path(tempfile.mkdtemp(prefix="localdet-load-"))
+        try:
+            folder = reporter_factory().load_checkpoint(scratch / "checkpoint",
+                                                        trial_id=trial_id, uuid=checkpoint_uuid)
+            return self._load_model(folder)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _load_model(self, folder: Path) -> Any:
+        raise NotImplementedError
+
+
+class BackendKerasContext(ContextCommon):
     """`det.keras.init()`'s context on a non-TensorFlow backend; see the module docstring."""
 
     def __init__(self, info: TrialInfo, reporter: TrialReporter,
@@ -110,18 +171,6 @@ class BackendKerasContext:
         self._optimizers: List[Any] = []
         self._batches_trained = 0
         self.checkpoint_metadata: Dict[str, Any] = {}
-
-    @property
-    def training(self) -> TrainingContext:
-        if self._training is None:
-            raise JobHasNoTrainingError(
-                "context.training is not available: jobs have no training context (no "
-                "hyperparameters, no fit); read your settings from context.config_data")
-        return self._training
-
-    @property
-    def config_data(self) -> Dict[str, Any]:
-        return dict(self._info.config.get("data") or {})
 
     def wrap_data(self, *data: Any) -> Any:
         """One process reads all the data (several devices split each batch), so the data
@@ -188,31 +237,5 @@ class BackendKerasContext:
             sys.exit(0)  # paused: the checkpoint is stored; the rest runs on resume
         return history
 
-    def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        """`model.evaluate`; in a training run its results are also recorded beside the
-        validation metrics, as test_<name>."""
-        return_dict = kwargs.pop("return_dict", False)
-        results = model.evaluate(*args, return_dict=True, **kwargs)
-        if self._training is not None:
-            self._reporter.report_validation_metrics(
-                self._batches_trained,
-                {f"test_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0})
-        if return_dict:
-            return results
-        names = sorted(results, key=lambda name: name != "loss")
-        values = [results[name] for name in names]
-        return values[0] if len(values) == 1 else values
-
-    def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        return model.predict(*args, **kwargs)
-
-    def load_checkpoint_model(self, trial_id: Optional[int] = None,
-                              checkpoint_uuid: Optional[str] = None) -> Any:
-        """Load a Keras model from the latest checkpoint of a trial, or from one checkpoint."""
-        scratch = Path(tempfile.mkdtemp(prefix="localdet-load-"))
-        try:
-            folder = reporter_factory().load_checkpoint(scratch / "checkpoint",
-                                                        trial_id=trial_id, uuid=checkpoint_uuid)
-            return _backend_checkpoint.load_model(folder)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+    def _load_model(self, folder: Path) -> Any:
+        return _backend_checkpoint.load_model(folder)

@@ -14,9 +14,7 @@ searcher's length, on its own it honours `epochs` and `initial_epoch`.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -24,10 +22,9 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import DistributedContext, TrialInfo, TrialReporter
-from determined.core._reporting import reporter_factory
 from determined.keras import _data, _engine, _sharding
 from determined.keras._backend_context import (  # one definition for every backend
-    JobHasNoTrainingError,
+    ContextCommon,
     TrainingContext,
     _interactive_verbose,
 )
@@ -74,7 +71,7 @@ def _as_loader(x: Any, y: Any, sample_weight: Any, what: str) -> Any:
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
-class KerasContext:
+class KerasContext(ContextCommon):
     """What `det.keras.init()` returns; see the module docstring."""
 
     def __init__(self, info: TrialInfo, reporter: TrialReporter,
@@ -88,20 +85,6 @@ class KerasContext:
         self._trial_context = TFKerasTrialContext(info, self.distributed)
         self._training = TrainingContext(info) if info.kind != "job" else None
         self._batches_trained = 0
-
-    # -- who am I -----------------------------------------------------------------------
-    @property
-    def training(self) -> TrainingContext:
-        if self._training is None:
-            raise JobHasNoTrainingError(
-                "context.training is not available: jobs have no training context (no "
-                "hyperparameters, no fit); read your settings from context.config_data")
-        return self._training
-
-    @property
-    def config_data(self) -> Dict[str, Any]:
-        """The config's `data` section: any settings of your own."""
-        return dict(self._info.config.get("data") or {})
 
     # -- wrappers -----------------------------------------------------------------------
     def wrap_data(self, *data: Any) -> Any:
@@ -190,34 +173,5 @@ class KerasContext:
             sys.exit(0)
         return history
 
-    def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        """`model.evaluate`; in a training run its results are also recorded beside the
-        validation metrics, as test_<name>."""
-        return_dict = kwargs.pop("return_dict", False)
-        results = model.evaluate(*args, return_dict=True, **kwargs)
-        if self._training is not None and self.distributed.rank == 0:
-            self._reporter.report_validation_metrics(
-                self._batches_trained,
-                {f"test_{k}": float(v) for k, v in results.items() if np.ndim(v) == 0})
-        if return_dict:
-            return results
-        # Keras's own order without return_dict: the loss, then the compiled metrics.
-        names = sorted(results, key=lambda name: name != "loss")
-        values = [results[name] for name in names]
-        return values[0] if len(values) == 1 else values
-
-    def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        """`model.predict`, for batch inference."""
-        return model.predict(*args, **kwargs)
-
-    def load_checkpoint_model(self, trial_id: Optional[int] = None,
-                              checkpoint_uuid: Optional[str] = None) -> Any:
-        """Load a Keras model (architecture and weights) from the latest checkpoint of a
-        trial, or from one checkpoint (a unique uuid prefix works)."""
-        scratch = Path(tempfile.mkdtemp(prefix="localdet-load-"))
-        try:
-            folder = reporter_factory().load_checkpoint(scratch / "checkpoint",
-                                                        trial_id=trial_id, uuid=checkpoint_uuid)
-            return load_model_from_checkpoint_path(str(folder))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+    def _load_model(self, folder: Path) -> Any:
+        return load_model_from_checkpoint_path(str(folder))
