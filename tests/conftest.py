@@ -451,6 +451,31 @@ LONGEST_FILES = [
 ]
 
 
+_CAPTURE_CLOSED_BY: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test whose code closed pytest's capture file (sys.stdout or sys.stderr as the test
+    sees them) fails, named, instead of every later test of its worker erroring in set-up
+    with "I/O operation on closed file" (as in a CI run whose culprit was off its log)."""
+    outcome = yield
+    if _CAPTURE_CLOSED_BY:
+        return
+    capturing = getattr(item.config.pluginmanager.getplugin("capturemanager"),
+                        "_global_capturing", None)
+    closed = [name for name in ("out", "err")
+              if getattr(getattr(getattr(capturing, name, None), "tmpfile", None), "closed",
+                         False)]
+    if closed:
+        _CAPTURE_CLOSED_BY.append(item.nodeid)
+        report = outcome.get_result()
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} closed pytest's capture of std{closed[0]} during "
+                           f"its {call.when}: its code closes sys.std{closed[0]} (or a wrapper "
+                           "of its buffer) in the test's process")
+
+
 def pytest_terminal_summary(terminalreporter):
     """What tests said about how they ran (`record_property("said", line)`): a line each in
     the run's summary, since a passing test's output is not shown (and a worker's never)."""
@@ -474,6 +499,7 @@ TOOL_GROUPS = {
         "test_web_insight.py", "test_web_manage.py"}),
     "image": ("root, podman and debootstrap", {"test_container_image.py"}),
     "horovod": ("the Horovod environment", {"test_horovod_e2e.py"}),
+    "jax": ("the JAX environment", {"test_backends.py"}),
 }
 
 

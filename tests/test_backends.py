@@ -2,7 +2,8 @@
 TensorFlow: lengths, metrics, exact pause and resume, checkpoints that any backend loads, two
 slots through keras.distribution, and localdet running where TensorFlow is absent.
 
-A process chooses its backend before Keras is imported, so the checks run in one subprocess
+They run in the environment scripts/jax-env makes (localdet with JAX and Keras, no TensorFlow:
+scripts/test passes its python as LOCALDET_JAX_PYTHON), where the checks run in one subprocess
 (tests/backend_checks.py, once for the module) and each test asserts on what it found; the
 checkpoint it wrote is then loaded here, on TensorFlow.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,33 +22,36 @@ from conftest import REPO
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS / "trials" / "backend_script"
-pytest.importorskip("jax", reason="Keras's JAX backend: pip install -e '.[jax]'")
-
-# sitecustomize for a process tree where TensorFlow is absent: `import tensorflow` fails as
-# it does where the package is not installed.
-NO_TENSORFLOW = '''import importlib.abc, sys
-class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tf_keras"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, _NoTensorFlow())
-'''
 
 
-def jax_environment(**extra: str) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
-    for name in ("TF_USE_LEGACY_KERAS", "LOCALDET_SLOTS", "LOCALDET_TRIAL_ID"):
+@pytest.fixture(scope="module")
+def jax_python() -> str:
+    python = os.environ.get("LOCALDET_JAX_PYTHON")
+    if not python:
+        setup = subprocess.run([str(REPO / "scripts" / "jax-env")], capture_output=True,
+                               text=True, timeout=1800)
+        assert setup.returncode == 0, f"scripts/jax-env failed:\n{setup.stderr[-4000:]}"
+        python = setup.stdout.strip().splitlines()[-1]
+    return python
+
+
+def jax_environment(python: str, **extra: str) -> dict:
+    """The environment's own programs first on PATH: a config's `python3 train.py` is its
+    python, as where it is the only one."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}", **extra}
+    for name in ("TF_USE_LEGACY_KERAS", "LOCALDET_SLOTS", "LOCALDET_TRIAL_ID", "VIRTUAL_ENV"):
         env.pop(name, None)
     return env
 
 
 @pytest.fixture(scope="module")
-def facts(tmp_path_factory):
+def facts(tmp_path_factory, jax_python):
     out = tmp_path_factory.mktemp("jax")
-    env = jax_environment(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = jax_environment(jax_python, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                           # the checks' eight fits of one model compile it once
                           JAX_COMPILATION_CACHE_DIR=str(out / "jax-cache"))
-    result = subprocess.run([sys.executable, str(TESTS / "backend_checks.py"), str(out)],
+    result = subprocess.run([jax_python, str(TESTS / "backend_checks.py"), str(out)],
                             env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     found = json.loads((out / "facts.json").read_text())
@@ -116,12 +119,9 @@ def test_two_slots_train_data_parallel_in_one_process(facts):
 
 
 @pytest.mark.slow
-def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path):
-    blocker = tmp_path / "no-tensorflow"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(NO_TENSORFLOW)
-    env = jax_environment(PYTHONPATH=str(blocker), LOCALDET_HOME=str(home.path))
-    absent = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
+def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path, jax_python):
+    env = jax_environment(jax_python, LOCALDET_HOME=str(home.path))
+    absent = subprocess.run(["python3", "-c", "import tensorflow"], env=env,
                             capture_output=True, text=True)
     assert absent.returncode != 0 and "No module named 'tensorflow'" in absent.stderr
     config = {"name": "jax-script", "entrypoint_script": "python3 train.py",
@@ -131,7 +131,7 @@ def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path):
     path = tmp_path / "jax.yaml"
     path.write_text(yaml.safe_dump(config))
     # The foreground runner (the daemon's work, in this process) and the trial's process.
-    result = subprocess.run([sys.executable, "-m", "localdet", "run", str(path), str(SCRIPT)],
+    result = subprocess.run([jax_python, "-m", "localdet", "run", str(path), str(SCRIPT)],
                             env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]

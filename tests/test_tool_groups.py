@@ -45,7 +45,8 @@ def test_without_root_the_tools_script_names_each_group_and_its_command():
     assert missing["browser"] == "sudo apt-get install chromium"
     assert missing["image"].endswith("scripts/test tests/test_container_image.py")
     assert "scripts/horovod-env" in missing["horovod"]
-    assert "LOCALDET_HOROVOD_PYTHON" not in done.stdout
+    assert missing["jax"] == "scripts/jax-env"
+    assert "LOCALDET_HOROVOD_PYTHON" not in done.stdout and "LOCALDET_JAX_PYTHON" not in done.stdout
 
 
 def run_pytest(missing: str, *targets: str) -> subprocess.CompletedProcess:
