@@ -6,6 +6,9 @@ process) and asserts on the facts it writes as JSON:
 
 Real parts throughout: a real SQLite file and checkpoint store (conftest.start_trial), real
 Keras on a tiny model. The last check sets a distribution for the rest of the process.
+
+An unchanged script (one that never imports `determined`) is checked here too: its fit
+calls served by the hook determined.exec.unchanged_script installs, as two phases.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ sys.path.insert(0, str(TESTS))
 import keras  # noqa: E402
 from conftest import start_trial  # noqa: E402
 
-from determined.core._reporting import SLOTS_VAR  # noqa: E402
-from determined.keras import _backend_fit  # noqa: E402
+from determined.core._reporting import HOME_VAR, SLOTS_VAR  # noqa: E402
+from determined.keras import _backend_fit, _unchanged  # noqa: E402
 from determined.keras._backend_context import BackendKerasContext  # noqa: E402
+from determined.keras._unchanged_fit import METADATA_KEY, ScriptFits  # noqa: E402
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(96, 6)).astype("float32")
@@ -138,6 +142,88 @@ def epochs_without_a_length(out: Path) -> dict:
             "batches_trained": db.trial(trial_id).batches_trained}
 
 
+def unchanged_train_py():
+    """An unchanged script: build, compile, fit with validation data; then fine-tune with
+    the first layer frozen and a new optimizer, without validation data (96 records in
+    batches of 8: 12 batches an epoch; 2 epochs, then 1)."""
+    model = keras.Sequential([keras.Input(shape=(6,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dropout(0.3),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    first = model.fit(X, Y, batch_size=8, epochs=2, validation_data=(X_VAL, Y_VAL), verbose=0)
+    model.layers[0].trainable = False
+    model.compile(optimizer=keras.optimizers.Adam(0.001),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    second = model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    return model, first, second
+
+
+def unchanged_run(folder: Path, pause_at=()) -> dict:
+    """The script's launches until it ends (each launch prepared as
+    determined.exec.unchanged_script prepares one: seeded generators, the fit hook), paused
+    at `pause_at`, with no searcher length (the script's epochs decide)."""
+    os.environ[HOME_VAR] = str(folder / "home")  # where a trial finds its checkpoints' records
+    db, trial_id, reporter, _ = start_trial(folder, 1, scheduling_unit=6)
+    db.update_trial(trial_id, target_batches=0)
+    pausing = Pausing(reporter, pause_at)
+    launches, ended = 0, None
+    while ended is None and launches < 4:
+        launches += 1
+        info = pausing.trial_info()
+        _backend_fit.prepare_process(info)
+        _unchanged.install(ScriptFits(info, pausing).fit)
+        try:
+            ended = unchanged_train_py()
+        except SystemExit as paused:  # checkpointed: the process ends, resumed anew
+            assert paused.code == 0, paused.code
+        finally:
+            _unchanged.uninstall()
+    model, first, second = ended
+    trial = db.trial(trial_id)
+    return {"launches": launches, "model": model, "db": db, "reporter": reporter,
+            "trial": trial, "first": first, "second": second,
+            "weights": [w.numpy() for w in model.weights],
+            "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]}
+
+
+def unchanged_script(out: Path) -> dict:
+    """Metrics and History, checkpoints (Keras's format, naming the phase, loaded
+    downstream), and a run paused in each phase that ends with the uninterrupted one's
+    weights and metrics."""
+    straight = unchanged_run(out / "unchanged-straight")
+    trial, db = straight["trial"], straight["db"]
+    folder = straight["reporter"].restore_checkpoint(trial.latest_checkpoint,
+                                                     out / "unchanged-exported")
+    straight["reporter"].verify_restored_checkpoint()
+    from determined.keras import load_model_from_checkpoint_path
+
+    loaded = load_model_from_checkpoint_path(str(folder))
+    metadata = json.loads((folder / "metadata.json").read_text())
+    paused = unchanged_run(out / "unchanged-paused", {12, 30})
+    return {
+        "batches_trained": trial.batches_trained, "target": trial.target_batches,
+        "training_at": [m.batches_trained for m in db.metrics(trial.id, "training")],
+        "validation": [(m.batches_trained, sorted(m.metrics))
+                       for m in db.metrics(trial.id, "validation")],
+        "epochs": [straight["first"].epoch, straight["second"].epoch],
+        "history_keys": [sorted(straight["first"].history), sorted(straight["second"].history)],
+        "files": sorted(p.name for p in folder.iterdir()),
+        "keras_backend": metadata.get("keras_backend"),
+        "phase": metadata.get(METADATA_KEY, {}).get("phase"),
+        "metadata_batches": metadata.get("batches_trained"),
+        "loaded_predicts_alike": bool(np.allclose(
+            loaded.predict(X_VAL, verbose=0), straight["model"].predict(X_VAL, verbose=0),
+            atol=1e-6)),
+        "paused_launches": paused["launches"],
+        "same_weights": all(np.array_equal(a, b) for a, b in zip(
+            straight["weights"], paused["weights"], strict=True)),
+        "same_metrics": straight["metrics"] == paused["metrics"],
+        "resumed_history": [len(paused["first"].history["val_loss"]),
+                            paused["second"].epoch],
+    }
+
+
 def tensorflow_only_names() -> dict:
     from determined.keras._backend import BackendError
 
@@ -178,6 +264,7 @@ def main() -> None:
         "weights": [w.numpy() for w in model.weights],
         "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]})
     facts["epochs"] = epochs_without_a_length(out)
+    facts["unchanged"] = unchanged_script(out)
     facts["tensorflow_only"] = tensorflow_only_names()
     # Before the distribution (which may import more): what a trial on this backend loaded.
     facts["tensorflow_imported"] = sorted(m for m in sys.modules

@@ -1,6 +1,7 @@
 """Keras 3 on JAX (issue 35 item 3): `KERAS_BACKEND=jax` trains `context.fit` scripts without
 TensorFlow: lengths, metrics, exact pause and resume, checkpoints that any backend loads, two
-slots through keras.distribution, and localdet running where TensorFlow is absent.
+slots through keras.distribution, and localdet running where TensorFlow is absent; an
+unchanged script (one that never imports `determined`) there too.
 
 They run in the environment scripts/jax-env makes (localdet with JAX and Keras, no TensorFlow:
 scripts/test passes its python as LOCALDET_JAX_PYTHON), where the checks run in one subprocess
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +140,89 @@ def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path, j
     assert "experiment 1: COMPLETED" in output, output[-4000:]
     assert "backend jax; tensorflow importable: False; tensorflow imported: False" in output
     assert "validation at 24" in output
+
+
+def test_an_unchanged_scripts_fits_on_jax_are_phases_with_metrics_and_history(facts):
+    unchanged = facts["unchanged"]
+    # 12 batches an epoch: 2 epochs with validation data, then 1 without.
+    assert unchanged["batches_trained"] == unchanged["target"] == 36
+    assert unchanged["training_at"] == [6, 12, 18, 24, 30, 36]
+    assert unchanged["validation"] == [[12, ["val_accuracy", "val_loss"]],
+                                       [24, ["val_accuracy", "val_loss"]],
+                                       # no validation data: the training metrics stand in
+                                       [36, ["accuracy", "loss"]]]
+    assert unchanged["epochs"] == [[0, 1], [0]]
+    assert unchanged["history_keys"] == [["accuracy", "loss", "val_accuracy", "val_loss"],
+                                         ["accuracy", "loss"]]
+
+
+def test_an_unchanged_script_on_jax_checkpoints_in_keras_format_that_loads(facts):
+    unchanged = facts["unchanged"]
+    assert {"model.keras", "trial_state.pkl", "metadata.json"} <= set(unchanged["files"])
+    assert unchanged["keras_backend"] == "jax" and unchanged["phase"] == 1
+    assert unchanged["metadata_batches"] == 36  # the trial's batches, across its phases
+    assert unchanged["loaded_predicts_alike"]
+
+
+def test_an_unchanged_script_paused_in_each_phase_on_jax_ends_alike(facts):
+    unchanged = facts["unchanged"]
+    assert unchanged["paused_launches"] == 3  # paused at batch 12, then in the second phase
+    assert unchanged["same_weights"] and unchanged["same_metrics"], unchanged
+    # The skipped first phase returns its recorded History; the resumed one its epoch.
+    assert unchanged["resumed_history"] == [2, [0]]
+
+
+UNCHANGED_TRAIN_PY = textwrap.dedent("""\
+    import sys
+
+    import keras
+    import numpy as np
+
+    learning_rate = 0.01
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(160, 8)).astype("float32")
+    y = (x[:, 0] - x[:, 3] > 0).astype("int64")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dropout(0.2),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(x[:128], y[:128], batch_size=16, epochs=2,
+                        validation_data=(x[128:], y[128:]))
+    print(f"backend {keras.backend.backend()}; learning_rate {learning_rate}; epochs "
+          f"{history.epoch}; tensorflow imported: {'tensorflow' in sys.modules}", flush=True)
+    """)
+
+
+@pytest.mark.slow
+def test_localdet_runs_an_unchanged_jax_script_where_tensorflow_is_absent(home, tmp_path,
+                                                                          jax_python):
+    from determined.keras import load_model_from_checkpoint_path
+    from localdet.records.db import StateDB
+
+    script = tmp_path / "model" / "train.py"
+    script.parent.mkdir()
+    script.write_text(UNCHANGED_TRAIN_PY)
+    env = jax_environment(jax_python, LOCALDET_HOME=str(home.path))
+    # No config: `localdet run` makes one; KERAS_BACKEND=jax comes from the environment.
+    result = subprocess.run([jax_python, "-m", "localdet", "run", str(script),
+                             "--hp", "learning_rate=0.02"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "experiment 1: COMPLETED" in output, output[-4000:]
+    assert ("backend jax; learning_rate 0.02; epochs [0, 1]; tensorflow imported: False"
+            in output), output[-4000:]
+    db = StateDB.open(home.path / "localdet.db")
+    trial = db.trials(1)[0]
+    assert trial.batches_trained == 16  # 8 batches an epoch, the script's 2 epochs
+    assert [m.batches_trained for m in db.metrics(trial.id, "validation")] == [8, 16]
+    assert "val_accuracy" in db.metrics(trial.id, "validation")[-1].metrics
+    exported = tmp_path / "exported"
+    home.cli("checkpoint", "export", trial.latest_checkpoint, exported)
+    model = load_model_from_checkpoint_path(str(exported))  # here, on TensorFlow
+    assert model.predict(np.zeros((2, 8), "float32"), verbose=0).shape == (2, 2)
 
 
 def test_numpy_batches_are_one_batch_each_and_found_again_by_position():

@@ -19,6 +19,10 @@ later phases train as new.
 Length. Where the searcher sets one (`max_length`), it is each phase's length in batches,
 in place of the script's `epochs`; where it sets none, the script's `epochs` decide. The log
 says which.
+
+Backends. On Keras's TensorFlow backend a phase trains through the TFKerasTrial runner
+(`_unchanged_controller`); on JAX and PyTorch through `context.fit`'s backend runner
+(`_unchanged_backend`), and nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -34,17 +38,29 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from determined.core import TrialInfo, TrialReporter, reporter_from_environment
 from determined.core._reporting import reporter_factory
-from determined.keras import _engine, _unchanged
+from determined.keras import _unchanged
+from determined.keras._backend import is_tensorflow
 
 METADATA_KEY = "unchanged_script"
 LENGTHS_FILE = ".unchanged-script-length.json"  # in the trial's folder: the length it set
 
 
 def _history_class(model: Any) -> Any:
-    """The model's own Keras's History (`keras`, or `tf_keras` under Keras 2)."""
-    package = importlib.import_module(type(model).__module__.split(".")[0])
+    """The model's own Keras's History (`keras`, or `tf_keras` under Keras 2), found from
+    the first Keras class it derives from (a script's subclass is defined in `__main__`)."""
+    modules = [cls.__module__.split(".")[0] for cls in type(model).__mro__]
+    name = next((m for m in modules if m in ("keras", "tf_keras", "tensorflow")), "keras")
+    package = importlib.import_module(name)
     keras = getattr(package, "keras", package)  # a model of `tensorflow.python.keras`
     return keras.callbacks.History
+
+
+def _rank() -> int:
+    if is_tensorflow():
+        from determined.keras import _engine
+
+        return _engine.current().distributed.rank
+    return 0  # on JAX and PyTorch a trial trains in one process
 
 
 class PhaseReporter:
@@ -118,8 +134,11 @@ class ScriptFits:
         """For the trial this process was launched for: its reporter, settings and seeded
         generators, as `det.keras.init()` prepares a script that calls it."""
         from determined import _old_releases
-        from determined.keras._trial_controller import prepare_process
 
+        if is_tensorflow():
+            from determined.keras._trial_controller import prepare_process
+        else:
+            from determined.keras._backend_fit import prepare_process  # type: ignore[assignment]
         reporter = reporter_from_environment()
         info = reporter.trial_info()
         _old_releases.install(info.config)
@@ -151,7 +170,7 @@ class ScriptFits:
         """Record the trial's length as it grows phase by phase, and remember that this
         trial set it (not the searcher)."""
         self.recorded_target = target
-        if _engine.current().distributed.rank == 0:
+        if _rank() == 0:
             self.info.trial_dir.mkdir(parents=True, exist_ok=True)
             self._lengths.write_text(json.dumps({"target": target,
                                                  "searcher_length": self.searcher_length}))
@@ -165,7 +184,7 @@ class ScriptFits:
                 "phase_history": _joined(phase.earlier, phase.history)}
 
     def _say(self, text: str) -> None:
-        if _engine.current().distributed.rank == 0:
+        if _rank() == 0:
             print(f"[trial {self.info.trial_id}] {text}", flush=True)
 
     # -- one fit call --------------------------------------------------------------------
@@ -205,7 +224,13 @@ class ScriptFits:
         else:
             self._say(f"fit call {phase + 1}: trains the script's "
                       f"epochs={arguments.get('epochs', 1)} (the searcher sets no length)")
-        controller = _run_phase(info, reporter, model, arguments, history)
+        if is_tensorflow():
+            controller = _run_phase(info, reporter, model, arguments, history)
+        else:
+            from determined.keras import _unchanged_backend
+
+            controller = _unchanged_backend.run_phase(info, reporter, model, arguments,
+                                                      history)
         self.trained = offset + controller.batches_trained
         if controller.paused:
             if self.managed:
