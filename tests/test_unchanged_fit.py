@@ -79,12 +79,27 @@ def test_each_fit_is_a_phase_recorded_at_the_trials_batches(tmp_path):
     validation = db.metrics(trial_id, "validation")
     assert [m.batches_trained for m in validation] == [12, 24, 36, 48, 60]
     assert "val_loss" in validation[1].metrics
-    # Without validation data, the training metrics stand in, under History's names.
-    assert set(validation[-1].metrics) == {"loss", "accuracy"}
+    # Without validation data, the training metrics stand in, under History's names, and
+    # the searcher's val_loss is taken from loss (a search over such a script compares it).
+    assert set(validation[-1].metrics) == {"loss", "accuracy", "val_loss"}
+    assert validation[-1].metrics["val_loss"] == validation[-1].metrics["loss"]
     last = db.checkpoint(trial.latest_checkpoint)
     assert last.batches_trained == 60
     assert last.metadata[METADATA_KEY]["phase"] == 1
     assert last.metadata[METADATA_KEY]["offset"] == 24
+
+
+def test_a_searcher_metric_a_fit_without_validation_cannot_report_is_named_at_once(
+        tmp_path, capsys):
+    db, trial_id, reporter, _ = start_trial(
+        tmp_path, 12, scheduling_unit=6,
+        searcher={"name": "single", "metric": "val_auc", "max_length": {"batches": 12}})
+    launch(reporter)
+    validation = db.metrics(trial_id, "validation")
+    assert set(validation[-1].metrics) == {"loss", "accuracy"}  # nothing made up
+    said = capsys.readouterr().out
+    assert said.count("fit call 2 has no validation data: the searcher's metric 'val_auc' "
+                      "cannot be reported (it reports accuracy, loss)") == 1
 
 
 def test_the_searchers_length_is_each_phases(tmp_path):

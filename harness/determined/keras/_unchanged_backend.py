@@ -13,6 +13,7 @@ from typing import Any, Dict
 from determined.core import TrialInfo, TrialReporter
 from determined.keras import _backend_context as fit_args
 from determined.keras._backend_fit import BackendFit, FitOptions, _metrics
+from determined.keras._unchanged_fit import report_stand_in
 
 
 class ScriptBackendFit(BackendFit):
@@ -32,7 +33,7 @@ class ScriptBackendFit(BackendFit):
         if self.validation is not None:
             return super().validate()
         if self._latest:
-            self.reporter.report_validation_metrics(self.batches_trained, dict(self._latest))
+            report_stand_in(self.reporter, self.batches_trained, dict(self._latest))
         self.last_validation = self.batches_trained
         self.last_validation_metrics = {}  # the epoch's History row keeps its own
         return {}

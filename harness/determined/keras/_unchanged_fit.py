@@ -86,6 +86,27 @@ class PhaseReporter:
                                   metrics: Dict[str, float]) -> None:
         self._reporter.report_validation_metrics(self.offset + batches_trained, metrics)
 
+    def report_stand_in_metrics(self, batches_trained: int, metrics: Dict[str, float]) -> None:
+        """A validation point of a fit without validation data: its training metrics stand
+        in, under their History names; the searcher's metric `val_X`, which such a fit never
+        reports, is taken from `X` (the log says so once), so that a script that validates
+        nothing is searched by what it trains rather than ended in ERROR."""
+        metrics = dict(metrics)
+        wanted = self._fits.searcher_metric
+        if metrics and wanted and wanted not in metrics:
+            base = wanted[4:] if wanted.startswith("val_") else ""
+            if base in metrics:
+                metrics[wanted] = metrics[base]
+            self._fits.say_once(
+                ("stand-in", self.phase),
+                f"fit call {self.phase + 1} has no validation data: "
+                + (f"its training metric '{base}' is recorded as the searcher's metric "
+                   f"'{wanted}' (pass validation data to fit, or set searcher.metric: {base})"
+                   if base in metrics else
+                   f"the searcher's metric '{wanted}' cannot be reported (it reports "
+                   f"{', '.join(sorted(metrics))}); set searcher.metric to one of them"))
+        self.report_validation_metrics(batches_trained, metrics)
+
     def set_target_batches(self, batches: int) -> None:
         self.target = batches
         self._fits.set_length(self.offset + batches)
@@ -97,6 +118,16 @@ class PhaseReporter:
         (directory / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
         return self._reporter.save_checkpoint(directory, self.offset + batches_trained,
                                               metadata, uuid)
+
+
+def report_stand_in(reporter: TrialReporter, batches_trained: int,
+                    metrics: Dict[str, float]) -> None:
+    """A phase runner's validation point without validation data (PhaseReporter's
+    `report_stand_in_metrics`; another reporter records the metrics as they are)."""
+    if isinstance(reporter, PhaseReporter):
+        reporter.report_stand_in_metrics(batches_trained, metrics)
+    else:
+        reporter.report_validation_metrics(batches_trained, metrics)
 
 
 class ScriptFits:
@@ -128,6 +159,10 @@ class ScriptFits:
         if set_before.get("target") == info.target_batches:
             self.searcher_length = int(set_before.get("searcher_length", 0))
         self.recorded_target = info.target_batches
+        searcher = info.config.get("searcher")
+        self.searcher_metric = str(searcher.get("metric") or "") \
+            if isinstance(searcher, dict) else ""
+        self._said: set = set()
 
     @classmethod
     def start(cls) -> "ScriptFits":
@@ -182,6 +217,11 @@ class ScriptFits:
                 "phase_target": phase.target, "searcher_length": self.searcher_length,
                 "recorded_target": self.recorded_target, "histories": self.histories,
                 "phase_history": _joined(phase.earlier, phase.history)}
+
+    def say_once(self, key: Any, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._say(text)
 
     def _say(self, text: str) -> None:
         if _rank() == 0:
