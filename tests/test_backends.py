@@ -149,8 +149,9 @@ def test_an_unchanged_scripts_fits_on_jax_are_phases_with_metrics_and_history(fa
     assert unchanged["training_at"] == [6, 12, 18, 24, 30, 36]
     assert unchanged["validation"] == [[12, ["val_accuracy", "val_loss"]],
                                        [24, ["val_accuracy", "val_loss"]],
-                                       # no validation data: the training metrics stand in
-                                       [36, ["accuracy", "loss"]]]
+                                       # no validation data: the training metrics stand
+                                       # in, loss as the searcher's val_loss too
+                                       [36, ["accuracy", "loss", "val_loss"]]]
     assert unchanged["epochs"] == [[0, 1], [0]]
     assert unchanged["history_keys"] == [["accuracy", "loss", "val_accuracy", "val_loss"],
                                          ["accuracy", "loss"]]
