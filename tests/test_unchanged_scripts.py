@@ -28,3 +28,28 @@ def test_the_hook_goes_in_front_of_keras_scripts_that_never_import_determined(tm
     expected = [sys.executable, "-m", RUNNER, "train.py", "--epochs", "2"] if hooked else argv
     assert injected(argv, config, tmp_path) == expected
     assert injected(argv, config, tmp_path, job=True) == argv  # a batch job never
+
+
+@pytest.mark.parametrize("code, env, expected", [
+    # keras.io's way: the script's own assignment wins over the environment's, as it does
+    # when the script runs on its own
+    ('import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\n', {"KERAS_BACKEND": "torch"},
+     "jax"),
+    ('import os\nos.environ.setdefault("KERAS_BACKEND", "jax")\nimport keras\n', {}, "jax"),
+    ('import os\nos.environ.setdefault("KERAS_BACKEND", "jax")\nimport keras\n',
+     {"KERAS_BACKEND": "torch"}, "torch"),
+    # set after Keras is imported, it changes nothing; nor does a script that sets none
+    ('import os\nimport keras\nos.environ["KERAS_BACKEND"] = "jax"\n', {}, None),
+    ("import keras\n", {"KERAS_BACKEND": "torch"}, "torch"),
+    # a script that imports determined is not an unchanged script: its code decides
+    ('import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport determined\nimport keras\n', {},
+     None),
+])
+def test_the_backend_an_unchanged_script_sets_at_its_top_is_the_trials(tmp_path, code, env,
+                                                                      expected):
+    from localdet.processes.unchanged_scripts import backend_environment
+
+    (tmp_path / "train.py").write_text(code)
+    config = {"entrypoint_kind": "script", "script_command": "python3 train.py"}
+    backend_environment(env, config, tmp_path)
+    assert env.get("KERAS_BACKEND") == expected

@@ -105,6 +105,8 @@ def launch_spec(layout: Layout, experiment: Experiment, trial: Trial,
     argv = unchanged_scripts.injected(given.argv, experiment.config,
                                       Path(experiment.model_dir),
                                       job=experiment.kind == ExperimentKind.JOB)
+    if argv != given.argv:  # the backend such a script sets itself, before the hook's imports
+        unchanged_scripts.backend_environment(env, experiment.config, Path(experiment.model_dir))
     return LaunchSpec(
         # The folder's startup-hook.sh first, once for all ranks (once per container, as
         # Determined ran it): localdet/processes/startup_hook.py.

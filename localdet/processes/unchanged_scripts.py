@@ -12,6 +12,7 @@ without Keras and a batch job.
 
 from __future__ import annotations
 
+import ast
 import functools
 import sys
 from pathlib import Path
@@ -66,3 +67,69 @@ def injected(argv: list[str], config: dict, model_dir: Path, job: bool = False) 
     if not is_unchanged(model_dir, config):
         return argv
     return [argv[0], "-m", RUNNER, *argv[1:]]
+
+
+BACKEND_VAR = "KERAS_BACKEND"
+
+
+def backend_environment(env: dict[str, str], config: dict, model_dir: Path) -> None:
+    """The Keras backend an unchanged script picks itself, at its top, before it imports
+    Keras (keras.io's examples do: `os.environ["KERAS_BACKEND"] = "jax"`), put into the
+    trial's environment `env`, as running the script gives it: an assignment replaces the
+    environment's, `os.environ.setdefault(...)` applies where the environment sets none. The
+    hook imports Keras before the script's first line runs, and a warm process has imported
+    it already, so the script's own line would come too late."""
+    if not is_unchanged(model_dir, config):
+        return
+    starts = keras_choice.entry_files(Path(model_dir), config)
+    chosen = _backend_set_by(starts[0]) if len(starts) == 1 else None
+    if chosen is not None:
+        value, replaces = chosen
+        if replaces:
+            env[BACKEND_VAR] = value
+        else:
+            env.setdefault(BACKEND_VAR, value)
+
+
+@functools.lru_cache(maxsize=256)
+def _backend_set_by(path: Path) -> tuple[str, bool] | None:
+    """(backend, whether it replaces the environment's) from the file's last top-level
+    `os.environ["KERAS_BACKEND"] = "..."` or `os.environ.setdefault("KERAS_BACKEND", "...")`
+    before its first Keras import; None where it sets none."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    chosen: tuple[str, bool] | None = None
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)) and any(
+                _within(name, package) for name in _imported(statement)
+                for package in KERAS_PACKAGES):
+            break  # set after Keras is imported, it changes nothing (Keras reads it once)
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target = statement.targets[0]
+            if isinstance(target, ast.Subscript) and _is_environ(target.value) and \
+                    _string(target.slice) == BACKEND_VAR and _string(statement.value):
+                chosen = (_string(statement.value), True)
+        elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            call = statement.value
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "setdefault" and \
+                    _is_environ(call.func.value) and len(call.args) == 2 and \
+                    _string(call.args[0]) == BACKEND_VAR and _string(call.args[1]):
+                chosen = (_string(call.args[1]), False)
+    return chosen
+
+
+def _imported(statement: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(statement, ast.ImportFrom):
+        return [statement.module or ""] if not statement.level else []
+    return [alias.name for alias in statement.names]
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and \
+        isinstance(node.value, ast.Name) and node.value.id == "os"
+
+
+def _string(node: ast.expr) -> str:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
