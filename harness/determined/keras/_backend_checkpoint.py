@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from determined.errors import exception_line
+
 WHOLE_FILENAME = "model.keras"
 WEIGHTS_FILENAME = "model.weights.h5"
 STATE_FILENAME = "trial_state.pkl"
@@ -206,4 +208,16 @@ def load_model(directory: Path) -> Any:
             f"'{directory}' holds this model's weights alone ({WEIGHTS_FILENAME}, a "
             "subclassed model); build the model in your code and read them with "
             "determined.keras.load_weights_from_checkpoint_path(model, path)")
-    return keras.saving.load_model(path)
+    try:
+        return keras.saving.load_model(path)
+    except (TypeError, ValueError) as error:
+        cause: BaseException = error
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+        # Keras names the first class or function it could not find in the innermost one.
+        raise BackendCheckpointError(
+            "wrap the call in `with keras.saving.custom_object_scope({...}):` naming the "
+            "custom layers, functions, losses and metrics the model uses, or build the model "
+            "in your code and read its weights with "
+            "determined.keras.load_weights_from_checkpoint_path(model, path): the model in "
+            f"'{path}' cannot be rebuilt ({exception_line(cause)})") from error

@@ -13,7 +13,7 @@ from typing import Any, Dict
 from determined.core import TrialInfo, TrialReporter
 from determined.keras import _backend_context as fit_args
 from determined.keras._backend_fit import BackendFit, FitOptions, _metrics
-from determined.keras._unchanged_fit import report_stand_in
+from determined.keras._unchanged_fit import fit_data, report_stand_in
 
 
 class ScriptBackendFit(BackendFit):
@@ -43,23 +43,7 @@ def run_phase(info: TrialInfo, reporter: TrialReporter, model: Any,
               arguments: Dict[str, Any], history: Any) -> ScriptBackendFit:
     """Train one phase (the fit call's `arguments` by name) into Keras's `history`; returns
     the runner (`batches_trained`, `paused`)."""
-    x, y = arguments.get("x"), arguments.get("y")
-    sample_weight = arguments.get("sample_weight")
-    validation_data = arguments.get("validation_data")
-    if validation_data is None and arguments.get("validation_split"):
-        (x, y, sample_weight), (vx, vy, vw) = fit_args._validation_split(
-            x, y, sample_weight, arguments["validation_split"])
-        validation_data = (vx, vy) if vw is None else (vx, vy, vw)
-    train = fit_args._as_loader(x, y, sample_weight, "model.fit()")
-    validation = validation_data
-    if isinstance(validation_data, (tuple, list)):
-        if not 2 <= len(validation_data) <= 3:
-            raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
-                             "keras.utils.PyDataset or an iterable of batches")
-        validation = tuple(validation_data)
-    batch_size = arguments.get("batch_size")
-    if isinstance(train, tuple) and batch_size is None:
-        batch_size = 32  # Keras's default
+    train, validation, batch_size = fit_data(arguments, fit_args)
     options = FitOptions(
         epochs=arguments.get("epochs", 1) or 1,
         initial_epoch=arguments.get("initial_epoch", 0) or 0,

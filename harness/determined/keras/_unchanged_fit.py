@@ -294,6 +294,29 @@ def _joined(earlier: Dict[str, List[float]], history: Any) -> Dict[str, List[flo
             for k in {*earlier, *now}}
 
 
+def fit_data(arguments: Dict[str, Any], fit_args: Any) -> Tuple[Any, Any, Optional[int]]:
+    """A fit call's training data (as a loader), validation data (a tuple `(x, y[, w])`, the
+    script's own dataset, or None) and batch size, read as the backend's `context.fit` reads
+    them (`fit_args`: the module of its `_validation_split` and `_as_loader`)."""
+    x, y = arguments.get("x"), arguments.get("y")
+    sample_weight = arguments.get("sample_weight")
+    validation = arguments.get("validation_data")
+    if validation is None and arguments.get("validation_split"):
+        (x, y, sample_weight), (vx, vy, vw) = fit_args._validation_split(
+            x, y, sample_weight, arguments["validation_split"])
+        validation = (vx, vy) if vw is None else (vx, vy, vw)
+    train = fit_args._as_loader(x, y, sample_weight, "model.fit()")
+    if isinstance(validation, (tuple, list)):
+        if not 2 <= len(validation) <= 3:
+            raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
+                             "dataset or a keras.utils.PyDataset")
+        validation = tuple(validation)
+    batch_size = arguments.get("batch_size")
+    if isinstance(train, tuple) and batch_size is None:
+        batch_size = 32  # Keras's default
+    return train, validation, batch_size
+
+
 def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
                arguments: Dict[str, Any], history: Any) -> Any:
     """Train one phase through the runner, as `context.fit` does, into Keras's `history`;
@@ -303,26 +326,10 @@ def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
     from determined.keras._trial_controller import FitOptions
     from determined.keras._unchanged_controller import ScriptController
 
-    x, y = arguments.get("x"), arguments.get("y")
-    sample_weight = arguments.get("sample_weight")
-    validation_data = arguments.get("validation_data")
-    if validation_data is None and arguments.get("validation_split"):
-        (x, y, sample_weight), (vx, vy, vw) = fit_args._validation_split(
-            x, y, sample_weight, arguments["validation_split"])
-        validation_data = (vx, vy) if vw is None else (vx, vy, vw)
-    train = fit_args._as_loader(x, y, sample_weight, "model.fit()")
-    validation = None
-    if isinstance(validation_data, (tuple, list)):
-        if not 2 <= len(validation_data) <= 3:
-            raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
-                             "dataset or a keras.utils.PyDataset")
-        val_x, val_y, val_weight = [*validation_data, None, None][:3]
+    train, validation, batch_size = fit_data(arguments, fit_args)
+    if isinstance(validation, tuple):
+        val_x, val_y, val_weight = [*validation, None, None][:3]
         validation = fit_args._as_loader(val_x, val_y, val_weight, "validation_data")
-    elif validation_data is not None:
-        validation = validation_data
-    batch_size = arguments.get("batch_size")
-    if isinstance(train, tuple) and batch_size is None:
-        batch_size = 32  # Keras's default
     context = TFKerasTrialContext(info)
     context.fit_config = {"verbose": fit_args._interactive_verbose(
                               arguments.get("verbose", "auto")),
