@@ -111,7 +111,9 @@ def counter_config(folder: Path, name: str) -> Path:
         "name": name, "entrypoint_script": "python3 train.py",
         "hyperparameters": {"variant": 0, "batch_seconds": 0.03, "checkpoint_seconds": 0,
                             "crash_at": 0, "checkpoint_bytes": 6 * MB},
-        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 200}},
+        # 300 batches (9 s): room for the second ballast to land before the last checkpoint on a
+        # loaded machine (with 200, the trial once ended first and never ran out of space)
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 300}},
         "scheduling_unit": 5, "min_checkpoint_period": {"batches": 25},
         "max_restarts": 0,  # a full disk must not use up restarts
         "reproducibility": {"experiment_seed": 3},
@@ -158,7 +160,7 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
         assert trial().restarts == 0 and trial().state == "QUEUED"
         launches = sum(e["kind"] == "trial_launched" for e in db.events(experiment_id))
         ballast.unlink()
-        wait_for(lambda: trial().batches_trained > held_at + 10, 60, "the trial to go on")
+        wait_for(lambda: trial().batches_trained > held_at + 10, 60, "the trial to go on", 0.05)
         assert sum(e["kind"] == "trial_launched" for e in db.events(experiment_id)) \
             == launches + 1
 
