@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -229,6 +231,23 @@ def test_localdet_runs_an_unchanged_jax_script_where_tensorflow_is_absent(home, 
     home.cli("checkpoint", "export", trial.latest_checkpoint, exported)
     model = load_model_from_checkpoint_path(str(exported))  # here, on TensorFlow
     assert model.predict(np.zeros((2, 8), "float32"), verbose=0).shape == (2, 2)
+
+
+@pytest.mark.slow
+def test_the_overhead_bench_runs_an_unchanged_script_on_jax(jax_python):
+    """scripts/bench/overhead.py --backend jax --smoke (tests/test_scripts.py runs each
+    bench on TensorFlow): it runs, without TensorFlow, and prints its figures."""
+    env = {**os.environ, "LOCALDET_JAX_PYTHON": jax_python, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("LOCALDET_HOME", None)
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "overhead.py"),
+                             "--backend", "jax", "--smoke"], env=env, capture_output=True,
+                            text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "keras3 on jax" in result.stdout and "TensorFlow imported: False" in result.stdout
+    for figure in (r"bare model\.fit: \d+\.\d+ s",
+                   r"unchanged script's model\.fit under localdet: \d+\.\d+ s",
+                   r"ratio: \d+\.\d+", r"epoch time: bare \d+\.\d+ s"):
+        assert re.search(figure, result.stdout), (figure, result.stdout)
 
 
 def test_numpy_batches_are_one_batch_each_and_found_again_by_position():

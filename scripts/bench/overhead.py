@@ -25,6 +25,14 @@ iterator, on either side; see README.md). Both sides must print the same val_acc
     python scripts/bench/overhead.py --api fit        # New Keras API: context.fit
     python scripts/bench/overhead.py --api unchanged  # the bare script's own model.fit, hooked
     python scripts/bench/overhead.py --smoke          # seconds: tiny sizes, figures meaningless
+    python scripts/bench/overhead.py --backend jax    # --api unchanged on Keras 3's JAX backend
+    python scripts/bench/overhead.py --backend torch --python PY   # PY has PyTorch and Keras
+
+With `--backend jax` or `torch`, `--api unchanged` (the default there) or `--api fit` runs
+on that Keras 3 backend without TensorFlow: scripts/bench/_overhead_backend.py, in the python
+that has the backend (`--python`; for JAX by default LOCALDET_JAX_PYTHON, else the
+environment scripts/jax-env makes; for PyTorch this python if it has PyTorch), with
+KERAS_BACKEND set; `--smoke` there too.
 
 With `--remote` the localdet side reports over the network transport a trial on another
 machine uses: `HTTPReporter` against a `ReportServer` (localdet/reporting/report_server.py) on
@@ -52,9 +60,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,9 +84,12 @@ parser.add_argument("--batches", type=int, default=600, help="batches to train p
 parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
 parser.add_argument("--warmup", type=int, default=100,
                     help="batches of the untimed warm-up (0: none)")
-parser.add_argument("--api", choices=("trial", "fit", "unchanged"), default="trial",
+parser.add_argument("--api", choices=("trial", "fit", "unchanged"),
                     help="TFKerasTrial (default), the New Keras API's context.fit, or an "
-                    "unchanged script's model.fit")
+                    "unchanged script's model.fit (the default with --backend jax|torch)")
+parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="tensorflow",
+                    help="Keras 3's backend (jax, torch: without TensorFlow, in --python)")
+parser.add_argument("--python", help="with --backend jax|torch: the python that has it")
 parser.add_argument("--epochs", type=int, default=15, help="epochs per run with --api fit")
 parser.add_argument("--remote", action="store_true",
                     help="the trial reports over HTTP to a report server (HTTPReporter)")
@@ -87,6 +100,35 @@ add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
 if args.smoke:
     args.batches, args.repeats, args.warmup, args.epochs = 20, 1, 0, 1
+
+
+def backend_python(backend: str, given: str | None) -> str:
+    """The python that has `backend` (and Keras and localdet)."""
+    if given:
+        return given
+    if backend == "jax":
+        if os.environ.get("LOCALDET_JAX_PYTHON"):
+            return os.environ["LOCALDET_JAX_PYTHON"]
+        made = subprocess.run([str(Path(__file__).resolve().parents[2] / "scripts" / "jax-env")],
+                              capture_output=True, text=True, check=True)
+        return made.stdout.strip().splitlines()[-1]
+    if importlib.util.find_spec(backend) is None:
+        parser.error(f"this python has no {backend}; pass --python with one that has it (and "
+                     "Keras and localdet)")
+    return sys.executable
+
+
+if args.backend != "tensorflow":  # TensorFlow's own APIs are not for these backends
+    if args.api == "trial" or args.remote or args.keras2:
+        parser.error("--backend jax|torch measures --api unchanged or --api fit, without "
+                     "--remote or --keras2 (TensorFlow's)")
+    python = backend_python(args.backend, args.python)
+    command = [python, str(Path(__file__).resolve().parent / "_overhead_backend.py"),
+               "--api", args.api or "unchanged", "--epochs", str(args.epochs),
+               "--repeats", str(args.repeats), *(["--smoke"] if args.smoke else [])]
+    sys.exit(subprocess.run(command, env={**os.environ, "KERAS_BACKEND": args.backend}
+                            ).returncode)
+args.api = args.api or "trial"
 if args.remote and args.api != "trial":
     parser.error("--remote measures the trial API only; leave out --api fit")
 select_keras(args)
