@@ -13,7 +13,7 @@ from typing import Any, Dict
 from determined.core import TrialInfo, TrialReporter
 from determined.keras import _backend_context as fit_args
 from determined.keras._backend_fit import BackendFit, FitOptions, _metrics
-from determined.keras._unchanged_fit import fit_data, report_stand_in
+from determined.keras._unchanged_phase import fit_data, report_stand_in
 
 
 class ScriptBackendFit(BackendFit):

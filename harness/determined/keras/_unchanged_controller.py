@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from determined.keras._trial_controller import FitOptions, TrialController
-from determined.keras._unchanged_fit import report_stand_in
+from determined.keras._unchanged_phase import report_stand_in
 
 
 class ScriptController(TrialController):

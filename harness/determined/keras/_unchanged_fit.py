@@ -40,6 +40,7 @@ from determined.core import TrialInfo, TrialReporter, reporter_from_environment
 from determined.core._reporting import reporter_factory
 from determined.keras import _unchanged
 from determined.keras._backend import is_tensorflow
+from determined.keras._unchanged_phase import fit_data
 
 METADATA_KEY = "unchanged_script"
 LENGTHS_FILE = ".unchanged-script-length.json"  # in the trial's folder: the length it set
@@ -118,16 +119,6 @@ class PhaseReporter:
         (directory / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
         return self._reporter.save_checkpoint(directory, self.offset + batches_trained,
                                               metadata, uuid)
-
-
-def report_stand_in(reporter: TrialReporter, batches_trained: int,
-                    metrics: Dict[str, float]) -> None:
-    """A phase runner's validation point without validation data (PhaseReporter's
-    `report_stand_in_metrics`; another reporter records the metrics as they are)."""
-    if isinstance(reporter, PhaseReporter):
-        reporter.report_stand_in_metrics(batches_trained, metrics)
-    else:
-        reporter.report_validation_metrics(batches_trained, metrics)
 
 
 class ScriptFits:
@@ -292,29 +283,6 @@ def _joined(earlier: Dict[str, List[float]], history: Any) -> Dict[str, List[flo
     now = getattr(history, "history", None) or {}
     return {k: [float(x) for x in earlier.get(k, [])] + [float(x) for x in now.get(k, [])]
             for k in {*earlier, *now}}
-
-
-def fit_data(arguments: Dict[str, Any], fit_args: Any) -> Tuple[Any, Any, Optional[int]]:
-    """A fit call's training data (as a loader), validation data (a tuple `(x, y[, w])`, the
-    script's own dataset, or None) and batch size, read as the backend's `context.fit` reads
-    them (`fit_args`: the module of its `_validation_split` and `_as_loader`)."""
-    x, y = arguments.get("x"), arguments.get("y")
-    sample_weight = arguments.get("sample_weight")
-    validation = arguments.get("validation_data")
-    if validation is None and arguments.get("validation_split"):
-        (x, y, sample_weight), (vx, vy, vw) = fit_args._validation_split(
-            x, y, sample_weight, arguments["validation_split"])
-        validation = (vx, vy) if vw is None else (vx, vy, vw)
-    train = fit_args._as_loader(x, y, sample_weight, "model.fit()")
-    if isinstance(validation, (tuple, list)):
-        if not 2 <= len(validation) <= 3:
-            raise ValueError("validation_data must be (x, y) or (x, y, sample_weight), a "
-                             "dataset or a keras.utils.PyDataset")
-        validation = tuple(validation)
-    batch_size = arguments.get("batch_size")
-    if isinstance(train, tuple) and batch_size is None:
-        batch_size = 32  # Keras's default
-    return train, validation, batch_size
 
 
 def _run_phase(info: TrialInfo, reporter: PhaseReporter, model: Any,
