@@ -196,9 +196,15 @@ def unchanged_script(out: Path) -> dict:
     folder = straight["reporter"].restore_checkpoint(trial.latest_checkpoint,
                                                      out / "unchanged-exported")
     straight["reporter"].verify_restored_checkpoint()
-    from determined.keras import load_model_from_checkpoint_path
+    from determined.keras import (
+        load_model_from_checkpoint_path,
+        load_weights_from_checkpoint_path,
+    )
 
     loaded = load_model_from_checkpoint_path(str(folder))
+    # The other downstream way: the weights into a model the code builds.
+    built = load_weights_from_checkpoint_path(keras.models.clone_model(straight["model"]),
+                                              str(folder))
     metadata = json.loads((folder / "metadata.json").read_text())
     paused = unchanged_run(out / "unchanged-paused", {12, 30})
     return {
@@ -214,6 +220,9 @@ def unchanged_script(out: Path) -> dict:
         "metadata_batches": metadata.get("batches_trained"),
         "loaded_predicts_alike": bool(np.allclose(
             loaded.predict(X_VAL, verbose=0), straight["model"].predict(X_VAL, verbose=0),
+            atol=1e-6)),
+        "weights_load_alike": bool(np.allclose(
+            built.predict(X_VAL, verbose=0), straight["model"].predict(X_VAL, verbose=0),
             atol=1e-6)),
         "paused_launches": paused["launches"],
         "same_weights": all(np.array_equal(a, b) for a, b in zip(

@@ -165,6 +165,7 @@ def test_an_unchanged_script_on_jax_checkpoints_in_keras_format_that_loads(facts
     assert unchanged["keras_backend"] == "jax" and unchanged["phase"] == 1
     assert unchanged["metadata_batches"] == 36  # the trial's batches, across its phases
     assert unchanged["loaded_predicts_alike"]
+    assert unchanged["weights_load_alike"]  # load_weights_from_checkpoint_path, no TensorFlow
 
 
 def test_an_unchanged_script_paused_in_each_phase_on_jax_ends_alike(facts):

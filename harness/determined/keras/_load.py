@@ -124,13 +124,14 @@ def load_weights_from_checkpoint_path(model: Any, path: str) -> Any:
         model = MyModel()
         load_weights_from_checkpoint_path(model, "./best")
     """
-    from determined.keras import _backend_checkpoint, _weights_file
+    from determined.keras import _backend_checkpoint
 
     folder = Path(path)
     native = _backend_checkpoint.model_file(folder)
     if native is not None:  # Keras's own format, on any backend
         model.load_weights(str(native))
         return model
+    from determined.keras import _weights_file  # TensorFlow's formats: it imports TensorFlow
     weights = folder / _weights_file.WEIGHTS_FILENAME
     if weights.is_file():
         try:
