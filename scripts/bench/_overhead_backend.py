@@ -8,7 +8,7 @@ overhead.py).
 
 The same conv net on digits-shaped data as overhead.py (scikit-learn's digits where it is
 installed, else stand-in data of the same shapes, told in the output), trained two ways in
-this process:
+this process (the training set cut to whole batches, as there):
 
   bare      `run_bare_fit`: keras.utils.set_random_seed, build + compile, model.fit(x, y,
             epochs=E, validation_data=...), model.save(model.keras)
@@ -26,7 +26,6 @@ is asserted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import statistics
@@ -60,13 +59,12 @@ if os.environ["KERAS_BACKEND"] == "jax":  # both sides compile into one cache
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from _trial_setup import create_trial, searcher_trial  # noqa: E402
+from _trial_setup import epochs_trial, searcher_trial  # noqa: E402
 
 from determined.keras import _backend_fit, _unchanged  # noqa: E402
 from determined.keras._backend_context import BackendKerasContext  # noqa: E402
 from determined.keras._unchanged_fit import ScriptFits  # noqa: E402
 from localdet.paths import Layout  # noqa: E402
-from localdet.reporting.sqlite_reporter import SQLiteReporter  # noqa: E402
 
 
 def digits() -> tuple:
@@ -87,6 +85,10 @@ def digits() -> tuple:
 
 
 DATA, X_TRAIN, X_VAL, Y_TRAIN, Y_VAL = digits()
+# Whole batches (as overhead.py's --api fit|unchanged): Keras would end each epoch with a short
+# batch where localdet's are all full, so the sides would not train the same examples.
+WHOLE = len(X_TRAIN) // BATCH_SIZE * BATCH_SIZE
+X_TRAIN, Y_TRAIN = X_TRAIN[:WHOLE], Y_TRAIN[:WHOLE]
 
 
 def build_model() -> keras.Model:
@@ -128,13 +130,7 @@ def raw_config() -> dict:
 def run_localdet(layout: Layout, epochs: int, out_dir: Path) -> tuple[float, float]:
     """The bare side's code in a trial's process (or a context.fit script's), its stdout
     to the trial's log."""
-    experiment_id, trial_id = create_trial(layout, raw_config(), [Path(__file__)])
-    log_path = layout.trial_log(experiment_id, trial_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
-        start = time.perf_counter()
-        reporter = SQLiteReporter(layout, trial_id)
-        reporter.db.update_trial(trial_id, target_batches=0)  # no max_length: epochs decide
+    with epochs_trial(layout, raw_config(), [Path(__file__)]) as (reporter, start):
         info = reporter.trial_info()
         _backend_fit.prepare_process(info)
         if args.api == "unchanged":
@@ -150,9 +146,7 @@ def run_localdet(layout: Layout, epochs: int, out_dir: Path) -> tuple[float, flo
             history = context.fit(model, X_TRAIN, Y_TRAIN, batch_size=BATCH_SIZE,
                                   epochs=epochs, verbose=0, validation_data=(X_VAL, Y_VAL))
             accuracy = float(history.history["val_accuracy"][-1])
-        seconds = time.perf_counter() - start
-    reporter.db.close()
-    return seconds, accuracy
+        return time.perf_counter() - start, accuracy
 
 
 def main() -> None:

@@ -2,6 +2,8 @@
 
     config, create, length = searcher_trial(raw_config)      # what the searcher asks for
     experiment_id, trial_id = create_trial(layout, raw_config, [Path(__file__)])
+    with epochs_trial(layout, raw_config, [Path(__file__)]) as (reporter, start):
+        ...                                                   # the trial's code, timed from start
 
 `raw_config` is an experiment config as a user writes it; it must set
 `reproducibility.experiment_seed`. No TensorFlow here: importing this is cheap.
@@ -10,14 +12,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from localdet.config.experiment import parse_config
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+from localdet.reporting.sqlite_reporter import SQLiteReporter
 from localdet.search.methods import Create, ValidateAfter, make_search_method
 
 
@@ -68,3 +73,22 @@ def create_trial(layout: Layout, raw_config: dict, model_files: Iterable[Path]) 
     finally:
         db.close()
     return experiment_id, trial_id
+
+
+@contextlib.contextmanager
+def epochs_trial(layout: Layout, raw_config: dict,
+                 model_files: Iterable[Path]) -> Iterator[tuple[SQLiteReporter, float]]:
+    """A fresh trial (`create_trial`) run in this process as a script's `fit` runs it: no
+    max_length (the script's epochs decide), stdout to the trial's log. Yields its reporter
+    and the `time.perf_counter()` taken before the reporter opened, where timing starts."""
+    experiment_id, trial_id = create_trial(layout, raw_config, model_files)
+    log_path = layout.trial_log(experiment_id, trial_id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
+        start = time.perf_counter()
+        reporter = SQLiteReporter(layout, trial_id)
+        try:
+            reporter.db.update_trial(trial_id, target_batches=0)
+            yield reporter, start
+        finally:
+            reporter.db.close()

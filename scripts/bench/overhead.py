@@ -44,8 +44,10 @@ runs 1.012): remote over local by the fastest runs 0.97, within the 1.05 target.
 With `--api fit` both sides train `--epochs` epochs of the NumPy arrays with validation at
 every epoch end: bare `model.fit(x, y, epochs=E, validation_data=...)` against a script's
 `context.fit(model, x, y, epochs=E, validation_data=...)` (metrics, checkpoint at the end).
-Keras ends each epoch with a short batch where localdet's batches are all full, so the
-val_accuracy of the two sides may differ in the last digits.
+The training set is cut to whole batches (1,408 of digits' 1,437 training examples): Keras
+would end each epoch with a short batch where localdet's batches are all full, and the two
+sides would not train the same examples. They still shuffle with different generators, so
+their val_accuracy may differ in the last digits.
 
 With `--api unchanged` both sides run the same code, `run_bare_fit` (the --api fit bare side:
 an unchanged script's `model.fit`, its own `model.save`); the localdet side first does what
@@ -77,7 +79,13 @@ LEARNING_RATE = 1e-3
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trial_setup import add_keras2_flag, create_trial, searcher_trial, select_keras  # noqa: E402  (imports no TensorFlow)
+from _trial_setup import (  # noqa: E402  (imports no TensorFlow)
+    add_keras2_flag,
+    create_trial,
+    epochs_trial,
+    searcher_trial,
+    select_keras,
+)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batches", type=int, default=600, help="batches to train per run")
@@ -162,6 +170,9 @@ x, y = load_digits(return_X_y=True)
 x = (x / 16.0).astype("float32").reshape(-1, 8, 8, 1)
 X_TRAIN, X_VAL, Y_TRAIN, Y_VAL = train_test_split(x, y.astype("int32"), test_size=0.2,
                                                   random_state=0)
+if args.api != "trial":  # whole batches: Keras would train a short last one, localdet not
+    WHOLE = len(X_TRAIN) // BATCH_SIZE * BATCH_SIZE
+    X_TRAIN, Y_TRAIN = X_TRAIN[:WHOLE], Y_TRAIN[:WHOLE]
 
 
 def build_model(learning_rate: float) -> tf.keras.Model:
@@ -219,13 +230,7 @@ def run_bare_fit(epochs: int, seed: int, out_dir: Path) -> tuple[float, float]:
 
 def run_localdet_fit(layout: Layout, epochs: int) -> tuple[float, float]:
     """A script's context.fit, recorded as the daemon's trial would be."""
-    experiment_id, trial_id = create_trial(layout, raw_config(1), [Path(__file__)])
-    log_path = layout.trial_log(experiment_id, trial_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
-        start = time.perf_counter()
-        reporter = SQLiteReporter(layout, trial_id)
-        reporter.db.update_trial(trial_id, target_batches=0)  # no max_length: epochs decide
+    with epochs_trial(layout, raw_config(1), [Path(__file__)]) as (reporter, start):
         info = reporter.trial_info()
         prepare_process(info)
         context = KerasContext(info, reporter)
@@ -233,21 +238,13 @@ def run_localdet_fit(layout: Layout, epochs: int) -> tuple[float, float]:
         context.wrap_optimizer(model.optimizer)
         history = context.fit(model, X_TRAIN, Y_TRAIN, batch_size=BATCH_SIZE, epochs=epochs,
                               verbose=0, validation_data=(X_VAL, Y_VAL))
-        seconds = time.perf_counter() - start
-    reporter.db.close()
-    return seconds, float(history.history["val_accuracy"][-1])
+        return time.perf_counter() - start, float(history.history["val_accuracy"][-1])
 
 
 def run_localdet_unchanged(layout: Layout, epochs: int, out_dir: Path) -> tuple[float, float]:
     """The bare side's own code, its model.fit served by localdet's hook as in a trial of
     an unchanged script (determined.exec.unchanged_script)."""
-    experiment_id, trial_id = create_trial(layout, raw_config(1), [Path(__file__)])
-    log_path = layout.trial_log(experiment_id, trial_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
-        start = time.perf_counter()
-        reporter = SQLiteReporter(layout, trial_id)
-        reporter.db.update_trial(trial_id, target_batches=0)  # no max_length: epochs decide
+    with epochs_trial(layout, raw_config(1), [Path(__file__)]) as (reporter, start):
         info = reporter.trial_info()
         prepare_process(info)
         _unchanged.install(ScriptFits(info, reporter, managed=False).fit)
@@ -255,9 +252,7 @@ def run_localdet_unchanged(layout: Layout, epochs: int, out_dir: Path) -> tuple[
             _, accuracy = run_bare_fit(epochs, info.seed, out_dir)
         finally:
             _unchanged.uninstall()
-        seconds = time.perf_counter() - start
-    reporter.db.close()
-    return seconds, accuracy
+        return time.perf_counter() - start, accuracy
 
 
 def raw_config(batches: int) -> dict:
@@ -349,7 +344,8 @@ def main() -> None:
             "trial": "localdet trial"}[args.api]
     side += " over HTTP (HTTPReporter + ReportServer)" if args.remote else ""
     print(f"{side}: {localdet:.2f} s (median of {args.repeats})")
-    print(f"ratio: {localdet / bare:.3f} (target <= 1.05)")
+    target = 1.02 if args.api == "unchanged" else 1.05
+    print(f"ratio: {localdet / bare:.3f} (target <= {target})")
     if args.api != "trial":
         print(f"epoch time: bare {bare / args.epochs:.3f} s, localdet "
               f"{localdet / args.epochs:.3f} s")
