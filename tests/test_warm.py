@@ -25,9 +25,11 @@ GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_
 # Long enough to be paused after 40 batches (asked from this process, polling every 20 ms):
 # under Keras 2 (a trial class's line) the digits trial trains 300 batches in about a second,
 # and on a loaded machine 1,200 batches were once trained before the pause landed.
+# A variable of its own makes it a kind of its own: no warm process fits its first launch.
 LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
                       "max_length": {"batches": 3000}},
-            scheduling_unit=10, environment=DETERMINISTIC)
+            scheduling_unit=10, environment={"environment_variables": [
+                *DETERMINISTIC["environment_variables"], "LOCALDET_TEST_KIND=long"]})
 
 
 def launches(home: Home, experiment_id: int) -> list[bool]:
@@ -58,6 +60,12 @@ def run_both(home: Home, tmp_path: Path, warm: str, daemons) -> dict:
     long = home.experiment_named(f"long-{warm}")["id"]
     wait_for(lambda: home.first_trial(long).get("batches_trained", 0) >= 40, 180,
              "40 batches", 0.02)
+    if warm == "1":  # no other launch of its kind is expected: no warm process of it yet
+        from conftest import _parent
+
+        of_its_kind = {pid for pid in warm_processes(home, b"LOCALDET_TEST_KIND=long")
+                       if _parent(pid) == daemon.process.pid}
+        assert not of_its_kind, "a warm process was started beside a one-trial experiment"
     request(home, "pause", long)
     wait_for(lambda: home.first_trial(long)["state"] == "PAUSED", 120, "the pause", 0.05)
     trial = home.experiment(long)["trials"][0]
@@ -85,19 +93,21 @@ def test_warm_and_cold_processes_train_alike(tmp_path, daemons):
                               [("warm", "1"), ("cold", "0")])
     assert "warm trial processes: 1 (--warm)" in warm["said"]
     assert "warm trial processes: 0 (off (--warm 0))" in cold["said"]
-    # The first trial starts cold and leaves a warm process behind; later ones fork from it,
-    # the paused trial's second launch too.
+    # The search's first trial starts cold and leaves a warm process behind for its next
+    # ones, which fork from it. The one-trial experiment, of another kind, starts cold and
+    # leaves none behind (checked in run_both); one is started once the daemon is idle, the
+    # trial paused, and its resume forks from it.
     assert warm["grid_launches"] == [False, True, True]
-    assert warm["long_launches"] == [True, True]
+    assert warm["long_launches"] == [False, True]
     assert cold["grid_launches"] == [False] * 3 and cold["long_launches"] == [False] * 2
     assert warm["grid"] == cold["grid"]
     for (name_a, a), (name_b, b) in zip(warm["weights"], cold["weights"], strict=True):
         assert name_a == name_b and (a == b).all()
 
 
-def warm_processes(home: Home) -> set[int]:
+def warm_processes(home: Home, variable: bytes = b"") -> set[int]:
     """The processes started as `localdet.processes.warm_process` for this home (warm ones, and the
-    trials forked from them)."""
+    trials forked from them), those started with `variable` (NAME=value) if given."""
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -108,7 +118,8 @@ def warm_processes(home: Home) -> set[int]:
         except OSError:
             continue
         if b"localdet.processes.warm_process" in command \
-                and f"LOCALDET_HOME={home.path}".encode() in environment:
+                and f"LOCALDET_HOME={home.path}".encode() in environment \
+                and variable in environment:
             found.add(int(entry.name))
     return found
 
@@ -178,3 +189,32 @@ def test_the_warm_process_ready_from_the_start_is_of_the_line_trial_classes_run_
         layout, {}, keras_choice.default()[0]))
     assert (kind_of(spec) == at_start) is fits
     assert spec.keras_line == ("keras2" if fits else "keras3")
+
+
+def test_a_warm_process_is_kept_where_a_launch_is_expected_and_one_still_importing_is_ended(
+        layout):
+    """After a launch no other is expected to use, no warm process is started; one is once
+    the daemon is idle, once per idle spell; closed while still importing (no trial handed to
+    it), it is ended rather than left to finish its imports."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from localdet.config import engines
+    from localdet.processes.warm_pool import WarmPool
+
+    spec = SimpleNamespace(argv=[sys.executable, "-m", "determined.exec.run_trial"],
+                           engine=engines.SINGLE, env=dict(os.environ))
+    pool = WarmPool(layout, size=1, log=lambda line: None)
+    try:
+        pool.keep(spec, expected=False)
+        assert pool.describe().startswith("0 warm")
+        pool.keep_when_idle()
+        assert pool.describe() == "1 warm process(es), 0 ready"
+        process = pool._warm[0].process
+        pool.close()
+        process.wait(timeout=3)  # ended at once, not after TensorFlow's import (6 s and more)
+        pool.keep_when_idle()  # the idle spell's one was kept already
+        assert pool.describe().startswith("0 warm")
+    finally:
+        pool.close()

@@ -322,6 +322,8 @@ class Daemon:
             self._drain_pass()
         else:
             self.scheduler.schedule()
+        if not self.watched.processes and not self.watched.adopted:
+            self.pool.keep_when_idle()
         self.system_metrics.note(self.db, self.watched)  # samples taken in its own thread
 
     def _mine(self, experiment: Experiment) -> bool:

@@ -85,6 +85,7 @@ class Launches:
         leaves none training unrecorded."""
         for start in range(0, len(started), self.batch):
             self._record_some(started[start:start + self.batch])
+        expected = bool(started) and self._more_launches_expected(started)
         for trial, slots, spec, process, _, _ in started:
             # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
             self.waiters.watch(process)
@@ -92,7 +93,16 @@ class Launches:
             self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
                      f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
                      f"slots {slots})")
-            self.pool.keep(spec)  # the next trial like it finds one ready
+            self.pool.keep(spec, expected)  # the next trial like it finds one ready
+
+    def _more_launches_expected(self, started: list[tuple]) -> bool:
+        """Whether a trial waits to be launched, or a launched one's search may make more:
+        what a warm process kept now would serve."""
+        if self.db.db.execute("SELECT 1 FROM trials WHERE state = ? LIMIT 1",
+                              [TrialState.QUEUED]).fetchone():
+            return True
+        experiments = {trial.experiment_id for trial, *_ in started}
+        return any(self.db.experiment(e).searcher != "single" for e in experiments)
 
     def _record_some(self, started: list[tuple]) -> None:
         with self.db.atomic():

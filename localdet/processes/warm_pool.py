@@ -4,10 +4,17 @@ start-up (several seconds a trial).
 
     pool = WarmPool(layout, size=1)
     pool.keep_for(kind)          # at start: one for the trials expected most
-    pool.keep(spec)              # after a launch: keep a warm process for trials like it
     warm = pool.take(spec)       # one of the same kind, or None: start cold
     launcher.start(spec, warm)   # the trial runs in a process forked from it
+    pool.keep(spec, expected)    # after a launch: another for trials like it, if one is expected
+    pool.keep_when_idle()        # nothing runs: one of the last kind (a resume, a next submission)
     pool.close()                 # the daemon stops: the warm processes exit
+
+A warm process forks every trial of its kind that comes. A launch that found none starts one
+only where another launch of its kind is expected (trials queued, or a search that may make
+more): a one-trial experiment would have it import TensorFlow on a core beside the trial it
+can never serve. One is started instead once the daemon has nothing running, for the paused
+trial's resume, a restart, or the next submission like it.
 
 A warm process fits a trial when it was started with the same environment but for what is
 the trial's own (its id, slots and devices): the same Keras line, the same experiment
@@ -115,6 +122,7 @@ class Warm:
     channel: socket.socket
     ready: threading.Event = field(default_factory=threading.Event)
     children: dict = field(default_factory=dict)  # pid -> Forked
+    handed: int = 0  # trials handed to it (some may not be forked yet)
     _exits: dict = field(default_factory=dict)    # pid -> code, told before it was handed
     _pids: queue.Queue = field(default_factory=queue.Queue)
     _handing: threading.Lock = field(default_factory=threading.Lock)   # one order at a time
@@ -156,6 +164,7 @@ class Warm:
         warm process has ended (start the trial cold then)."""
         order = {"env": spec.env, "cwd": str(spec.cwd), "argv": spec.argv}
         with self._handing:
+            self.handed += 1
             try:
                 socket.send_fds(self.channel, [json.dumps(order).encode()], [log_fd])
                 pid = self._pids.get(timeout=ANSWER_SECONDS)
@@ -174,11 +183,16 @@ class Warm:
         return child
 
     def close(self) -> None:
+        # Still importing with no trial handed to it: what is left of its imports is
+        # all it would do before reading end-of-file, a core's seconds for nothing.
+        importing = not self.ready.is_set() and not self.handed
         try:
             self.channel.shutdown(socket.SHUT_RDWR)  # it reads end-of-file and exits
         except OSError:
             pass
         self.channel.close()
+        if importing and self.alive():
+            self.process.terminate()
 
 
 @dataclass
@@ -187,10 +201,24 @@ class WarmPool:
     size: int = 1            # warm processes at most, all kinds together
     log: Callable[[str], None] = print
     _warm: list = field(default_factory=list)
+    _when_idle: tuple | None = None  # the kind keep_when_idle keeps
 
-    def keep(self, spec) -> None:
-        """Keep a warm process for launches like `spec` (one per kind, `size` in all)."""
-        self.keep_for(kind_of(spec))
+    def keep(self, spec, expected: bool = True) -> None:
+        """After a launch like `spec`: keep a warm process for launches like it (one per
+        kind, `size` in all) if another is `expected`; otherwise once the daemon is idle."""
+        kind = kind_of(spec)
+        if expected:
+            self.keep_for(kind)
+        elif kind is not None:
+            self._when_idle = kind
+
+    def keep_when_idle(self) -> None:
+        """The daemon runs no trial: keep a warm process of the kind launched last and not
+        kept then. Once per idle spell, so a warm process that cannot start is not retried
+        every pass."""
+        kind, self._when_idle = self._when_idle, None
+        if kind is not None:
+            self.keep_for(kind)
 
     def keep_for(self, kind: tuple | None) -> None:
         """Keep a warm process of this kind (`environment_kind`): before any launch, for the
