@@ -194,10 +194,42 @@ def training_batches(loader: Any, batch_size: Optional[int], seed: int, start: i
                            "arrays, a keras.utils.PyDataset, or an iterable of batches")
 
 
+# Keras's evaluation iterator of each backend this runner serves (keras.src: checked against
+# keras 3.15, pyproject's bound <3.16).
+_EPOCH_ITERATORS = {"jax": ("keras.src.backend.jax.trainer", "JAXEpochIterator"),
+                    "torch": ("keras.src.backend.torch.trainer", "TorchEpochIterator")}
+
+
+def evaluation_batches(model: Any, loader: Any, batch_size: Optional[int],
+                       steps: Optional[int]) -> Any:
+    """Keras's own iterator over NumPy validation data, made once for every validation of a
+    fit as Keras's `fit` keeps one, not an adapter and iterator anew each epoch; None for
+    other data, which `evaluate` reads as given."""
+    import importlib
+
+    import keras
+
+    where = _EPOCH_ITERATORS.get(keras.backend.backend())
+    if where is None or not isinstance(loader, tuple):
+        return None
+    x, y, weight = (list(loader) + [None, None])[:3]
+    return getattr(importlib.import_module(where[0]), where[1])(
+        x=x, y=y, sample_weight=weight, batch_size=batch_size or 32, steps_per_epoch=steps,
+        shuffle=False, steps_per_execution=model.steps_per_execution)
+
+
 def evaluate(model: Any, loader: Any, batch_size: Optional[int], steps: Optional[int],
-             callbacks: list) -> dict:
-    """`model.evaluate` over the validation data, as a dict of floats."""
-    if isinstance(loader, tuple):
+             callbacks: list, batches: Any = None) -> dict:
+    """`model.evaluate` over the validation data, as a dict of floats; over `batches`
+    (`evaluation_batches`) where given."""
+    if batches is not None:
+        model._eval_epoch_iterator = batches  # what Keras's fit sets, for the same call
+        try:
+            results = model.evaluate(verbose=0, return_dict=True, callbacks=callbacks,
+                                     _use_cached_eval_dataset=True)
+        finally:
+            model._eval_epoch_iterator = None
+    elif isinstance(loader, tuple):
         x, y, weight = (list(loader) + [None, None])[:3]
         results = model.evaluate(x, y, sample_weight=weight, batch_size=batch_size or 32,
                                  steps=steps, verbose=0, return_dict=True, callbacks=callbacks)

@@ -190,6 +190,9 @@ def _steps(model: Any, class_weight: Optional[Dict[int, float]]) -> _Steps:
     return (_JaxSteps if backend() == "jax" else _Steps)(model, class_weight)
 
 
+_NOT_MADE = object()
+
+
 @dataclass
 class FitOptions:
     epochs: int = 1
@@ -234,6 +237,7 @@ class BackendFit:
         self.last_validation = -1
         self.last_checkpoint = -1
         self.last_validation_metrics: Dict[str, float] = {}
+        self._evaluation_batches: Any = _NOT_MADE  # at the first validation
         self.paused = False
         self.stop_requested = False
         self._workload_began_at = 0
@@ -407,9 +411,13 @@ class BackendFit:
     def validate(self) -> Dict[str, float]:
         began = time.time()
         self.steps.sync()
+        batch_size = self.fit.validation_batch_size or self.batch_size
+        if self._evaluation_batches is _NOT_MADE:
+            self._evaluation_batches = _backend_data.evaluation_batches(
+                self.model, self.validation, batch_size, self.fit.validation_steps)
         results = _backend_data.evaluate(
-            self.model, self.validation,
-            self.fit.validation_batch_size or self.batch_size, self.fit.validation_steps, [])
+            self.model, self.validation, batch_size, self.fit.validation_steps, [],
+            self._evaluation_batches)
         metrics = {f"val_{k}": v for k, v in results.items()}
         self._call("on_test_end", dict(metrics))
         self.reporter.report_validation_metrics(self.batches_trained, metrics)
