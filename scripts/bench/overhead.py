@@ -54,12 +54,12 @@ an unchanged script's `model.fit`, its own `model.save`); the localdet side firs
 `determined.exec.unchanged_script` does in a trial (reporter, seeded generators, the fit
 hook of determined/keras/_unchanged.py), so its `fit` is trained by localdet's runner.
 
-Measured on the shared 2-core CPU machine (`--api unchanged`, digits' shapes, 15 to 30
-epochs, 3 to 5 repeats), epoch time under localdet over bare: Keras 3 on TensorFlow 0.70 to
-0.74 and Keras 2 0.80 (localdet feeds `fit`'s NumPy arrays through its tf.data stream);
-PyTorch 0.98; JAX 1.09 to 1.10 (about 3 ms of a 35-ms epoch: some 40 us a step of the runner's
-own Python, and 1.5 ms a validation that builds its iterator each epoch where Keras keeps one),
-over the 1.02 target.
+Measured on the shared 2-core CPU machine (`--api unchanged`, digits' shapes, 15 to 20
+epochs, 5 to 9 repeats), epoch time under localdet over bare: Keras 3 on TensorFlow 0.64 and
+Keras 2 0.79 (localdet feeds `fit`'s NumPy arrays through its tf.data stream); PyTorch 0.99;
+JAX 1.12, over the 1.02 target (about 4 ms of a 33-ms epoch: some 40 us a step of the
+runner's own Python, the rest at validation). The machine's speed drifts by a quarter between
+runs, so compare the two sides of one run only.
 
 With `--api fit` or `unchanged` the figure is the epoch time: each epoch's wall time from its
 start to the next's (its validation, and localdet's metrics and checkpoints at the boundary,
