@@ -59,7 +59,7 @@ if os.environ["KERAS_BACKEND"] == "jax":  # both sides compile into one cache
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from _epoch_clock import epoch_clock, print_epoch_times  # noqa: E402
+from _timing import alternate, epoch_clock, print_epoch_times  # noqa: E402
 from _trial_setup import epochs_trial, searcher_trial  # noqa: E402
 
 from determined.keras import _backend_fit, _unchanged  # noqa: E402
@@ -171,18 +171,7 @@ def main() -> None:
     if not args.smoke:  # untimed: imports, first compilations
         timed("bare", 2)
         timed("localdet", 2)
-    times: dict[str, list[float]] = {"bare": [], "localdet": []}
-    epoch_times: dict[str, list[float]] = {"bare": [], "localdet": []}
-    for i in range(args.repeats):
-        order = ("bare", "localdet") if i % 2 == 0 else ("localdet", "bare")
-        accuracy = {}
-        for side in order:
-            seconds, accuracy[side], epochs = timed(side, args.epochs)
-            times[side].append(seconds)
-            epoch_times[side] += epochs
-        print(f"run {i + 1}: bare {times['bare'][-1]:.2f} s (val_accuracy "
-              f"{accuracy['bare']:.4f}), localdet {times['localdet'][-1]:.2f} s "
-              f"(val_accuracy {accuracy['localdet']:.4f})", file=sys.stderr, flush=True)
+    times, epoch_times = alternate(timed, args.repeats, args.epochs)
     bare, localdet = statistics.median(times["bare"]), statistics.median(times["localdet"])
     if keras.backend.backend() == "torch":  # keras.distribution is JAX's alone
         import torch

@@ -64,7 +64,7 @@ runs, so compare the two sides of one run only.
 With `--api fit` or `unchanged` the figure is the epoch time: each epoch's wall time from its
 start to the next's (its validation, and localdet's metrics and checkpoints at the boundary,
 included), each run's first (compiling) and last epoch left out, the median over all runs,
-both sides timed by the same callback (scripts/bench/_epoch_clock.py). The whole runs' ratio
+both sides timed by the same callback (scripts/bench/_timing.py). The whole runs' ratio
 is printed too: it adds what happens once (building, the last checkpoint, the trial's rows).
 
 Needs `pip install .[test]` (scikit-learn). Timings are printed, never asserted.
@@ -92,7 +92,7 @@ LEARNING_RATE = 1e-3
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _epoch_clock import epoch_clock, print_epoch_times  # noqa: E402  (imports no TensorFlow)
+from _timing import alternate, epoch_clock, print_epoch_times  # noqa: E402  (imports no TensorFlow)
 from _trial_setup import (  # noqa: E402  (imports no TensorFlow)
     add_keras2_flag,
     create_trial,
@@ -342,18 +342,7 @@ def main() -> None:
         if warmup:
             timed("bare", warmup)
             timed("localdet", warmup)
-        times: dict[str, list[float]] = {"bare": [], "localdet": []}
-        epoch_times: dict[str, list[float]] = {"bare": [], "localdet": []}
-        for i in range(args.repeats):
-            order = ("bare", "localdet") if i % 2 == 0 else ("localdet", "bare")
-            accuracy = {}
-            for side in order:
-                seconds, accuracy[side], epochs = timed(side, length)
-                times[side].append(seconds)
-                epoch_times[side] += epochs
-            print(f"run {i + 1}: bare {times['bare'][-1]:.2f} s (val_accuracy "
-                  f"{accuracy['bare']:.4f}), localdet {times['localdet'][-1]:.2f} s "
-                  f"(val_accuracy {accuracy['localdet']:.4f})", file=sys.stderr, flush=True)
+        times, epoch_times = alternate(timed, args.repeats, length)
 
     bare, localdet = statistics.median(times["bare"]), statistics.median(times["localdet"])
     devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "?"
