@@ -190,9 +190,6 @@ def _steps(model: Any, class_weight: Optional[Dict[int, float]]) -> _Steps:
     return (_JaxSteps if backend() == "jax" else _Steps)(model, class_weight)
 
 
-_NOT_MADE = object()
-
-
 @dataclass
 class FitOptions:
     epochs: int = 1
@@ -237,7 +234,6 @@ class BackendFit:
         self.last_validation = -1
         self.last_checkpoint = -1
         self.last_validation_metrics: Dict[str, float] = {}
-        self._evaluation_batches: Any = _NOT_MADE  # at the first validation
         self.paused = False
         self.stop_requested = False
         self._workload_began_at = 0
@@ -411,13 +407,9 @@ class BackendFit:
     def validate(self) -> Dict[str, float]:
         began = time.time()
         self.steps.sync()
-        batch_size = self.fit.validation_batch_size or self.batch_size
-        if self._evaluation_batches is _NOT_MADE:
-            self._evaluation_batches = _backend_data.evaluation_batches(
-                self.model, self.validation, batch_size, self.fit.validation_steps)
         results = _backend_data.evaluate(
-            self.model, self.validation, batch_size, self.fit.validation_steps, [],
-            self._evaluation_batches)
+            self.model, self.validation, self._validation_batch_size,
+            self.fit.validation_steps, [], self._evaluation_batches)
         metrics = {f"val_{k}": v for k, v in results.items()}
         self._call("on_test_end", dict(metrics))
         self.reporter.report_validation_metrics(self.batches_trained, metrics)
@@ -427,6 +419,17 @@ class BackendFit:
         self.last_validation_metrics = metrics
         self._note("validation", began, {"batches": self.batches_trained})
         return metrics
+
+    @property
+    def _validation_batch_size(self) -> Optional[int]:
+        return self.fit.validation_batch_size or self.batch_size
+
+    @functools.cached_property
+    def _evaluation_batches(self) -> Any:
+        """Made at the first validation (the model compiled by then), kept for the fit."""
+        return _backend_data.evaluation_batches(self.model, self.validation,
+                                                self._validation_batch_size,
+                                                self.fit.validation_steps)
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint(self) -> str:
