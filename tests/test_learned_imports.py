@@ -15,22 +15,31 @@ from conftest import wait_for
 
 from localdet.config import engines
 from localdet.paths import Layout
-from localdet.processes.learned_imports import SETTLED_SECONDS, InstalledPaths, import_quietly
+from localdet.processes.learned_imports import TELL_PERIOD, InstalledPaths, import_quietly
 from localdet.processes.warm_pool import WarmPool, environment_kind
 
 # Says which modules were imported when it began; imports `wave` and its own helper, waits
-# (up to 60 s) for a file to appear if told to, then imports `netrc`.
+# (up to 60 s each) for a first file to appear, imports `netrc`, waits for a second file, and
+# imports `tabnanny` as it ends; told `look`, it only says what it found imported.
 TRIAL = """
 import json, os, sys, time
-out, wait_for = sys.argv[1], sys.argv[2]
-seen = {name: name in sys.modules for name in ("wave", "netrc", "trial_helper")}
+out, waits = sys.argv[1], sys.argv[2:]
+seen = {name: name in sys.modules for name in ("wave", "netrc", "tabnanny", "trial_helper")}
 with open(out, "a") as file:
     file.write(json.dumps(seen) + "\\n")
+if waits == ["look"]:
+    sys.exit(0)
+
+def wait(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
 import wave, trial_helper
-deadline = time.monotonic() + 60
-while wait_for != "-" and not os.path.exists(wait_for) and time.monotonic() < deadline:
-    time.sleep(0.05)
+wait(waits[0])
 import netrc
+wait(waits[1])
+import tabnanny
 """
 
 
@@ -49,14 +58,15 @@ def test_later_trials_start_with_what_earlier_ones_imported_from_the_installed_p
     folder.mkdir()
     (folder / "trial.py").write_text(TRIAL)
     (folder / "trial_helper.py").write_text("VALUE = 1\n")  # the trial's own code
-    seen, second_began = tmp_path / "seen.jsonl", tmp_path / "second-began"
+    seen, first_goes_on, first_ends = (tmp_path / "seen.jsonl", tmp_path / "first-goes-on",
+                                       tmp_path / "first-ends")
     home = tmp_path / "home"
     home.mkdir()
     pool = WarmPool(Layout(home), size=1)
     pool.keep_for(environment_kind(Spec([], folder).env))
 
-    def fork(wait_for: str):
-        spec = Spec([sys.executable, str(folder / "trial.py"), str(seen), wait_for], folder)
+    def fork(*waits: str):
+        spec = Spec([sys.executable, str(folder / "trial.py"), str(seen), *waits], folder)
         log = os.open(tmp_path / "trial.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             forked = pool.take(spec).hand_over(spec, log)
@@ -69,22 +79,29 @@ def test_later_trials_start_with_what_earlier_ones_imported_from_the_installed_p
         assert forked.wait(timeout=120) == 0, (tmp_path / "trial.log").read_text()
 
     try:
-        # The first waits, its imports settled, until the second has begun.
-        first = fork(str(second_began))
+        # The first trial runs beside the next three, importing in two bursts: the trials
+        # forked after each start with what it had imported by then.
+        first = fork(str(first_goes_on), str(first_ends))
         wait_for(lambda: seen.exists(), 120, "the first trial to begin")
-        time.sleep(SETTLED_SECONDS * 2.5)
-        ended(fork("-"))
-        second_began.touch()
+        time.sleep(TELL_PERIOD * 6)
+        ended(fork("look"))
+        first_goes_on.touch()
+        time.sleep(TELL_PERIOD * 6)
+        ended(fork("look"))
+        first_ends.touch()
         ended(first)
-        ended(fork("-"))
+        ended(fork("look"))
     finally:
         pool.close()
-    first, second, third = (json.loads(line) for line in seen.read_text().splitlines())
-    assert first == {"wave": False, "netrc": False, "trial_helper": False}
-    # `wave` was told once the first trial's imports settled, while it still ran; `netrc`,
-    # imported since, as it ended. The trials' own module was never imported ahead.
-    assert second == {"wave": True, "netrc": False, "trial_helper": False}
-    assert third == {"wave": True, "netrc": True, "trial_helper": False}
+    first, second, third, fourth = (json.loads(line) for line in seen.read_text().splitlines())
+    none = {"wave": False, "netrc": False, "tabnanny": False, "trial_helper": False}
+    assert first == none
+    # `wave` and `netrc` were told as the first trial imported them, while it ran;
+    # `tabnanny`, imported as it ended, at its end. The trials' own module was never imported
+    # ahead.
+    assert second == {**none, "wave": True}
+    assert third == {**none, "wave": True, "netrc": True}
+    assert fourth == {**none, "wave": True, "netrc": True, "tabnanny": True}
 
 
 def test_only_modules_of_the_installed_paths_are_learned_and_a_change_there_is_seen(

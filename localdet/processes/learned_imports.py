@@ -2,19 +2,22 @@
 
     installed = InstalledPaths()
     tell = tell_imports(teach, installed)     # in the forked trial, first thing: its imports
-    ...                                       # are told once they settle; the trial runs
-    tell()                                    # and as it ends, told again
-    import_quietly(names)                     # in the warm process, before its next fork
+    ...                                       # are told as they come; the trial runs
+    tell()                                    # and as it ends, the rest
+    import_quietly(names)                     # in the warm process, as they come
     installed.changed()                       # something was installed or removed since
 
 A warm process starts with TensorFlow, Keras and the harness imported. The trial code then
 imports what it uses (scikit-learn, SciPy, pandas: a second or more of each trial's start);
 each trial forked from a warm process tells it the modules it imported from the interpreter's
-installed paths (the standard library and site-packages), once its imports settle (no new
-module for a second: its code is imported, it is building or training) and again as it
-ends, and the warm process imports them before its next fork, so that the second trial of a
-search onwards starts with them. The trial's own code (its model folder, its working folder,
-an editable install) is never imported ahead: each trial reads it afresh.
+installed paths (the standard library and site-packages) as it imports them (what is new, every
+quarter of a second) and as it ends, and the warm process imports them meanwhile, so that the
+second trial of a search onwards starts with them. (Telling once the trial's imports had settled
+came too late in short trials: a Keras trial imports modules in each of its first phases, so a
+two-epoch digits trial settled only as it traced its training step, and the next launch waited
+0.7 s for the warm process to finish importing scikit-learn.) The trial's own code (its model
+folder, its working folder, an editable install) is never imported ahead: each trial reads it
+afresh.
 
 A module imported ahead is the version installed when it was imported, so a warm process
 whose installed paths changed since (a `pip install` into its environment) ends at its next
@@ -33,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 
-SETTLED_SECONDS = 1.0  # no new module for this long: the trial's imports are done
+TELL_PERIOD = 0.25  # seconds between a trial's looks for modules it imported since
 
 
 class InstalledPaths:
@@ -75,28 +78,32 @@ class InstalledPaths:
 
 def tell_imports(teach: socket.socket, installed: InstalledPaths) -> Callable[[], None]:
     """In a forked trial, before it runs: tells the warm process over `teach` (a datagram
-    socket) what the trial imports from the installed paths once its imports settle, from a
-    thread; the call returned tells it again (as the trial ends). A trial ended before its
-    imports settled, or a list too long for a datagram, tells what it can."""
-    before = set(sys.modules)
+    socket), from a thread, what the trial imported from the installed paths since the last
+    look, every TELL_PERIOD; the call returned tells what is left (as the trial ends). Each
+    module is told once; a list too long for a datagram is not told."""
+    seen = set(sys.modules)  # looked at already: told, or not from the installed paths
+    telling = threading.Lock()  # the thread and the trial's end
 
     def tell() -> None:
-        try:
-            teach.send(json.dumps(installed.modules_since(before)).encode())
-        except (OSError, ValueError):
-            pass  # the warm process has gone, or the list is too long for one datagram
+        with telling:
+            now = list(sys.modules)
+            names = installed.modules_since(seen)
+            seen.update(now)
+            if names:
+                try:
+                    teach.send(json.dumps(names).encode())
+                except (OSError, ValueError):
+                    pass  # the warm process has gone, or the list is too long for a datagram
 
-    def tell_once_settled() -> None:
-        count, settled_at = len(sys.modules), None
+    def tell_as_they_come() -> None:
+        count = len(sys.modules)
         while True:
-            time.sleep(SETTLED_SECONDS / 4)
+            time.sleep(TELL_PERIOD)
             if len(sys.modules) != count:
-                count, settled_at = len(sys.modules), time.monotonic() + SETTLED_SECONDS
-            elif settled_at is not None and time.monotonic() >= settled_at:
+                count = len(sys.modules)
                 tell()
-                return
 
-    threading.Thread(target=tell_once_settled, name="tell-imports", daemon=True).start()
+    threading.Thread(target=tell_as_they_come, name="tell-imports", daemon=True).start()
     return tell
 
 

@@ -15,8 +15,8 @@ script), one trial, then exits. The parent answers `{"pid": N}`, and `{"exit": N
 when that child ends.
 
 Each trial tells the warm process the installed modules it imported (scikit-learn, SciPy, ...),
-which the warm process imports before its next fork: the next trial of the kind
-starts with them (localdet/processes/learned_imports.py).
+as it imports them, and the warm process imports them while the trial runs: the next trial
+of the kind starts with them (localdet/processes/learned_imports.py).
 
 If the daemon goes away, the socket reads end-of-file and the warm process exits; the
 trials it forked go on in their own sessions, for the next daemon to adopt. A warm process

@@ -84,6 +84,24 @@ def seconds(text: str) -> float:
     return datetime.datetime.fromisoformat(text).timestamp()
 
 
+def wait_until_idle(pid: int, timeout: float = 180.0) -> None:
+    """Until the daemon and its children (its warm process importing TensorFlow) have used
+    under a tenth of a CPU over a second: the search starts on a daemon already idle."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            before = sum(sum(p.cpu_times()[:2]) for p in tree)
+            time.sleep(1.0)
+            after = sum(sum(p.cpu_times()[:2]) for p in tree)
+        except psutil.Error:
+            continue  # a process came or went: look again
+        if after - before < 0.1:
+            return
+
+
 def daemon_has_warm(env: dict) -> bool:
     text = subprocess.run([sys.executable, "-m", "localdet", "daemon", "--help"], env=env,
                           capture_output=True, text=True).stdout
@@ -107,6 +125,7 @@ def run_localdet(args: argparse.Namespace, env: dict, line: str, warm: int | Non
             if daemon.poll() is not None or time.monotonic() > deadline:
                 sys.exit("the daemon did not start:\n" + daemon_log.read_text()[-3000:])
             time.sleep(0.1)
+        wait_until_idle(daemon.pid)
         time.sleep(args.settle)
         config_path = Path(home) / "search-bench.yaml"
         config_path.write_text(json.dumps(localdet_config(args, line)))  # JSON is YAML

@@ -9,7 +9,8 @@ relu), Dropout(0.1), Dense(10, softmax), Adam(learning_rate), on scikit-learn's 
                 Keras 2), NopPruner for the random search, HyperbandPruner for --searcher asha
   Keras Tuner   one process: RandomSearch (max_trials, seeded), or Hyperband for asha
   localdet      `localdet daemon --slots 1` (temporary LOCALDET_HOME), already running and
-                idle (--settle, 5, seconds after it says it is watching) when the clock starts;
+                idle (its processes, its warm one among them, under a tenth of a CPU over a second,
+                then --settle, 1, second more) when the clock starts;
                 timed from `localdet submit` to the experiment COMPLETED; searcher `random`
                 (max_trials, max_concurrent_trials 1) or `adaptive_asha`; a fresh daemon for
                 each Keras line (--line) and each --warm setting
@@ -200,9 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pass --warm N to `localdet daemon` (0: no warm processes)")
     parser.add_argument("--both-warm", action="store_true",
                         help="run localdet twice: the daemon's default, then --warm 0")
-    parser.add_argument("--settle", type=float, default=5.0,
-                        help="seconds to wait after the daemon says it is watching, before "
-                             "the clock starts")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="seconds to wait once the daemon is idle (its warm process "
+                             "ready), before the clock starts")
     parser.add_argument("--only", action="append", choices=TOOLS,
                         help="run only this tool (repeatable)")
     parser.add_argument("--keep", action="store_true",
