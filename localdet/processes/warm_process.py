@@ -48,6 +48,9 @@ def _prepare() -> None:
 
     keras_alias.install()  # before anything imports `keras`, as run_trial does
     import localdet.reporting.sqlite_reporter  # noqa: F401  (the TrialReporter seam's: sqlite-utils, jsonschema)
+    from determined.core._reporting import reporter_factory
+
+    reporter_factory()  # the seam's entry point, looked up once (40 ms a trial otherwise)
     from determined.keras._backend import is_tensorflow
 
     if not is_tensorflow():
