@@ -140,6 +140,41 @@ def test_the_summary_sqlite_computes_is_the_one_python_computes(db, smaller_is_b
     assert found[first + 2]["best"] is None and found[first + 3]["best"] is None
 
 
+def test_a_validation_recorded_while_the_summary_reads_waits_for_the_next_summary(
+        db, layout):
+    """The daemon records a trial's first validation between the summary's reads (as it
+    did under the SDK's test, a KeyError): the summary is of the state its first read saw."""
+    experiment_id = db.create_experiment(
+        name="race", description="", config={"searcher": {"name": "random"}},
+        original_config="", searcher="random", metric="val_loss", smaller_is_better=True,
+        experiment_seed=1, model_dir="/nowhere")
+    first, second = (db.create_trial(experiment_id=experiment_id, request_id=n, hparams={},
+                                     seed=1, target_batches=50) for n in (1, 2))
+    db.record_metrics(first, "validation", 10, {"val_loss": 0.5})
+    reader = StateDB.open_readonly(layout.db)
+    reads = []
+    execute = reader.db.execute
+
+    def execute_then_the_daemon_records(*args, **kwargs):
+        cursor = execute(*args, **kwargs)
+        if str(args[0]).startswith("SELECT"):
+            reads.append(args[0])
+            if len(reads) == 1:
+                db.record_metrics(second, "validation", 10, {"val_loss": 0.25})
+        return cursor
+
+    reader.db.execute = execute_then_the_daemon_records  # type: ignore[method-assign]
+    try:
+        experiment = reader.experiment(experiment_id)
+        found = facts_module._validation_summary(reader, experiment)
+        assert len(reads) == 3
+        assert found == {first: {"latest": {"val_loss": 0.5}, "best": {"val_loss": 0.5},
+                                 "counted": 1}}
+        assert second in facts_module._validation_summary(reader, experiment)  # the next
+    finally:
+        reader.close()
+
+
 def test_a_kept_summary_is_used_only_while_it_is_the_one_sqlite_would_compute(
         db, tmp_path, monkeypatch):
     from localdet.operations import kept_summaries

@@ -192,7 +192,14 @@ def _validation_summary(db: StateDB, experiment: Experiment) -> dict[int, dict[s
     the experiment's trials with a validation. SQLite finds the rows in the validations'
     index (migration 0012) and reads the metric out of each row's JSON; only the rows it
     picks are parsed here (an experiment of 1,000 trials has 100,000 validations). A row
-    holding NaN or Infinity (Python's JSON, which SQLite refuses) is read here instead."""
+    holding NaN or Infinity (Python's JSON, which SQLite refuses) is read here instead.
+    Its three reads see one snapshot: a trial's first validation recorded between them
+    would otherwise be counted for a trial the first one did not find."""
+    with db.snapshot():
+        return _summary_of_snapshot(db, experiment)
+
+
+def _summary_of_snapshot(db: StateDB, experiment: Experiment) -> dict[int, dict[str, Any]]:
     trials = "(SELECT id FROM trials WHERE experiment_id = ?)"
     rows = (f"FROM metrics INDEXED BY metrics_validations WHERE kind = 'validation' AND "
             f"trial_id IN {trials}")

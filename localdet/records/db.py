@@ -374,6 +374,20 @@ class StateDB:
                 raise
             conn.commit()
 
+    @contextlib.contextmanager
+    def snapshot(self):
+        """Several reads that see one state of the database: a read transaction (WAL keeps
+        its snapshot while the daemon writes). Inside a transaction already, that one."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            yield self.db
+            return
+        conn.execute("BEGIN")
+        try:
+            yield self.db
+        finally:
+            conn.execute("COMMIT")  # ends the read; nothing was written
+
     # -- events -------------------------------------------------------------------------
     def log_event(self, kind: str, *, experiment_id: int | None = None,
                   trial_id: int | None = None, **payload: Any) -> None:
