@@ -11,11 +11,12 @@ A warm process starts with TensorFlow, Keras and the harness imported. The trial
 imports what it uses (scikit-learn, SciPy, pandas: a second or more of each trial's start);
 each trial forked from a warm process tells it the modules it imported from the interpreter's
 installed paths (the standard library and site-packages) as it imports them (what is new, every
-quarter of a second) and as it ends, and the warm process imports them meanwhile, so that the
-second trial of a search onwards starts with them. (Telling once the trial's imports had settled
-came too late in short trials: a Keras trial imports modules in each of its first phases, so a
-two-epoch digits trial settled only as it traced its training step, and the next launch waited
-0.7 s for the warm process to finish importing scikit-learn.) The trial's own code (its model
+quarter of a second in its first seconds) and as it ends, and the warm process imports them
+meanwhile, so that the second trial of a search onwards starts with them. (Telling once the
+trial's imports had settled came too late in short trials: a Keras trial imports modules in
+each of its first phases, so a two-epoch digits trial settled only as it traced its training
+step, and the next launch waited 0.7 s for the warm process to finish importing
+scikit-learn.) The trial's own code (its model
 folder, its working folder, an editable install) is never imported ahead: each trial reads it
 afresh.
 
@@ -37,6 +38,10 @@ import time
 from collections.abc import Callable, Collection, Iterable
 
 TELL_PERIOD = 0.25  # seconds between a trial's looks for modules it imported since
+# How long a trial keeps looking: its own imports (its module, the model's, the data's) come
+# in its first seconds; the rest is told as it ends (a thread that looks for the whole trial
+# wakes four times a second for nothing).
+LOOK_SECONDS = 10.0
 
 
 class InstalledPaths:
@@ -79,8 +84,9 @@ class InstalledPaths:
 def tell_imports(teach: socket.socket, installed: InstalledPaths) -> Callable[[], None]:
     """In a forked trial, before it runs: tells the warm process over `teach` (a datagram
     socket), from a thread, what the trial imported from the installed paths since the last
-    look, every TELL_PERIOD; the call returned tells what is left (as the trial ends). Each
-    module is told once; a list too long for a datagram is not told."""
+    look, every TELL_PERIOD for its first LOOK_SECONDS; the call returned tells what is left
+    (as the trial ends). Each module is told once; a list too long for a datagram is not
+    told."""
     seen = set(sys.modules)  # looked at already: told, or not from the installed paths
     telling = threading.Lock()  # the thread and the trial's end
 
@@ -96,8 +102,8 @@ def tell_imports(teach: socket.socket, installed: InstalledPaths) -> Callable[[]
                     pass  # the warm process has gone, or the list is too long for a datagram
 
     def tell_as_they_come() -> None:
-        count = len(sys.modules)
-        while True:
+        count, until = len(sys.modules), time.monotonic() + LOOK_SECONDS
+        while time.monotonic() < until:
             time.sleep(TELL_PERIOD)
             if len(sys.modules) != count:
                 count = len(sys.modules)
