@@ -187,10 +187,10 @@ def unchanged_run(folder: Path, pause_at=()) -> dict:
             "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]}
 
 
-def unchanged_script(out: Path) -> dict:
+def unchanged_script(out: Path) -> tuple[dict, dict]:
     """Metrics and History, checkpoints (Keras's format, naming the phase, loaded
     downstream), and a run paused in each phase that ends with the uninterrupted one's
-    weights and metrics."""
+    weights and metrics; and the uninterrupted run."""
     straight = unchanged_run(out / "unchanged-straight")
     trial, db = straight["trial"], straight["db"]
     folder = straight["reporter"].restore_checkpoint(trial.latest_checkpoint,
@@ -230,7 +230,7 @@ def unchanged_script(out: Path) -> dict:
         "same_metrics": straight["metrics"] == paused["metrics"],
         "resumed_history": [len(paused["first"].history["val_loss"]),
                             paused["second"].epoch],
-    }
+    }, straight
 
 
 def tensorflow_only_names() -> dict:
@@ -259,6 +259,24 @@ def data_parallel(out: Path, one_device: dict) -> dict:
             "batches_trained": db.trial(trial_id).batches_trained}
 
 
+def unchanged_data_parallel(out: Path, one_device: dict) -> dict:
+    """The unchanged script on two slots (DataParallel over two CPU devices), paused in each
+    of its phases: it ends with the one-device run's weights and validation losses."""
+    os.environ[SLOTS_VAR] = "0,1"
+    try:
+        two = unchanged_run(out / "unchanged-two-devices", {12, 30})
+    finally:
+        os.environ.pop(SLOTS_VAR)
+    return {"launches": two["launches"],
+            "devices": len(two["model"].weights[0].value.sharding.device_set),
+            "same_weights": all(np.allclose(a, b, atol=1e-5) for a, b in zip(
+                one_device["weights"], two["weights"], strict=True)),
+            "same_val_loss": bool(np.allclose(
+                one_device["first"].history["val_loss"], two["first"].history["val_loss"],
+                atol=1e-5)),
+            "batches_trained": two["trial"].batches_trained}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     facts: dict = {"backend": keras.backend.backend()}
@@ -273,13 +291,14 @@ def main() -> None:
         "weights": [w.numpy() for w in model.weights],
         "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)]})
     facts["epochs"] = epochs_without_a_length(out)
-    facts["unchanged"] = unchanged_script(out)
+    facts["unchanged"], one_device = unchanged_script(out)
     facts["tensorflow_only"] = tensorflow_only_names()
     # Before the distribution (which may import more): what a trial on this backend loaded.
     facts["tensorflow_imported"] = sorted(m for m in sys.modules
                                           if m.split(".")[0] in ("tensorflow", "tf_keras"))
     if keras.backend.backend() == "jax":  # several slots: JAX's alone here
         facts["data_parallel"] = data_parallel(out, facts["lengths"])
+        facts["unchanged_data_parallel"] = unchanged_data_parallel(out, one_device)
     facts["seconds"] = round(time.time() - began, 1)
     (out / "facts.json").write_text(json.dumps(facts, indent=1))
 

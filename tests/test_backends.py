@@ -122,6 +122,13 @@ def test_two_slots_train_data_parallel_in_one_process(facts):
     assert parallel["same_val_loss"] and parallel["batches_trained"] == 12
 
 
+def test_an_unchanged_script_on_two_slots_trains_data_parallel_paused_and_resumed(facts):
+    parallel = facts["unchanged_data_parallel"]
+    assert parallel["devices"] == 2 and parallel["launches"] == 3  # paused in each phase
+    assert parallel["batches_trained"] == 36  # 2 epochs, then 1, of 12 batches
+    assert parallel["same_weights"] and parallel["same_val_loss"], parallel
+
+
 @pytest.mark.slow
 def test_localdet_runs_a_jax_script_where_tensorflow_is_absent(home, tmp_path, jax_python):
     env = jax_environment(jax_python, LOCALDET_HOME=str(home.path))
