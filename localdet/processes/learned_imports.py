@@ -16,9 +16,8 @@ meanwhile, so that the second trial of a search onwards starts with them. (Telli
 trial's imports had settled came too late in short trials: a Keras trial imports modules in
 each of its first phases, so a two-epoch digits trial settled only as it traced its training
 step, and the next launch waited 0.7 s for the warm process to finish importing
-scikit-learn.) The trial's own code (its model
-folder, its working folder, an editable install) is never imported ahead: each trial reads it
-afresh.
+scikit-learn.) The trial's own code (its model folder, its working folder, an editable
+install) is never imported ahead: each trial reads it afresh.
 
 A module imported ahead is the version installed when it was imported, so a warm process
 whose installed paths changed since (a `pip install` into its environment) ends at its next
