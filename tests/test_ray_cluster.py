@@ -262,7 +262,7 @@ def test_a_keras_2_trial_on_two_nodes_paused_and_resumed_ends_like_one_slot(clus
     home.cli("resume", str(two))
     for experiment in (one, two):
         facts = home.wait_until_ended(experiment, timeout=300)
-        assert facts["state"] == "COMPLETED", facts
+        assert facts["state"] == "COMPLETED", [t["error"] for t in home.trials(experiment)]
     keras3 = tmp_path / "keras3"
     write_config(keras3, "keras3", resources={"slots_per_trial": 2},
                  environment={"environment_variables": ["TF_USE_LEGACY_KERAS=0"]})

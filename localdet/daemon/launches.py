@@ -65,6 +65,9 @@ class Launches:
             process = self.backend.start(
                 spec, dataclasses.replace(trial, started_at=launched_at), slots)
             self._started[trial.id] = time.time()
+        except launcher.LaunchDeferred as error:
+            self._deferred(trial, experiment, error)
+            return None
         except launcher.LaunchError as error:  # retrying cannot help: end it
             with self.db.atomic():
                 self.db.update_trial(trial.id, state=TrialState.ERROR, error=str(error))
@@ -77,6 +80,21 @@ class Launches:
         self.watched.processes[trial.id] = process
         self.watched.slots_of[trial.id] = slots
         return trial, slots, spec, process, launched_at, log_offset
+
+    def _deferred(self, trial: Trial, experiment, error: launcher.LaunchError) -> None:
+        """Queue the trial again for a later pass, up to its max_restarts; then end it."""
+        limit = experiment.config["max_restarts"]
+        if trial.restarts >= limit:
+            with self.db.atomic():
+                self.db.update_trial(trial.id, state=TrialState.ERROR, error=(
+                    f"{error}; it was tried {trial.restarts + 1} times (max_restarts: {limit})"))
+                self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
+                self.experiments.searching(experiment, self.search.exited_early, experiment, trial)
+                self.experiments.settle(experiment.id)
+            return
+        self.db.update_trial(trial.id, state=TrialState.QUEUED, restarts=trial.restarts + 1)
+        self.log(f"trial {trial.id} of experiment {trial.experiment_id} could not start yet "
+                 f"({error}); queued again ({trial.restarts + 1} of {limit})")
 
     def record(self, started: list[tuple]) -> None:
         """Record the pass's launches `BATCH` to a transaction: a commit and a turn at the

@@ -205,6 +205,12 @@ class LaunchError(RuntimeError):
     """The trial's program could not be started; the message says which and why."""
 
 
+class LaunchDeferred(LaunchError):
+    """The trial could not start for now, through no fault of its own (a cluster's slots not
+    yet released by the trial before, a node gone meanwhile): it is queued again, counted
+    against its restarts, rather than ended."""
+
+
 def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:
     """Start the trial's process, its output going to its log through the log's writer (a
     process of its own, which keeps the log under its cap): `wait_for_log(process)` once

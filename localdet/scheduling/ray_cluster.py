@@ -549,7 +549,7 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from localdet.config import engines
-        from localdet.processes.launcher import LaunchError, unsupervised_argv
+        from localdet.processes.launcher import LaunchDeferred, unsupervised_argv
         from localdet.processes.ranks import (
             cluster_horovod_environments,
             cluster_rank_environments,
@@ -575,7 +575,7 @@ class RayCluster:
             log.write(b"error: the trial's slots could not be reserved on its Ray nodes\n")
             log.close()
             ray.util.remove_placement_group(group)
-            raise LaunchError(f"the slots of the trial's {len(slots)} ranks could not be "
+            raise LaunchDeferred(f"the slots of the trial's {len(slots)} ranks could not be "
                               f"reserved on Ray nodes {where} within {GROUP_READY_SECONDS:.0f} s")
         actors = [ray.remote(TrialActor).options(
             name=f"{name}-rank-{rank}", lifetime="detached", num_cpus=0, max_concurrency=4,
@@ -616,8 +616,11 @@ class RayCluster:
         """Start each actor's program (argv, environment); their pids and nodes. On any
         failure the actors (and the group) are ended and LaunchError says why."""
         ray = _ray()
-        from localdet.processes.launcher import LaunchError
+        from localdet.processes.launcher import LaunchDeferred, LaunchError
 
+        # Failing to reach the actors is the cluster's doing, for now; failing to start the
+        # program in them is the trial's.
+        raised: type[LaunchError] = LaunchDeferred
         if failed is None:
             model, digest = self._model(folder)
             calls = []
@@ -626,13 +629,14 @@ class RayCluster:
                 calls.append(actor.start.remote(argv, own, unset, model, digest))
             try:
                 return ray.get(calls)
-            except Exception as error:
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
                 failed = error
+            except Exception as error:
+                failed, raised = error, LaunchError
         log.write(f"error: the trial could not start on {where}: {failed}\n".encode())
         log.close()
         _end_actors(actors, group)
-        raise LaunchError(f"the trial could not start on {where}: {_first_line(failed)}") \
-            from None
+        raise raised(f"the trial could not start on {where}: {_first_line(failed)}") from None
 
     def _model(self, folder: Path):
         """The model folder in Ray's object store (once per folder: a submission's snapshot
