@@ -156,39 +156,69 @@ def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(
     assert all(t["restarts"] == 0 for t in facts["trials"])
 
 
+def _recorded_trial(layout, folder: str, launched: bool = False):
+    """An experiment of tests/compat/keras_line/FOLDER with one trial, in the records only
+    (and its launch's event, if `launched`): the trial's launch spec."""
+    import shutil
+
+    import yaml
+
+    from localdet.config.experiment import parse_config
+    from localdet.processes import launcher
+    from localdet.records.db import StateDB
+
+    source = Path(__file__).parent / "compat" / "keras_line" / folder
+    config = parse_config(yaml.safe_load((source / "const.yaml").read_text())).config
+    db = StateDB.open(layout.db)
+    try:
+        experiment_id = db.create_experiment(
+            name="x", description="", config=config, original_config="", searcher="single",
+            metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
+        shutil.copytree(source, layout.model_dir(experiment_id))
+        db.db["experiments"].update(experiment_id,
+                                    {"model_dir": str(layout.model_dir(experiment_id))})
+        trial = db.trial(db.create_trial(experiment_id=experiment_id, request_id=1,
+                                         hparams={}, seed=1, target_batches=8))
+        if launched:
+            db.log_event("trial_launched", experiment_id=experiment_id, trial_id=trial.id)
+        return launcher.launch_spec(layout, db.experiment(experiment_id), trial, [0],
+                                    visible_devices="")
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize(("folder", "fits"), [("plain_trial", True), ("keras3_trial", False)])
 def test_the_warm_process_ready_from_the_start_is_of_the_line_trial_classes_run_under(
         layout, folder, fits):
     """A plain trial class (Keras 2, by Determined's rule: the line most trials now run
     under) forks its first launch from the warm process the daemon starts with; a trial that
     needs Keras 3 starts cold, and leaves a warm process of its own kind behind."""
-    import shutil
-
-    import yaml
-
     from localdet.config import keras_choice
-    from localdet.config.experiment import parse_config
     from localdet.processes import launcher
     from localdet.processes.warm_pool import environment_kind, kind_of
-    from localdet.records.db import StateDB
 
-    source = Path(__file__).parent / "compat" / "keras_line" / folder
-    config = parse_config(yaml.safe_load((source / "const.yaml").read_text())).config
-    db = StateDB.open(layout.db)
-    experiment_id = db.create_experiment(
-        name="x", description="", config=config, original_config="", searcher="single",
-        metric="val_loss", smaller_is_better=True, experiment_seed=1, model_dir="")
-    shutil.copytree(source, layout.model_dir(experiment_id))
-    db.db["experiments"].update(experiment_id, {"model_dir": str(layout.model_dir(experiment_id))})
-    trial = db.trial(db.create_trial(experiment_id=experiment_id, request_id=1, hparams={},
-                                     seed=1, target_batches=8))
-    spec = launcher.launch_spec(layout, db.experiment(experiment_id), trial, [0],
-                                visible_devices="")
-    db.close()
+    spec = _recorded_trial(layout, folder)
     at_start = environment_kind(launcher.experiment_environment(
         layout, {}, keras_choice.default()[0]))
     assert (kind_of(spec) == at_start) is fits
     assert spec.keras_line == ("keras2" if fits else "keras3")
+
+
+def test_a_daemon_restarted_keeps_a_warm_process_of_the_kind_its_last_launch_wanted(
+        tmp_path, daemons):
+    """Where the last trial launched was a Keras 3 one, the warm process a daemon starts
+    with is Keras 3's: a returning user's next experiment is most likely like their last.
+    With no launch recorded, it is the default line's (Keras 2)."""
+    from localdet.paths import Layout
+
+    for launched, variable in ((False, b"TF_USE_LEGACY_KERAS=1"),
+                               (True, b"TF_USE_LEGACY_KERAS=0")):
+        home = Home(tmp_path / f"home-{launched}")
+        _recorded_trial(Layout(home.path).ensure(), "keras3_trial", launched=launched)
+        daemon = daemons(home, "--warm", "1")
+        wait_for(lambda home=home: warm_processes(home), 60, "the daemon's warm process", 0.1)
+        assert warm_processes(home, variable) == warm_processes(home), variable
+        daemon.stop()
 
 
 def test_a_warm_process_is_kept_where_a_launch_is_expected_and_one_still_importing_is_ended(

@@ -51,7 +51,7 @@ from localdet.monitoring.system_metrics import SystemMetrics
 from localdet.paths import Layout
 from localdet.pids import DaemonLock
 from localdet.processes import capped_log, launcher, memory_limit
-from localdet.processes.warm_pool import WarmPool, environment_kind
+from localdet.processes.warm_pool import WarmPool, environment_kind, kind_of
 from localdet.records import backups as records_copies
 from localdet.records import lifecycle
 from localdet.records.db import Experiment, StateDB, now
@@ -174,6 +174,25 @@ class Daemon:
                        "--warm N to keep some anyway")
         return min(spare, 2), f"{spare} spare core(s) beside {len(machine)} slot(s)"
 
+    def _warm_kind_at_start(self) -> tuple | None:
+        """The warm process kept before the first submission: of the kind the last trial
+        launched here wanted (a returning user's next experiment is most likely like their
+        last: its Keras line, its environment variables), else of the line most trials run
+        under (a trial class's, keras_choice.default), which an experiment of them that sets
+        no environment variables wants."""
+        last = self.db.last_event(["trial_launched"])
+        if last is not None and last["trial_id"] is not None:
+            try:
+                trial = self.db.trial(last["trial_id"])
+                spec = launcher.launch_spec(
+                    self.layout, self.db.experiment(trial.experiment_id), trial, [0],
+                    reserve=self.reserve, report_url=self.report_url, report_local=self.local)
+                return kind_of(spec)
+            except Exception:  # its records or model folder gone: any guess serves
+                pass
+        return environment_kind(launcher.experiment_environment(
+            self.layout, {}, keras_choice.default()[0], self.reserve))
+
     def run(self) -> None:
         # Before the lock: `localdet daemon stop` signals whoever holds it (SIGUSR1's
         # default would end the daemon at once).
@@ -222,11 +241,7 @@ class Daemon:
             self.launches.adopt_running_trials()
             self.log(self.scheduler.slot_table())
             self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
-            # Ready before the first submission, of the line most trials run under (a trial
-            # class's, keras_choice.default): an experiment of them that sets no environment
-            # variables has its first trial warm too.
-            self.pool.keep_for(environment_kind(launcher.experiment_environment(
-                self.layout, {}, keras_choice.default()[0], self.reserve)))
+            self.pool.keep_for(self._warm_kind_at_start())
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
             service.record_start(self.layout, slots=len(self.machine),
