@@ -57,9 +57,12 @@ hook of determined/keras/_unchanged.py), so its `fit` is trained by localdet's r
 Measured on the shared 2-core CPU machine (`--api unchanged`, digits' shapes, 15 to 20
 epochs, 5 to 9 repeats), epoch time under localdet over bare: Keras 3 on TensorFlow 0.64 and
 Keras 2 0.79 (localdet feeds `fit`'s NumPy arrays through its tf.data stream); PyTorch 0.99;
-JAX 1.12, over the 1.02 target (about 4 ms of a 33-ms epoch: some 40 us a step of the
-runner's own Python, the rest at validation). The machine's speed drifts by a quarter between
-runs, so compare the two sides of one run only.
+JAX 1.12, over the 1.02 target (about 4 ms of a 33-ms epoch). Of that, each validation
+made a callback list of its own, whose thread pool was started and joined every epoch;
+one list held open for the fit (as Keras's fit holds its own) gave 1.048 in the next
+run (9 repeats of 20 epochs; 1.066 and 1.196 in two runs just before, same machine):
+still over, the rest the runner's own Python a step. The machine's speed drifts by a
+quarter between runs, so compare the two sides of one run only.
 
 With `--api fit` or `unchanged` the figure is the epoch time: each epoch's wall time from its
 start to the next's (its validation, and localdet's metrics and checkpoints at the boundary,

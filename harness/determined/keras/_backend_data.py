@@ -219,7 +219,7 @@ def evaluation_batches(model: Any, loader: Any, batch_size: Optional[int],
 
 
 def evaluate(model: Any, loader: Any, batch_size: Optional[int], steps: Optional[int],
-             callbacks: list, batches: Any = None) -> dict:
+             callbacks: Any, batches: Any = None) -> dict:
     """`model.evaluate` over the validation data, as a dict of floats; over `batches`
     (`evaluation_batches`) where given."""
     if batches is not None:

@@ -239,6 +239,7 @@ class BackendFit:
         self._workload_began_at = 0
         self._last_mark = time.time()
         self.steps = _steps(model, fit.class_weight)
+        self._validation_callbacks: Any = []  # held open during `run` (see there)
 
     def _note(self, phase: str, started: float, details: Optional[Dict[str, Any]] = None
               ) -> None:
@@ -304,6 +305,13 @@ class BackendFit:
             for callback, saved in zip(self.user_callbacks, state["callbacks"], strict=True):
                 if saved is not None and hasattr(callback, "load_state"):
                     callback.load_state(saved)
+        # One callback list for every validation of the fit, its begin/end block held open
+        # as Keras's fit holds its own around its evaluations: a list made per `evaluate`
+        # starts and joins a thread pool each time (a millisecond of a small model's epoch).
+        held = keras.callbacks.CallbackList([], add_history=False, add_progbar=False,
+                                            model=self.model)
+        held.on_train_begin()
+        self._validation_callbacks = held
         try:
             if self.batches_trained < self.target:
                 self._train(callbacks, iter(batches), per_epoch)
@@ -312,6 +320,8 @@ class BackendFit:
             self.steps.sync()  # the script's model holds what was trained
             callbacks.on_train_end()
         finally:
+            held.on_train_end()
+            self._validation_callbacks = []
             self.reporter.wait_for_checkpoints()
             self._note("end", self._last_mark, {"batches": self.batches_trained,
                                                 "paused": self.paused})
@@ -409,7 +419,7 @@ class BackendFit:
         self.steps.sync()
         results = _backend_data.evaluate(
             self.model, self.validation, self._validation_batch_size,
-            self.fit.validation_steps, [], self._evaluation_batches)
+            self.fit.validation_steps, self._validation_callbacks, self._evaluation_batches)
         metrics = {f"val_{k}": v for k, v in results.items()}
         self._call("on_test_end", dict(metrics))
         self.reporter.report_validation_metrics(self.batches_trained, metrics)
