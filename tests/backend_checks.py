@@ -88,9 +88,33 @@ def script(reporter, data="numpy", **fit_args):
     return context, model, history
 
 
+class thread_pools_started:
+    """Counts the thread pools started (Keras's callback lists start one for asynchronous
+    batch callbacks) until `stop()`."""
+
+    def __init__(self):
+        import concurrent.futures
+
+        self.count, self._init = 0, concurrent.futures.ThreadPoolExecutor.__init__
+        counter = self
+
+        def counted(pool, *args, **kwargs):
+            counter.count += 1
+            counter._init(pool, *args, **kwargs)
+
+        concurrent.futures.ThreadPoolExecutor.__init__ = counted
+
+    def stop(self) -> None:
+        import concurrent.futures
+
+        concurrent.futures.ThreadPoolExecutor.__init__ = self._init
+
+
 def lengths_and_metrics(out: Path) -> dict:
     db, trial_id, reporter, _ = start_trial(out / "lengths", 30, scheduling_unit=5)
+    pools = thread_pools_started()
     _, model, history = script(reporter, epochs=1000)  # the searcher's 30 batches win
+    pools.stop()
     trial = db.trial(trial_id)
     # The latest checkpoint as a downstream script gets it (`localdet checkpoint export`).
     folder = reporter.restore_checkpoint(trial.latest_checkpoint, out / "exported")
@@ -112,6 +136,7 @@ def lengths_and_metrics(out: Path) -> dict:
         "loaded_predicts_alike": bool(np.allclose(loaded.predict(X_VAL, verbose=0),
                                                   np.load(out / "expected.npy"), atol=1e-6)),
         "loaded_optimizer": type(loaded.optimizer).__name__,
+        "thread_pools": pools.count,
         # what the other checks compare with: this is their uninterrupted run
         "weights": [w.numpy() for w in model.weights],
         "metrics": [(m.kind, m.batches_trained, m.metrics) for m in db.metrics(trial_id)],

@@ -71,6 +71,9 @@ def test_fit_on_jax_trains_to_the_searcher_length_and_reports(facts):
     assert lengths["validation_at"] == [12, 24, 30]  # each 12-batch epoch's end, and the end
     assert lengths["history_keys"] == ["accuracy", "loss", "val_accuracy", "val_loss"]
     assert lengths["history_val_loss"][-1] == pytest.approx(lengths["last_val_loss"])
+    # Its three validations share one callback list held open for the fit, as Keras's fit
+    # shares its own: one thread pool for them, beside the fit's (not one per validation).
+    assert lengths["thread_pools"] == 2
 
 
 def test_fit_on_jax_trains_the_scripts_epochs_without_a_searcher_length(facts):
