@@ -62,17 +62,20 @@ def folder_with(folder: Path, weights: bytes) -> Path:
 
 
 def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float],
-                after_round) -> None:
+                after_round, layout=None, most: int = 12) -> None:
     """`rounds` times: fork a writer (`writer(round)`: its target and arguments) and a
     collector (`collector(round)`), kill each with SIGKILL at a random moment in `window`
-    seconds, then call `after_round(round)` (which checks the store)."""
+    seconds, then call `after_round(round)` (which checks the store). With `layout`, more
+    rounds (up to `most` in all) until a checkpoint has been committed and another deleted
+    (`collected`): on a loaded machine a writer killed early may have committed only one."""
     import multiprocessing
     import os
     import signal
     import time
 
     fork = multiprocessing.get_context("fork")
-    for round_ in range(rounds):
+    round_ = 0
+    while round_ < rounds or (layout is not None and round_ < most and not collected(layout)):
         processes = [fork.Process(target=target, args=args)
                      for target, args in (writer(round_), collector(round_))]
         for process in processes:
@@ -87,3 +90,12 @@ def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float]
             process.join()
         assert [p.exitcode for p in processes] == [-signal.SIGKILL] * 2
         after_round(round_)
+        round_ += 1
+
+
+def collected(layout) -> bool:
+    """Whether a checkpoint is listed and another was deleted (by retention)."""
+    from localdet.records.db import StateDB
+
+    with StateDB.open(layout.db) as db:
+        return len(db.checkpoints(include_deleted=True)) > len(db.checkpoints()) >= 1

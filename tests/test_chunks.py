@@ -197,7 +197,8 @@ def test_a_writer_and_a_collector_killed_at_random_points_leave_every_chunk_list
                     f"seed {seed}, round {round_}: checkpoint {checkpoint.uuid} lost a chunk"
 
     kill_rounds(5, lambda r: (_write_forever, (home, experiment_id, trial_id, seed + r)),
-                lambda r: (_collect_forever, (home, experiment_id)), rng, (0.15, 0.5), checked)
+                lambda r: (_collect_forever, (home, experiment_id)), rng, (0.15, 0.5), checked,
+                layout=layout)
     with StateDB.open(layout.db) as db:
         assert len(db.checkpoints(include_deleted=True)) > len(db.checkpoints()) >= 1, seed
         gc.collect(layout, db, grace_seconds=0)

@@ -87,7 +87,7 @@ def test_an_s3_writer_and_collector_killed_at_random_points_leave_every_chunk_li
 
     kill_rounds(4, lambda r: (_write_forever, (home, experiment_id, trial_id, seed + r)),
                 lambda r: (_collect_forever, (home, experiment_id, seed + r)), rng,
-                (0.5, 2.5), checked)
+                (0.5, 2.5), checked, layout=layout)
     with StateDB.open(layout.db) as db:
         assert len(db.checkpoints(include_deleted=True)) > len(db.checkpoints()) >= 1, seed
         assert not gc.collect(layout, db, grace_seconds=0).blobs_deferred
