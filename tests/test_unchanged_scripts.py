@@ -53,3 +53,41 @@ def test_the_backend_an_unchanged_script_sets_at_its_top_is_the_trials(tmp_path,
     config = {"entrypoint_kind": "script", "script_command": "python3 train.py"}
     backend_environment(env, config, tmp_path)
     assert env.get("KERAS_BACKEND") == expected
+
+
+SETS_JAX = 'import os\nos.environ["KERAS_BACKEND"] = "jax"\n'
+
+
+@pytest.mark.parametrize("code, modules, env, expected", [
+    # a module of the folder, imported before Keras, sets it (and may import Keras itself)
+    ("import settings\nimport keras\n", {"settings.py": SETS_JAX}, {}, "jax"),
+    ("import settings\n", {"settings.py": SETS_JAX + "import keras\n"},
+     {"KERAS_BACKEND": "torch"}, "jax"),
+    ("from config import setup\nimport keras\n",
+     {"config/__init__.py": "", "config/setup.py": SETS_JAX}, {}, "jax"),
+    ("import a\nimport keras\n", {"a.py": "import b\n", "b.py": SETS_JAX}, {}, "jax"),
+    # ... but not when it comes after Keras, or after a module that imported Keras first
+    ("import keras\nimport settings\n", {"settings.py": SETS_JAX}, {}, None),
+    ("import models\nimport settings\n",
+     {"models.py": "import keras\n", "settings.py": SETS_JAX}, {}, None),
+    # the script's own line, after the module's, is the last word; a setdefault after a
+    # value is set changes nothing; a module runs once, however often it is imported
+    ("import settings\nimport os\nos.environ['KERAS_BACKEND'] = 'torch'\nimport keras\n",
+     {"settings.py": SETS_JAX}, {}, "torch"),
+    ("import settings\nimport os\nos.environ.setdefault('KERAS_BACKEND', 'torch')\n"
+     "import keras\n", {"settings.py": SETS_JAX}, {}, "jax"),
+    ("import a\nimport b\nimport keras\n",
+     {"a.py": "import b\n", "b.py": "import os\nos.environ.setdefault('KERAS_BACKEND', 'jax')\n"},
+     {"KERAS_BACKEND": "torch"}, "torch"),
+])
+def test_the_backend_a_module_of_the_folder_sets_before_keras_is_the_trials(
+        tmp_path, code, modules, env, expected):
+    from localdet.processes.unchanged_scripts import backend_environment
+
+    (tmp_path / "train.py").write_text(code)
+    for name, text in modules.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    config = {"entrypoint_kind": "script", "script_command": "python3 train.py"}
+    backend_environment(env, config, tmp_path)
+    assert env.get("KERAS_BACKEND") == expected

@@ -17,7 +17,7 @@ import functools
 import sys
 from pathlib import Path
 
-from localdet.config import keras_choice, keras_uses
+from localdet.config import keras_choice, keras_packages, keras_uses
 
 RUNNER = "determined.exec.unchanged_script"
 
@@ -74,15 +74,16 @@ BACKEND_VAR = "KERAS_BACKEND"
 
 def backend_environment(env: dict[str, str], config: dict, model_dir: Path) -> None:
     """The Keras backend an unchanged script picks itself, at its top, before it imports
-    Keras (keras.io's examples do: `os.environ["KERAS_BACKEND"] = "jax"`), put into the
-    trial's environment `env`, as running the script gives it: an assignment replaces the
-    environment's, `os.environ.setdefault(...)` applies where the environment sets none. The
-    hook imports Keras before the script's first line runs, and a warm process has imported
-    it already, so the script's own line would come too late."""
+    Keras (keras.io's examples do: `os.environ["KERAS_BACKEND"] = "jax"`), or in a module of
+    its folder that it imports first (`import settings`), put into the trial's environment
+    `env`, as running the script gives it: an assignment replaces the environment's,
+    `os.environ.setdefault(...)` applies where the environment sets none. The hook imports
+    Keras before the script's first line runs, and a warm process has imported it already, so
+    the script's own line would come too late."""
     if not is_unchanged(model_dir, config):
         return
     starts = keras_choice.entry_files(Path(model_dir), config)
-    chosen = _backend_set_by(starts[0]) if len(starts) == 1 else None
+    chosen = _backend_set_by(starts[0], Path(model_dir)) if len(starts) == 1 else None
     if chosen is not None:
         value, replaces = chosen
         if replaces:
@@ -91,22 +92,40 @@ def backend_environment(env: dict[str, str], config: dict, model_dir: Path) -> N
             env.setdefault(BACKEND_VAR, value)
 
 
+Choice = tuple[str, bool]  # (backend, whether it replaces the environment's)
+
+
 @functools.lru_cache(maxsize=256)
-def _backend_set_by(path: Path) -> tuple[str, bool] | None:
-    """(backend, whether it replaces the environment's) from the file's last top-level
-    `os.environ["KERAS_BACKEND"] = "..."` or `os.environ.setdefault("KERAS_BACKEND", "...")`
-    before its first Keras import; None where it sets none."""
+def _backend_set_by(path: Path, model_dir: Path) -> Choice | None:
+    """The backend the file's top level sets before Keras is imported, following the
+    imports of the model folder's own modules as they run; None where it sets none."""
+    return _top_level_choice(path, model_dir, set(), None)[0]
+
+
+def _top_level_choice(path: Path, model_dir: Path, imported: set[Path],
+                      chosen: Choice | None) -> tuple[Choice | None, bool]:
+    """(the choice in force, whether Keras is imported by then) once the file's top level
+    has run, from `chosen` before it: its `os.environ["KERAS_BACKEND"] = "..."` and
+    `os.environ.setdefault("KERAS_BACKEND", "...")` statements, and those of the folder's
+    modules it imports (each once, as Python imports them), up to its first Keras import
+    (Keras reads the variable once, as it is imported)."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
-        return None
-    chosen: tuple[str, bool] | None = None
+        return chosen, False
     for statement in tree.body:
-        if isinstance(statement, (ast.Import, ast.ImportFrom)) and any(
-                _within(name, package) for name in _imported(statement)
-                for package in KERAS_PACKAGES):
-            break  # set after Keras is imported, it changes nothing (Keras reads it once)
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            names = _imported(statement)
+            if any(_within(name, package) for name in names for package in KERAS_PACKAGES):
+                return chosen, True
+            for module in _own_modules(statement, names, model_dir):
+                if module in imported:
+                    continue
+                imported.add(module)
+                chosen, keras_imported = _top_level_choice(module, model_dir, imported, chosen)
+                if keras_imported:
+                    return chosen, True
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
             target = statement.targets[0]
             if isinstance(target, ast.Subscript) and _is_environ(target.value) and \
                     _string(target.slice) == BACKEND_VAR and _string(statement.value):
@@ -115,9 +134,23 @@ def _backend_set_by(path: Path) -> tuple[str, bool] | None:
             call = statement.value
             if isinstance(call.func, ast.Attribute) and call.func.attr == "setdefault" and \
                     _is_environ(call.func.value) and len(call.args) == 2 and \
-                    _string(call.args[0]) == BACKEND_VAR and _string(call.args[1]):
+                    _string(call.args[0]) == BACKEND_VAR and _string(call.args[1]) and \
+                    chosen is None:  # a value set before stays
                 chosen = (_string(call.args[1]), False)
-    return chosen
+    return chosen, False
+
+
+def _own_modules(statement: ast.Import | ast.ImportFrom, names: list[str],
+                 model_dir: Path) -> list[Path]:
+    """The model folder's files an import statement runs, in order (a `from package import
+    module` runs the module's file too)."""
+    if isinstance(statement, ast.ImportFrom) and names:
+        names = names + [f"{names[0]}.{alias.name}" for alias in statement.names]
+    files: list[Path] = []
+    for name in names:
+        files += [f.resolve() for f in keras_packages.module_files(model_dir, name)
+                  if f.resolve() not in files]
+    return files
 
 
 def _imported(statement: ast.Import | ast.ImportFrom) -> list[str]:
