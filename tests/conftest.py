@@ -401,55 +401,53 @@ def older_database(path: Path) -> Path:
 # The files that take longest, longest first. `scripts/test` runs whole files per worker
 # (`--dist loadfile`) in collection order (`--no-loadscope-reorder`: xdist would otherwise
 # order files by their number of tests), so a long file collected last would run alone at
-# the end while the other workers idle. Seconds of pytest's time per file in one full run of
-# the suite (three workers on the 2-core machine, 18:16 in all, 2026-12-07; noisy). CI's log
-# ends with the 25 slowest tests (`--durations=25`): re-rank from it when a file moves.
+# the end while the other worker idles. Seconds of wall time, each file alone on the 2-core
+# machine beside other work (noisy), and the CPU seconds of all its processes where measured
+# (a cgroup's count, so trials in sessions of their own and warm processes are counted
+# too): the CPU-bound files stretch most under two workers. CI's log ends with the 25
+# slowest tests (`--durations=25`): re-rank from it when a file moves.
 LONGEST_FILES = [
-    "test_keras_2_line.py",       # ~244 (the tests marked keras2, again under Keras 2)
-    "test_multi_slot_e2e.py",     # ~240 (seven daemon runs of 2-3 processes each)
-    "test_scripts.py",            # ~163 (every benchmark's --smoke and the demo, two at a time)
-    "test_ray_cluster.py",        # ~159 (mostly waiting on Ray)
-    "test_warm.py",               # ~123
-    "test_search_e2e.py",         # ~120
-    "test_exact_resume.py",       # ~117 (a third of it the spawned Sequence readers)
-    "test_horovod_e2e.py",        # ~116
-    "test_cross_line_layers.py",  # ~101 (nine Keras 2 trials in one process, loaded here)
-    "test_stateful_pipelines.py", # ~91 (12 pipelines x forms here, then under Keras 2)
-    "test_compat.py",             # ~78 (19 trials forked from two warm processes)
-    "test_core_api.py",           # ~73
-    "test_backends.py",           # ~70 (JAX processes of tiny fits; localdet runs)
-    "test_script_e2e.py",         # ~64
-    "test_request_races.py",      # ~64 (some 250 launches of the counter, forked warm)
-    "test_load_checkpoint.py",    # ~54
-    "test_callback_order.py",     # ~53
-    "test_data.py",               # ~53
-    "test_foreground.py",         # ~52
-    "test_dashboard.py",          # ~49 (a browser)
-    "test_end_to_end.py",         # ~49
-    "test_pause_resume_e2e.py",   # ~49
-    "test_memory_limit.py",       # ~49 (mostly waiting on the processes it watches)
-    "test_laptop_mode.py",        # ~44
-    "test_subclassed_models.py",  # ~43
-    "test_fuzz_intake.py",        # ~43
-    "test_det_cli.py",            # ~41 (sdk_cli/: det against the daemon it starts)
-    "test_remote_reporting.py",   # ~37
-    "test_startup_hook.py",       # ~36 (real venvs and pip; one daemon run)
-    "test_h5_fallbacks.py",       # ~33 (two trials paused, in each line)
-    "test_cross_line.py",         # ~33
-    "test_old_releases.py",       # ~33 (three trials under localdet run)
-    "test_custom_search.py",      # ~33 (two runner scripts, a runner and a daemon killed -9)
-    "test_disk_space.py",         # ~32
-    "test_records_scale.py",      # ~28 (a browser: a 40-trial search's thinned curves)
-    "test_keras_api.py",          # ~26
-    "test_sdk.py",                # ~23 (sdk_cli/: the seeds' downstream flow)
-    "test_callback_models.py",    # ~23 (and again under Keras 2)
-    "test_web_manage.py",         # ~23 (sdk_cli/: a browser)
-    "test_installed_wheel.py",    # ~21 (build, a fresh venv, every import, a short `localdet run`)
-    "test_container_image.py",    # ~16 (once scripts/test has built the image)
-    "test_mixed_precision.py",    # ~12 (a trial paused twice, in each line)
-    "test_chunks.py",             # ~10 (a frozen-base search's .h5 files; writers killed)
-    "test_web_insight.py",        # ~8 (a browser: importances, compare)
-    "test_s3_chunks.py",          # ~6 (moto's server; an S3 writer and collector killed)
+    "test_keras_2_line.py",     # ~190 (the tests marked keras2, again under Keras 2)
+    "test_multi_slot_e2e.py",   # ~370 (CPU ~200: seven daemon runs of 2-3 processes each)
+    "test_scripts.py",          # ~120 (every benchmark's --smoke and the demo, two at a time)
+    "test_request_races.py",    # ~110 (some 250 launches of the counter, forked warm)
+    "test_exact_resume.py",     # ~135 (CPU ~85, a third of it the spawned Sequence readers)
+    "test_stateful_pipelines.py",  # ~150 (12 pipelines x forms here, then under Keras 2)
+    "test_cross_line_layers.py",   # ~90 (nine Keras 2 trials in one process, loaded here)
+    "test_mixed_precision.py",  # ~80 (a trial paused twice, in each line)
+    "test_h5_fallbacks.py",     # ~75 (two trials paused, in each line)
+    "test_installed_wheel.py",  # ~75 (build, a fresh venv, every import, a short `localdet run`)
+    "test_old_releases.py",     # ~70 (three trials under localdet run)
+    "test_search_e2e.py",       # ~110 (CPU ~125)
+    "test_ray_cluster.py",      # ~110 (CPU ~100, mostly waiting on Ray)
+    "test_horovod_e2e.py",      # ~105 (CPU ~75)
+    "test_compat.py",           # ~100 (CPU ~75: 19 trials forked from two warm processes)
+    "test_memory_limit.py",     # ~75 (CPU ~35, mostly waiting on the processes it watches)
+    "test_warm.py",             # ~65 (CPU ~85)
+    "test_keras_api.py",        # ~60
+    "test_script_e2e.py",       # ~55
+    "test_callback_order.py",   # ~50 (CPU ~40)
+    "test_custom_search.py",    # ~45 (two runner scripts, a runner and a daemon killed -9)
+    "test_backends.py",         # ~40 (one JAX process of eight tiny fits; a localdet run)
+    "test_pause_resume_e2e.py", # ~30 (CPU ~27)
+    "test_det_cli.py",          # ~30 (sdk_cli/: det against the daemon it starts)
+    "test_fuzz_intake.py",      # ~30
+    "test_core_api.py",         # ~30
+    "test_callback_models.py",  # ~30 (and again under Keras 2)
+    "test_startup_hook.py",     # ~30 (real venvs and pip; one daemon run)
+    "test_foreground.py",       # ~30
+    "test_sdk.py",              # ~25 (sdk_cli/: the seeds' downstream flow)
+    "test_data.py",             # ~25
+    "test_disk_space.py",       # ~25
+    "test_remote_reporting.py", # ~25
+    "test_subclassed_models.py",  # ~25
+    "test_cross_line.py",       # ~20
+    "test_web_manage.py",       # ~20 (sdk_cli/: a browser)
+    "test_records_scale.py",    # ~25 (a browser: a 40-trial search's thinned curves)
+    "test_container_image.py",  # ~15 once scripts/test has built the image
+    "test_chunks.py",           # ~15 (a frozen-base search's .h5 files; writers killed)
+    "test_s3_chunks.py",        # ~11 (moto's server; an S3 writer and collector killed)
+    "test_web_insight.py",      # ~15 (a browser: importances, compare)
 ]
 
 
