@@ -81,7 +81,8 @@ class Launches:
         self.watched.slots_of[trial.id] = slots
         return trial, slots, spec, process, launched_at, log_offset
 
-    def _deferred(self, trial: Trial, experiment, error: launcher.LaunchError) -> None:
+    def _deferred(self, trial: Trial, experiment: Experiment,
+                  error: launcher.LaunchError) -> None:
         """Queue the trial again for a later pass, up to its max_restarts; then end it."""
         limit = experiment.config["max_restarts"]
         if trial.restarts >= limit:

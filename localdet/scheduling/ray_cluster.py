@@ -575,8 +575,9 @@ class RayCluster:
             log.write(b"error: the trial's slots could not be reserved on its Ray nodes\n")
             log.close()
             ray.util.remove_placement_group(group)
-            raise LaunchDeferred(f"the slots of the trial's {len(slots)} ranks could not be "
-                              f"reserved on Ray nodes {where} within {GROUP_READY_SECONDS:.0f} s")
+            raise LaunchDeferred(f"the slots of the trial's {len(slots)} ranks could not "
+                                 f"be reserved on Ray nodes {where} within "
+                                 f"{GROUP_READY_SECONDS:.0f} s")
         actors = [ray.remote(TrialActor).options(
             name=f"{name}-rank-{rank}", lifetime="detached", num_cpus=0, max_concurrency=4,
             max_restarts=0, **holding,
