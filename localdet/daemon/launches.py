@@ -69,11 +69,7 @@ class Launches:
             self._deferred(trial, experiment, error)
             return None
         except launcher.LaunchError as error:  # retrying cannot help: end it
-            with self.db.atomic():
-                self.db.update_trial(trial.id, state=TrialState.ERROR, error=str(error))
-                self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
-                self.experiments.searching(experiment, self.search.exited_early, experiment, trial)
-                self.experiments.settle(experiment.id)
+            self._ended(trial, experiment, error, str(error))
             return None
         if self.local:  # (on a cluster, its node's memory is Ray's to watch)
             self.memory.watch(trial, process.pid, experiment.config)  # at once: before it grows
@@ -86,16 +82,21 @@ class Launches:
         """Queue the trial again for a later pass, up to its max_restarts; then end it."""
         limit = experiment.config["max_restarts"]
         if trial.restarts >= limit:
-            with self.db.atomic():
-                self.db.update_trial(trial.id, state=TrialState.ERROR, error=(
-                    f"{error}; it was tried {trial.restarts + 1} times (max_restarts: {limit})"))
-                self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
-                self.experiments.searching(experiment, self.search.exited_early, experiment, trial)
-                self.experiments.settle(experiment.id)
+            self._ended(trial, experiment, error, f"{error}; it was tried {trial.restarts + 1} "
+                        f"times (max_restarts: {limit})")
             return
         self.db.update_trial(trial.id, state=TrialState.QUEUED, restarts=trial.restarts + 1)
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} could not start yet "
                  f"({error}); queued again ({trial.restarts + 1} of {limit})")
+
+    def _ended(self, trial: Trial, experiment: Experiment, error: launcher.LaunchError,
+               recorded: str) -> None:
+        """End a trial that could not start: ERROR with `recorded`, and its search told."""
+        with self.db.atomic():
+            self.db.update_trial(trial.id, state=TrialState.ERROR, error=recorded)
+            self.log(f"trial {trial.id} of experiment {trial.experiment_id}: {error}")
+            self.experiments.searching(experiment, self.search.exited_early, experiment, trial)
+            self.experiments.settle(experiment.id)
 
     def record(self, started: list[tuple]) -> None:
         """Record the pass's launches `BATCH` to a transaction: a commit and a turn at the
