@@ -105,6 +105,40 @@ def test_a_full_disk_drops_log_output_and_says_how_much(small_disk):
         or b"bytes of output lost: the disk was full\n" in content
 
 
+def test_a_trial_out_of_space_holds_launches_before_the_scheduler_runs(layout, db):
+    """The disk can fill between a pass's free-space check and a trial's exit in the same
+    pass: the trial that ran out of space is not launched again by that pass's scheduler
+    (in CI it was, failed again, and ran out of space a second time)."""
+    import uuid
+
+    from checkpoint_rows import make_experiment, make_trial
+
+    from localdet.checkpoints.disk_space import Reserve
+    from localdet.checkpoints.manifest import FileEntry, build_manifest
+    from localdet.daemon.space import SpaceWatch
+    from localdet.daemon.watched import Watched
+    from localdet.records.states import TrialState
+
+    said: list[str] = []
+    space = SpaceWatch(layout, db, Reserve(min_bytes=0, min_percent=0), Watched(), said.append)
+    space.watch()
+    assert space.short is None  # no reserve: never short by itself
+    experiment_id = make_experiment(db)
+    trial_id = make_trial(db, experiment_id)
+    # A checkpoint no disk has room for twice: the room wanted for the next one.
+    db.add_checkpoint(build_manifest(
+        uuid=str(uuid.uuid4()), experiment_id=experiment_id, trial_id=trial_id,
+        batches_trained=4, files={"determined-keras-model.h5": FileEntry("a" * 64, 10**15)},
+        metadata={}))
+    space.out_of_space(db.trial(trial_id), db.experiment(experiment_id), TrialState.QUEUED)
+    assert space.short is not None and space.short.needed == 2 * 10**15
+    assert db.trial(trial_id).state == TrialState.QUEUED
+    kinds = [e["kind"] for e in db.events(experiment_id)]
+    assert kinds.count("trial_out_of_space") == 1
+    assert [e["kind"] for e in db.events()].count("disk_low") == 1
+    assert any("launching nothing" in line for line in said)
+
+
 def counter_config(folder: Path, name: str) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump({

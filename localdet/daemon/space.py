@@ -52,7 +52,12 @@ class SpaceWatch:
         latest = self.db.checkpoint(trial.latest_checkpoint) if trial.latest_checkpoint \
             else None
         self.extra = max(self.extra, 2 * (latest.size_bytes if latest else 0))
-        self.db.update_trial(trial.id, state=restart_to, stop_requested=None)
-        self.db.log_event("trial_out_of_space", experiment_id=experiment.id, trial_id=trial.id)
+        with self.db.atomic():
+            self.db.update_trial(trial.id, state=restart_to, stop_requested=None)
+            self.db.log_event("trial_out_of_space", experiment_id=experiment.id,
+                              trial_id=trial.id)
         self.log(f"trial {trial.id} stopped: the disk is full; it carries on from its latest "
                  "checkpoint once space returns")
+        # Measured now, with room for the checkpoint: the disk may have filled after this
+        # pass's watch, and the scheduler, later in the same pass, must not launch it again.
+        self.watch()
