@@ -99,6 +99,22 @@ class Home:
         return self.rows("SELECT * FROM trials WHERE experiment_id = ? ORDER BY id",
                          experiment_id)
 
+    def ended_report(self, experiment_id: int, lines: int = 30) -> str:
+        """What a failed assertion on an experiment's end should show: each trial's state,
+        restarts and error, the last lines of its log and of the daemon's (CI keeps no files)."""
+        parts = []
+        for trial in self.trials(experiment_id):
+            parts.append(f"trial {trial['id']}: {trial['state']}, restarts {trial['restarts']}, "
+                         f"error: {trial['error']}")
+            log = self.path / "experiments" / str(experiment_id) / "trials" / str(
+                trial["id"]) / "trial.log"
+            if log.exists():
+                parts += log.read_text(errors="replace").splitlines()[-lines:]
+        daemon_log = self.path / "daemon.log"
+        if daemon_log.exists():
+            parts += ["daemon.log:", *daemon_log.read_text(errors="replace").splitlines()[-lines:]]
+        return "\n".join(parts)
+
     def first_trial(self, experiment_id: int) -> dict:
         """The experiment's first trial's row ({} before it has one)."""
         rows = self.trials(experiment_id)

@@ -237,7 +237,7 @@ def test_core_api_scripts_under_the_daemon(home, tmp_path, daemons):
     # The searcher's length reaches the script: it stops at the first epoch end past it.
     for experiment_id in (searched, paused):
         facts = home.wait_until_ended(experiment_id)
-        assert facts["state"] == "COMPLETED", facts
+        assert facts["state"] == "COMPLETED", home.ended_report(experiment_id)
         assert facts["trials"][0]["batches_trained"] == 160
     np.testing.assert_array_equal(_final_weights(home, searched), _final_weights(home, paused))
     trial = home.first_trial(paused)

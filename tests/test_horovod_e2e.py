@@ -98,7 +98,7 @@ def test_two_horovod_ranks_on_two_ray_nodes_end_like_one_slot(tmp_path, horovod_
     one, two = home.experiment_named("one")["id"], home.experiment_named("two")["id"]
     for experiment in (one, two):
         facts = home.wait_until_ended(experiment, timeout=300)
-        assert facts["state"] == "COMPLETED", facts
+        assert facts["state"] == "COMPLETED", home.ended_report(experiment)
     daemon.stop()
     shut_down(cluster)
     db = StateDB.open(home.path / "localdet.db")

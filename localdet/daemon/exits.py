@@ -68,6 +68,7 @@ class Exits:
             code = process.poll()
             if code is not None:
                 del self.watched.tearing_down[trial_id]
+                self.watched.slots_of.pop(trial_id, None)
                 if code != 0:
                     self.log(f"trial {trial_id}'s process ended with {exit_description(code)} "
                              "after its work was recorded; nothing was lost")
@@ -117,7 +118,10 @@ class Exits:
             return
         noticed = time.time()
         for trial_id, _, process, tearing_down in ended:
-            self.watched.slots_of.pop(trial_id, None)
+            # A launch on a cluster holds its slots there until it ends: freed here, the
+            # next launch on them would wait for it, and the daemon with it (CI's Ray runs).
+            if not (tearing_down and getattr(process, "slots_held_until_exit", False)):
+                self.watched.slots_of.pop(trial_id, None)
             if not tearing_down:  # its last lines (a failure's cause) may be in its log's pipe
                 experiment_id = self.db.trial(trial_id).experiment_id
                 launcher.wait_for_log(process, self.layout.trial_log(experiment_id, trial_id))

@@ -25,6 +25,10 @@ from localdet.records.states import TrialState
 from localdet.scheduling.slots import Slot, cuda_visible_devices
 from localdet.search.driver import Search
 
+# A launch the cluster defers (its slots still held there) is tried again on later passes, at
+# most this many times in a row (each waits up to ray_cluster.SLOTS_READY_SECONDS).
+MAX_DEFERRALS = 5
+
 
 @dataclass
 class Launches:
@@ -48,6 +52,7 @@ class Launches:
     allow_system_hooks: bool = False  # startup hooks' machine-changing lines run
     decided_at: float = 0.0  # when this pass began choosing trials (the timeline's launch)
     _started: dict = field(default_factory=dict, init=False)  # trial id -> process started
+    _deferrals: dict = field(default_factory=dict, init=False)  # trial id -> tries in a row
 
     def launch(self, trial: Trial, slots: list[int], machine: list[Slot]) -> tuple | None:
         """Start the trial's process; None if it cannot start (the trial is then ERROR).
@@ -65,6 +70,7 @@ class Launches:
             process = self.backend.start(
                 spec, dataclasses.replace(trial, started_at=launched_at), slots)
             self._started[trial.id] = time.time()
+            self._deferrals.pop(trial.id, None)
         except launcher.LaunchDeferred as error:
             self._deferred(trial, experiment, error)
             return None
@@ -79,15 +85,18 @@ class Launches:
 
     def _deferred(self, trial: Trial, experiment: Experiment,
                   error: launcher.LaunchError) -> None:
-        """Queue the trial again for a later pass, up to its max_restarts; then end it."""
-        limit = experiment.config["max_restarts"]
-        if trial.restarts >= limit:
-            self._ended(trial, experiment, error, f"{error}; it was tried {trial.restarts + 1} "
-                        f"times (max_restarts: {limit})")
+        """Leave the trial queued for a later pass, its restarts untouched (the cluster's
+        doing, not the trial's), up to MAX_DEFERRALS tries in a row; then end it."""
+        tries = self._deferrals[trial.id] = self._deferrals.get(trial.id, 0) + 1
+        if tries >= MAX_DEFERRALS:
+            del self._deferrals[trial.id]
+            self._ended(trial, experiment, error, f"{error}; it could not start in {tries} "
+                        "tries (see `ray status` for what holds the cluster's slots)")
             return
-        self.db.update_trial(trial.id, state=TrialState.QUEUED, restarts=trial.restarts + 1)
+        self.db.log_event("trial_launch_deferred", experiment_id=experiment.id,
+                          trial_id=trial.id, reason=str(error))
         self.log(f"trial {trial.id} of experiment {trial.experiment_id} could not start yet "
-                 f"({error}); queued again ({trial.restarts + 1} of {limit})")
+                 f"({error}); it stays queued (try {tries} of {MAX_DEFERRALS})")
 
     def _ended(self, trial: Trial, experiment: Experiment, error: launcher.LaunchError,
                recorded: str) -> None:

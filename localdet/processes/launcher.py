@@ -207,8 +207,8 @@ class LaunchError(RuntimeError):
 
 class LaunchDeferred(LaunchError):
     """The trial could not start for now, through no fault of its own (a cluster's slots not
-    yet released by the trial before, a node gone meanwhile): it is queued again, counted
-    against its restarts, rather than ended."""
+    yet released by the trial before, a node gone meanwhile): it stays queued, its restarts
+    untouched, and is tried again (localdet/daemon/launches.py's MAX_DEFERRALS)."""
 
 
 def start(spec: LaunchSpec, warm=None) -> subprocess.Popen:

@@ -49,7 +49,7 @@ SLOT_RESOURCE = "localdet_slot"  # what CPU-only nodes declare: trials each node
 NODE_CHECK_SECONDS = 2.0         # how often the cluster's nodes are looked at again
 LOST_EXIT = -9                   # the exit status told for a launch whose actor died
 NODE_DEATH_SECONDS = 30.0        # how long an actor's death may precede its node's
-GROUP_READY_SECONDS = 60.0       # how long a multi-node trial waits for its slots to be held
+SLOTS_READY_SECONDS = 60.0       # how long a launch waits for the cluster to hold its slots
 
 
 class RayError(RuntimeError):
@@ -251,6 +251,7 @@ class RayTrial:
     warm = False
     log_writer = None
     orphaned = False
+    slots_held_until_exit = True  # Ray frees an actor's slots only once the actor ends
 
     def __init__(self, cluster: "RayCluster", actor, name: str, pid: int | None, node: str,
                  host: str, log: CappedLog | _RankLog):
@@ -365,6 +366,7 @@ class RayRanks:
     warm = False
     log_writer = None
     orphaned = False
+    slots_held_until_exit = True  # Ray frees an actor's slots only once the actor ends
 
     def __init__(self, cluster: "RayCluster", name: str, ranks: list[RayTrial], group,
                  log: CappedLog):
@@ -523,6 +525,8 @@ class RayCluster:
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        from localdet.processes.launcher import LaunchDeferred
+
         node = self._node_of[slots[0]]
         self._last_launch[node] = time.monotonic()
         name = actor_name(trial)
@@ -531,11 +535,20 @@ class RayCluster:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             **self._holding(slots)).remote()
         log = CappedLog(spec.log_path, spec.max_log_bytes)
+        where = f"Ray node {self.describe_node(node)}"
         if spec.header:
-            log.write(f"{spec.header}; on Ray node {self.describe_node(node)}\n".encode())
+            log.write(f"{spec.header}; on {where}\n".encode())
+        # Placed once its slots are free there: waited for here with a limit, so that a
+        # slot the cluster still holds defers the launch instead of stalling the daemon.
+        ready, _ = ray.wait([actor.__ray_ready__.remote()], timeout=SLOTS_READY_SECONDS)
+        if not ready:
+            log.write(b"error: the trial's slot could not be reserved on its Ray node\n")
+            log.close()
+            ray.kill(actor, no_restart=True)  # never placed: no program to stop in it
+            raise LaunchDeferred(f"the trial's {len(slots)} slot(s) could not be reserved on "
+                                 f"{where} within {SLOTS_READY_SECONDS:.0f} s")
         argv = ["python", *spec.argv[1:]] if spec.argv[0] == sys.executable else spec.argv
-        started = self._started([actor], [(argv, spec.env)], spec.cwd, log, None,
-                                f"Ray node {self.describe_node(node)}")[0]
+        started = self._started([actor], [(argv, spec.env)], spec.cwd, log, None, where)[0]
         return RayTrial(self, actor, name, started["pid"], started["node"],
                         self._nodes[started["node"]].host, log)
 
@@ -570,14 +583,14 @@ class RayCluster:
         log = CappedLog(spec.log_path, spec.max_log_bytes)
         if spec.header:
             log.write(f"{spec.header}; ranks on Ray nodes {where}\n".encode())
-        ready, _ = ray.wait([group.ready()], timeout=GROUP_READY_SECONDS)
+        ready, _ = ray.wait([group.ready()], timeout=SLOTS_READY_SECONDS)
         if not ready:
             log.write(b"error: the trial's slots could not be reserved on its Ray nodes\n")
             log.close()
             ray.util.remove_placement_group(group)
             raise LaunchDeferred(f"the slots of the trial's {len(slots)} ranks could not "
                                  f"be reserved on Ray nodes {where} within "
-                                 f"{GROUP_READY_SECONDS:.0f} s")
+                                 f"{SLOTS_READY_SECONDS:.0f} s")
         actors = [ray.remote(TrialActor).options(
             name=f"{name}-rank-{rank}", lifetime="detached", num_cpus=0, max_concurrency=4,
             max_restarts=0, **holding,
