@@ -64,10 +64,12 @@ def folder_with(folder: Path, weights: bytes) -> Path:
 def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float],
                 after_round, layout=None, most: int = 12) -> None:
     """`rounds` times: fork a writer (`writer(round)`: its target and arguments) and a
-    collector (`collector(round)`), kill each with SIGKILL at a random moment in `window`
-    seconds, then call `after_round(round)` (which checks the store). With `layout`, more
-    rounds (up to `most` in all) until a checkpoint has been committed and another deleted
-    (`collected`): on a loaded machine a writer killed early may have committed only one."""
+    collector (`collector(round)`), each given an Event as its last argument to set once its
+    first pass is done (a commit, a collection); kill each with SIGKILL at a random moment in
+    `window` seconds after that, then call `after_round(round)` (which checks the store).
+    Counted from the first pass, not the fork: on a loaded machine a collector killed
+    within `window` of its start often never collected. With `layout`, more rounds (up to
+    `most` in all) until a checkpoint has been committed and another deleted (`collected`)."""
     import multiprocessing
     import os
     import signal
@@ -76,10 +78,14 @@ def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float]
     fork = multiprocessing.get_context("fork")
     round_ = 0
     while round_ < rounds or (layout is not None and round_ < most and not collected(layout)):
-        processes = [fork.Process(target=target, args=args)
-                     for target, args in (writer(round_), collector(round_))]
+        ready = [fork.Event(), fork.Event()]
+        processes = [fork.Process(target=target, args=(*args, event))
+                     for (target, args), event in zip((writer(round_), collector(round_)),
+                                                      ready, strict=True)]
         for process in processes:
             process.start()
+        for event in ready:
+            assert event.wait(60), "a writer or collector did not finish its first pass"
         started = time.monotonic()
         for process, at in sorted([(p, rng.uniform(*window)) for p in processes],
                                   key=lambda pair: pair[1]):

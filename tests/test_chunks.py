@@ -152,7 +152,7 @@ def test_doctor_names_a_missing_and_a_corrupt_chunk_and_unnamed_files(layout, db
 
 # -- a writer and a collector killed at random points -------------------------------------------
 
-def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int) -> None:
+def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int, ready) -> None:
     layout = Layout(Path(home))
     store, rng = Store(layout.store), random.Random(seed)
     base = random.Random(0).randbytes(1_500_000)
@@ -162,15 +162,17 @@ def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int) -> N
             folder = folder_with(Path(home) / f"w{seed}-{n}",
                                  base[:at] + rng.randbytes(rng.randrange(1, 80_000)) + base[at:])
             commit(db, store, experiment_id, trial_id, n + 1, folder)
+            ready.set()
             time.sleep(rng.random() * 0.02)  # room for the collector's sweeping lease
 
 
-def _collect_forever(home: str, experiment_id: int) -> None:
+def _collect_forever(home: str, experiment_id: int, ready) -> None:
     layout = Layout(Path(home))
     with StateDB.open(layout.db) as db:
         while True:
             gc.collect(layout, db, experiment_id, writer_wait_seconds=0.05)
             gc.collect(layout, db, grace_seconds=0, writer_wait_seconds=0.05)  # orphans too
+            ready.set()
 
 
 @pytest.mark.timeout(120)

@@ -35,7 +35,7 @@ def _forget_marks(store) -> None:
             store._delete(key)
 
 
-def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int) -> None:
+def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int, ready) -> None:
     layout = Layout(Path(home))
     rng = random.Random(seed)
     base = random.Random(0).randbytes(1_500_000)
@@ -46,15 +46,17 @@ def _write_forever(home: str, experiment_id: int, trial_id: int, seed: int) -> N
             folder = folder_with(Path(home) / f"w{seed}-{n}",
                                  base[:at] + rng.randbytes(rng.randrange(1, 80_000)) + base[at:])
             commit(db, store, experiment_id, trial_id, n + 1, folder)
+            ready.set()
 
 
-def _collect_forever(home: str, experiment_id: int, seed: int) -> None:
+def _collect_forever(home: str, experiment_id: int, seed: int, ready) -> None:
     layout = Layout(Path(home))
     rng = random.Random(seed)
     with StateDB.open(layout.db) as db:
         while True:  # no grace period: only the marks keep the writer's chunks
             gc.collect(layout, db, experiment_id, grace_seconds=0, writer_wait_seconds=0.05)
             gc.collect(layout, db, grace_seconds=0, writer_wait_seconds=0.05)  # orphans too
+            ready.set()
             time.sleep(rng.random() * 0.1)  # room for the writer: it waits while we sweep
 
 

@@ -149,9 +149,11 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
         assert [name for name, _ in actual_weights] == [name for name, _ in expected_weights]
         for (_, a), (_, b) in zip(actual_weights, expected_weights, strict=True):
             np.testing.assert_array_equal(a, b)
-    # No searcher decision was taken twice.
-    assert (query(stormy, "SELECT kind, request_id, length FROM searcher_events ORDER BY id")
-            == query(calm, "SELECT kind, request_id, length FROM searcher_events ORDER BY id"))
+    # No searcher decision was taken twice, none missed. In any order: after a kill, which of
+    # a promoted trial and a new one the slot runs first may differ (a full run here did), and
+    # the outcome above shows ASHA decided the same.
+    decisions = "SELECT kind, request_id, length FROM searcher_events ORDER BY 1, 2, 3"
+    assert query(stormy, decisions) == query(calm, decisions)
 
 
 def test_a_failing_trial_does_not_stop_its_siblings(home, tmp_path, daemons):
