@@ -88,8 +88,8 @@ def test_determined_style_folders_run_unchanged_and_their_checkpoints_load(home,
     ended = {experiment_id: home.wait_until_ended(experiment_id, timeout=900)
              for experiment_id in [*custom.values(), *forms.values(), *legacy.values()]}
     daemon.stop()
-    for facts in ended.values():
-        assert facts["state"] == "COMPLETED", facts
+    for experiment_id, facts in ended.items():
+        assert facts["state"] == "COMPLETED", home.ended_report(experiment_id)
         assert all(t["state"] == "COMPLETED" for t in facts["trials"]), facts["trials"]
     assert "warm trial processes: 2 (--warm)" in daemon.log_path.read_text()
 

@@ -36,7 +36,7 @@ def state(tmp_path_factory, module_daemons):
 
 def test_example_dropped_while_daemon_was_down_runs_to_completion(state):
     home, _, facts, _ = state
-    assert facts["state"] == "COMPLETED", facts
+    assert facts["state"] == "COMPLETED", home.ended_report(facts["id"])
     assert not (home.path / "queue" / "digits_trial").exists()
     (trial,) = facts["trials"]
     assert trial["state"] == "COMPLETED"
@@ -177,7 +177,7 @@ def test_example_runs_under_keras_2(state):
     home, _, _, _ = state
     home.cli("submit", EXAMPLE.parent / "digits_keras2.yaml", EXAMPLE)
     facts = home.wait_until_ended(home.experiment_named("digits-keras2")["id"])
-    assert facts["state"] == "COMPLETED", facts
+    assert facts["state"] == "COMPLETED", home.ended_report(facts["id"])
     assert facts["trials"][0]["best_validation"]["val_accuracy"] > 0.8
     checkpoints = home.json("checkpoints", facts["id"])
     assert checkpoints[-1]["metadata"]["keras_line"] == "keras2"
@@ -201,7 +201,7 @@ def test_a_determined_keras2_trial_folder_runs_unchanged(state):
     submitted = home.cli("submit", iris / "const.yaml", iris)
     assert "environment.image" in submitted.stderr
     facts = home.wait_until_ended(home.experiment_named("iris_const")["id"])
-    assert facts["state"] == "COMPLETED", facts
+    assert facts["state"] == "COMPLETED", home.ended_report(facts["id"])
     assert facts["trials"][0]["batches_trained"] == 500
     assert "val_categorical_accuracy" in facts["trials"][0]["latest_validation"]
     assert home.json("checkpoints", facts["id"])[-1]["metadata"]["keras_line"] == "keras2"
