@@ -49,6 +49,9 @@ SLOT_RESOURCE = "localdet_slot"  # what CPU-only nodes declare: trials each node
 NODE_CHECK_SECONDS = 2.0         # how often the cluster's nodes are looked at again
 LOST_EXIT = -9                   # the exit status told for a launch whose actor died
 NODE_DEATH_SECONDS = 30.0        # how long an actor's death may precede its node's
+KILLED_CONFIRM_SECONDS = 3.0     # an actor answering this long after its child was killed
+                                 # by a signal is on a live node (one whose node went away
+                                 # exits within a second)
 SLOTS_READY_SECONDS = 60.0       # how long a launch waits for the cluster to hold its slots
 
 
@@ -263,14 +266,16 @@ class RayTrial:
         self._offset = 0
         self._waiting = actor.wait.remote()
         self._reading = None
-        self._died_at: float | None = None
+        self._died_at: float | None = None  # when its actor was found dead
+        self._killed: tuple[int, float] | None = None  # its child's signal status, and when
+        self._alive_check = None  # the call that finds its actor alive after a kill
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         ray = _ray()
         self._pull_output(block=False)
-        if self._died_at is None:
+        if self._died_at is None and self._killed is None:
             ready, _ = ray.wait([self._waiting], timeout=0)
             if not ready:
                 return None
@@ -279,12 +284,46 @@ class RayTrial:
                 self._pull_output(block=True)
             except ray.exceptions.RayActorError:
                 self._died_at = time.monotonic()
-        if self._died_at is not None:
-            # The actor died: with its node (the cluster notices within seconds), or alone.
-            self.lost = not self.cluster.node_alive(self.node)
-            if not self.lost and time.monotonic() - self._died_at < NODE_DEATH_SECONDS:
+            else:
+                if code >= 0:
+                    return self._ended(code)
+                # Killed by a signal: maybe as its node went away, the child first and
+                # the actor answering still (CI saw it), so not the trial's doing until
+                # the actor proves alive after it.
+                self._killed = (code, time.monotonic())
+        if not self.cluster.node_alive(self.node):
+            self.lost = True
+            return self._ended(LOST_EXIT)
+        if self._killed is not None:
+            code, killed_at = self._killed
+            since = time.monotonic() - killed_at
+            if since < KILLED_CONFIRM_SECONDS:
                 return None
-            code = LOST_EXIT
+            if self._alive_check is None:
+                self._alive_check = self.actor.__ray_ready__.remote()
+            ready, _ = ray.wait([self._alive_check], timeout=0)
+            if ready:
+                try:
+                    ray.get(self._alive_check)
+                    return self._ended(code)  # its actor outlived it: its node is alive
+                except ray.exceptions.RayActorError:
+                    self._died_at, self._killed = killed_at, None  # the actor died after
+            elif since < NODE_DEATH_SECONDS:
+                return None
+            else:
+                return self._ended(code)
+        # The actor died: with its node (the cluster notices within seconds), or alone.
+        if time.monotonic() - cast(float, self._died_at) < NODE_DEATH_SECONDS:
+            return None
+        return self._ended(LOST_EXIT)
+
+    @property
+    def settling(self) -> bool:
+        """Its program ended or its actor died, and whether its node went too is not known
+        yet."""
+        return self.returncode is None and (self._killed or self._died_at) is not None
+
+    def _ended(self, code: int) -> int:
         self._end_actor()
         self.returncode = code
         return code
@@ -386,6 +425,8 @@ class RayRanks:
         failed = next((rank for rank in self.ranks if rank.returncode not in (None, 0)), None)
         if failed is None and None in codes:
             return None
+        if failed is not None and any(rank.settling for rank in self.ranks):
+            return None  # a rank whose node may have gone: the likelier cause of the failure
         if failed is not None:
             # A rank's failure brings its peers' collective ops down with it: the cause is
             # a lost node if any rank's node died, whichever rank noticed first.
