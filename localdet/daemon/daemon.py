@@ -263,6 +263,7 @@ class Daemon:
             for process in self.watched.tearing_down.values():
                 if hasattr(process, "end"):
                     process.end()
+            self.launches.ahead.end()
             self.system_metrics.close()
             self.pool.close()
             self.backend.close()
@@ -334,8 +335,10 @@ class Daemon:
         finally:
             self.retention.collect_exited()
         if self._draining.is_set():
+            self.launches.ahead.end()
             self._drain_pass()
         else:
+            self.launches.ahead.drop_stale(self.db)
             self.scheduler.schedule()
         if not self.watched.processes and not self.watched.adopted:
             self.pool.keep_when_idle()

@@ -10,7 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from determined.core._reporting import STAGED_VAR
 from localdet.checkpoints import disk_space
+from localdet.config import engines
+from localdet.daemon.ahead import Ahead, Staged
 from localdet.daemon.exits import Exits
 from localdet.daemon.experiments import Experiments
 from localdet.daemon.waking import Waiters
@@ -21,8 +24,8 @@ from localdet.processes import launcher, memory_limit
 from localdet.processes.warm_pool import WarmPool
 from localdet.records import phases
 from localdet.records.db import Experiment, StateDB, Trial, now
-from localdet.records.states import TrialState
-from localdet.scheduling.slots import Slot, cuda_visible_devices
+from localdet.records.states import ExperimentKind, TrialState
+from localdet.scheduling.slots import CPU, Slot, cuda_visible_devices
 from localdet.search.driver import Search
 
 # A launch the cluster defers (its slots still held there) is tried again on later passes, at
@@ -53,23 +56,23 @@ class Launches:
     decided_at: float = 0.0  # when this pass began choosing trials (the timeline's launch)
     _started: dict = field(default_factory=dict, init=False)  # trial id -> process started
     _deferrals: dict = field(default_factory=dict, init=False)  # trial id -> tries in a row
+    ahead: Ahead = field(default_factory=Ahead, init=False)  # the next trial, started ahead
 
     def launch(self, trial: Trial, slots: list[int], machine: list[Slot]) -> tuple | None:
-        """Start the trial's process; None if it cannot start (the trial is then ERROR).
-        Its launch is recorded by `record`, with the pass's others."""
+        """Start the trial's process (or launch the one started ahead for it); None if it
+        cannot start (the trial is then ERROR). Its launch is recorded by `record`, with the
+        pass's others."""
         experiment = self.db.experiment(trial.experiment_id)
+        staged = self.ahead.take(trial, slots)
         try:
-            spec = launcher.launch_spec(
-                self.layout, experiment, trial, slots,
-                visible_devices=cuda_visible_devices([machine[i] for i in slots]),
-                max_log_bytes=self.max_log_bytes, reserve=self.reserve,
-                report_url=self.report_url, report_local=self.local,
-                allow_system_hooks=self.allow_system_hooks)
-            log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
             launched_at = now()
-            process = self.backend.start(
-                spec, dataclasses.replace(trial, started_at=launched_at), slots)
-            self._started[trial.id] = time.time()
+            if staged is not None:
+                spec, process, log_offset = staged.spec, staged.process, staged.log_offset
+                self._started[trial.id] = staged.started
+            else:
+                spec = self._spec(experiment, trial, slots, machine)
+                process, log_offset = self._start(spec, trial, slots, launched_at)
+                self._started[trial.id] = time.time()
             self._deferrals.pop(trial.id, None)
         except launcher.LaunchDeferred as error:
             self._deferred(trial, experiment, error)
@@ -82,6 +85,55 @@ class Launches:
         self.watched.processes[trial.id] = process
         self.watched.slots_of[trial.id] = slots
         return trial, slots, spec, process, launched_at, log_offset
+
+    def _spec(self, experiment: Experiment, trial: Trial, slots: list[int],
+              machine: list[Slot]) -> launcher.LaunchSpec:
+        return launcher.launch_spec(
+            self.layout, experiment, trial, slots,
+            visible_devices=cuda_visible_devices([machine[i] for i in slots]),
+            max_log_bytes=self.max_log_bytes, reserve=self.reserve,
+            report_url=self.report_url, report_local=self.local,
+            allow_system_hooks=self.allow_system_hooks)
+
+    def _start(self, spec: launcher.LaunchSpec, trial: Trial, slots: list[int],
+               launched_at: str) -> tuple:
+        """The launch's process (`launched_at` names the launch), and where its part of the
+        log begins."""
+        log_offset = launcher.log_size(spec.log_path)  # this launch's part begins here
+        process = self.backend.start(spec, dataclasses.replace(trial, started_at=launched_at),
+                                     slots)
+        return process, log_offset
+
+    def may_start_ahead(self) -> bool:
+        """Whether a trial may be started ahead of its slot now (localdet/daemon/ahead.py):
+        none is, trials run on this machine, report into its files, and run warm."""
+        return (self.ahead.staged is None and self.local and self.report_url is None
+                and self.pool.size > 0)
+
+    def start_ahead(self, trial: Trial, slots: list[int], machine: list[Slot]) -> None:
+        """Start `trial` for `slots` while they are busy, if it is a trial class that runs
+        warm on CPU slots from its start; its launch comes when they are free."""
+        experiment = self.db.experiment(trial.experiment_id)
+        if (trial.latest_checkpoint is not None or experiment.kind == ExperimentKind.JOB
+                or experiment.config.get("entrypoint_kind") == "script"
+                or any(machine[i].kind != CPU for i in slots)):
+            return
+        try:
+            spec = self._spec(experiment, trial, slots, machine)
+            if spec.engine != engines.SINGLE or not self.pool.ready_for(spec):
+                return
+            first, _, rest = spec.header.partition("\n")
+            spec = dataclasses.replace(
+                spec, env={**spec.env, STAGED_VAR: "1"},
+                header="\n".join(filter(None, [f"{first}; started ahead of its slot", rest])))
+            started = time.time()
+            process, log_offset = self._start(spec, trial, slots, now())
+        except launcher.LaunchError:  # its launch says why
+            return
+        self.ahead.hold(Staged(trial, slots, spec, process, log_offset, started))
+        self.log(f"trial {trial.id} of experiment {trial.experiment_id} started ahead of its "
+                 f"slot{'s' if len(slots) > 1 else ''} {slots} (pid {process.pid}): it "
+                 "launches there when the trial before it ends")
 
     def _deferred(self, trial: Trial, experiment: Experiment,
                   error: launcher.LaunchError) -> None:
@@ -119,8 +171,9 @@ class Launches:
             # Wake the loop the moment it exits, so its slots pass on without a poll's delay.
             self.waiters.watch(process)
             where = f"on Ray node {process.host} " if not self.local else ""
+            ahead = "ahead of its slot " if spec.env.get(STAGED_VAR) else ""
             self.log(f"trial {trial.id} of experiment {trial.experiment_id} started {where}"
-                     f"{'in a warm process ' if process.warm else ''}(pid {process.pid}, "
+                     f"{'in a warm process ' if process.warm else ''}{ahead}(pid {process.pid}, "
                      f"slots {slots})")
             self.pool.keep(spec, expected)  # the next trial like it finds one ready
 
@@ -152,6 +205,7 @@ class Launches:
                 phases.record_launch(self.db, trial.experiment_id, trial.id, launched_at,
                                      self.decided_at or phases.seconds(launched_at), {
                                          "warm": process.warm, "slots": slots,
+                                         "ahead": bool(spec.env.get(STAGED_VAR)),
                                          "process_started": self._started.pop(trial.id, None)})
 
     def adopt_running_trials(self, experiment_id: int | None = None) -> None:

@@ -61,7 +61,7 @@ class Scheduler:
         usable, node_of, most = self.usable_slots()
         free = [slot.index for slot in self.machine
                 if slot.index not in busy_slots and slot.index in usable]
-        if not free:
+        if not free and not self.launches.may_start_ahead():
             return
         waiting: list[placement.Waiting] = []
         busy: dict[int, int] = {}            # experiment id -> slots its trials hold
@@ -106,6 +106,35 @@ class Scheduler:
                     started.append(launch)
         finally:  # what started is recorded, even when a later launch raised
             self.launches.record(started)
+        # With a slot still free, there is nothing to get ahead of.
+        if self.launches.may_start_ahead() and sum(len(s) for _, s, *_ in started) == len(free):
+            launched = {trial.id for trial, *_ in started}
+            self._start_ahead([w for w in waiting if w.trial_id not in launched], busy,
+                              max_slots, node_of)
+
+    def _start_ahead(self, waiting: list[placement.Waiting], busy: dict[int, int],
+                     max_slots: dict[int, int | None], node_of: dict[int, tuple]) -> None:
+        """Every slot busy: start the trial that placement would give the slot freed first
+        (the one-slot trial nearest its length) ahead of it (localdet/daemon/ahead.py)."""
+        if not waiting:
+            return
+        nearest: tuple | None = None
+        for trial_id, slots in self.watched.slots_of.items():
+            if len(slots) != 1 or trial_id not in self.watched.processes:
+                continue
+            trial = self.db.trial(trial_id)
+            left = trial.target_batches - trial.batches_trained \
+                if trial.target_batches > 0 else float("inf")
+            if nearest is None or left < nearest[0]:
+                nearest = (left, trial.experiment_id, slots)
+        if nearest is None:
+            return
+        _, experiment_id, slots = nearest
+        freed = dict(busy)
+        freed[experiment_id] = freed.get(experiment_id, 1) - 1
+        for trial_id, its_slots in placement.assign(waiting, slots, freed, max_slots, node_of):
+            self.launches.start_ahead(self.db.trial(trial_id), its_slots, self.machine)
+            return
 
     def resources_of(self, experiment: Experiment) -> Resources:
         """The experiment's typed `resources`, built once per version of the section: every

@@ -46,6 +46,7 @@ from determined.core._reporting import (
     REPORT_TOKEN_VAR,
     REPORT_URL_VAR,
     SLOTS_VAR,
+    STAGED_VAR,
     TRIAL_DIR_VAR,
     TRIAL_ID_VAR,
 )
@@ -59,7 +60,8 @@ TRIAL_OWN = (TRIAL_ID_VAR, SLOTS_VAR, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER
              KERAS_LINE_REASON_VAR, ENGINE_VAR,
              # reporting over HTTP (localdet/reporting/report_server.py): the launch's URL and token
              REPORT_URL_VAR, REPORT_TOKEN_VAR, LAUNCH_VAR,
-             REPORT_CHECK_PGRP_VAR, MODEL_DIR_VAR, TRIAL_DIR_VAR)
+             REPORT_CHECK_PGRP_VAR, MODEL_DIR_VAR, TRIAL_DIR_VAR,
+             STAGED_VAR)  # started ahead of its slot (localdet/daemon/ahead.py)
 ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
 
 
@@ -254,6 +256,11 @@ class WarmPool:
         kind = kind_of(spec)
         self._drop_dead()
         return next((w for w in self._warm if kind is not None and w.kind == kind), None)
+
+    def ready_for(self, spec) -> bool:
+        """Whether a warm process that fits the launch has done its imports."""
+        warm = self.take(spec)
+        return warm is not None and warm.ready.is_set()
 
     def close(self) -> None:
         for warm in self._warm:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Collection, Dict, Iterator, cast
 
 from determined.core import TrialInfo
+from determined.core._reporting import STAGED_VAR
 from localdet.checkpoints.disk_space import DiskFull, Reserve
 from localdet.checkpoints.hash_worker import HashWorker
 from localdet.checkpoints.manifest import build_manifest, files_of
@@ -57,6 +58,7 @@ class SQLiteReporter:
         self._first_batch_reported = False
         self._phases: list[phases.Row] = []  # noted, written with the next heartbeat
         self._launch: str | None = None  # its trial's started_at, once phases are written
+        self._staged_under: int | None = None  # started ahead: its parent's pid, until launched
 
     @classmethod
     def from_environment(cls, trial_id: int) -> "SQLiteReporter":
@@ -65,19 +67,40 @@ class SQLiteReporter:
         if (info.latest_checkpoint or info.warm_start_checkpoint) \
                 and isinstance(reporter.store, Store):  # S3 checks hashes as it downloads
             reporter._hash_worker()  # started now, beside the imports: ready to restore
-        reporter._await_launch_record()
+        if os.environ.pop(STAGED_VAR, None) == "1":
+            reporter._staged_under = os.getppid()  # awaits its launch in await_launch
+        else:
+            reporter._await_launch_record()
         return reporter
 
-    def _await_launch_record(self, seconds: float = 30.0) -> None:
+    def await_launch(self) -> None:
+        """A trial started ahead of its launch (STAGED_VAR) waits here, its model and data
+        made, until the daemon launches it: as long as its slot stays busy. The daemon ends
+        it if another trial takes the slot; if the daemon itself goes, so does the warm
+        process this was forked from (or the daemon, its parent), and it exits."""
+        if self._staged_under is None:
+            return
+        parent, self._staged_under = self._staged_under, None
+        self._await_launch_record(None, parent)
+
+    def _await_launch_record(self, seconds: float | None = 30.0,
+                             parent: int | None = None) -> None:
         """Train only once the daemon has recorded this process (its group) as the trial's.
         A daemon killed between starting a process and recording it leaves an orphan, and
         the next daemon starts the trial again: the orphan must not train beside it."""
-        deadline = time.monotonic() + seconds
+        deadline = None if seconds is None else time.monotonic() + seconds
         while True:
             trial = self.db.trial(self.trial_id)
             if trial.state == TrialState.RUNNING and trial.pid == os.getpgrp():
                 return
-            if time.monotonic() > deadline:
+            if parent is not None:
+                if os.getppid() != parent:  # an int: no failure of the trial's reported
+                    print(f"[localdet] trial {self.trial_id} was started ahead of its launch "
+                          "by a daemon that has gone; exiting unlaunched", flush=True)
+                    raise SystemExit(1)
+                time.sleep(0.01)  # its slot's turn: the sooner seen, the less it sits idle
+                continue
+            if deadline is not None and time.monotonic() > deadline:
                 raise SystemExit(
                     f"trial {self.trial_id} is not recorded as running in this process "
                     f"(pid {os.getpgrp()}; recorded: {trial.state}, pid {trial.pid}); exiting "

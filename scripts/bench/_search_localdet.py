@@ -43,12 +43,15 @@ def localdet_config(args: argparse.Namespace, line: str) -> dict:
     """The search as an experiment config. Keras 2 is the daemon's own choice for a trial class
     (Determined's rule); Keras 3 is asked for in the config's environment, as a user would."""
     searcher = {"metric": "val_accuracy", "smaller_is_better": False,
-                "max_length": {"epochs": args.epochs}, "max_trials": args.trials,
-                "max_concurrent_trials": 1}
+                "max_length": {"epochs": args.epochs}, "max_trials": args.trials}
     if args.searcher == "asha":
+        # One at a time: ASHA decides promotions from the results so far.
         searcher.update(name="adaptive_asha", max_rungs=ASHA_RUNGS, divisor=ASHA_DIVISOR,
-                        mode="standard")
+                        mode="standard", max_concurrent_trials=1)
     else:
+        # The default max_concurrent_trials: the one slot runs them one at a time, and the
+        # next trial is queued while one trains (random draws do not depend on results), so
+        # the daemon can start it ahead of its slot.
         searcher.update(name="random")
     config = {
         "name": f"search-bench-{args.searcher}-{line}",

@@ -53,6 +53,9 @@ MIN_FREE_BYTES_VAR = "LOCALDET_MIN_FREE_BYTES"
 MIN_FREE_PERCENT_VAR = "LOCALDET_MIN_FREE_PERCENT"
 # Set by a warm process in the trial it forks: when it forked (seconds since the epoch).
 FORKED_AT_VAR = "LOCALDET_FORKED_AT"
+# "1": the daemon started this trial ahead, while its slot was still busy: it makes its model
+# and data, then waits for its launch before its first batch (`await_launch`).
+STAGED_VAR = "LOCALDET_STAGED"
 
 REPORTER_GROUP = "determined.reporters"
 
@@ -202,6 +205,15 @@ def reporter_from_environment() -> TrialReporter:
     if int(os.environ.get(RANK_VAR, "0")) > 0:
         return WorkerReporter(reporter)
     return reporter
+
+
+def await_launch(reporter: Any) -> None:
+    """Where a trial started ahead of its launch (STAGED_VAR) waits for it: its model and
+    data made, before its first batch, or before it reports a failure in making them.
+    Every other process waited when its reporter was made: this returns at once."""
+    wait = getattr(reporter, "await_launch", None)
+    if wait is not None:
+        wait()
 
 
 def reporter_for_script(script: Path, hparams: Optional[Dict[str, Any]],

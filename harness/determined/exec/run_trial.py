@@ -19,7 +19,13 @@ import traceback
 import types
 from typing import Any, Dict, Optional
 
-from determined.core._reporting import FAILURE_MARK, FORKED_AT_VAR, KERAS_LINE_REASON_VAR
+from determined.core._reporting import (
+    FAILURE_MARK,
+    FORKED_AT_VAR,
+    KERAS_LINE_REASON_VAR,
+    STAGED_VAR,
+    await_launch,
+)
 from determined.errors import exception_line
 
 
@@ -119,16 +125,18 @@ def _trained(stage: str, info, controller) -> Optional[bool]:
     return getattr(controller, "batches_trained", 1) > 0  # a fresh trial counts from 0
 
 
-def _process_ready(reporter, entered: float, connected: float) -> float:
+def _process_ready(reporter, entered: float, connected: float, ahead: bool) -> float:
     """Note the launch's `process_ready` phase: from the daemon's start of the process (a
-    fork of a warm one, or a cold interpreter) to this process knowing its trial."""
+    fork of a warm one, or a cold interpreter; for one started ahead of its slot, before its
+    launch, from its fork or its `main`) to this process knowing its trial."""
     ready = time.time()
     forked = os.environ.get(FORKED_AT_VAR)
     details = {"warm": bool(forked), "main": round(entered, 3),
                "reporter": round(connected, 3)}  # the launch record awaited by then
     if forked:
         details["forked"] = round(float(forked), 3)
-    reporter.record_phase("process_ready", None, ready, details)
+    began = (float(forked) if forked else entered) if ahead else None
+    reporter.record_phase("process_ready", began, ready, {**details, "ahead": ahead})
     return ready
 
 
@@ -139,10 +147,11 @@ def main() -> int:
     keras_alias.install()  # before anything imports `keras`
     from determined.core import reporter_from_environment
 
+    ahead = os.environ.get(STAGED_VAR) == "1"
     reporter = reporter_from_environment()
     connected = time.time()
     info = reporter.trial_info()
-    ready = _process_ready(reporter, entered, connected)
+    ready = _process_ready(reporter, entered, connected, ahead)
     os.chdir(info.model_dir)
     sys.path.insert(0, str(info.model_dir))
     from determined import _old_releases
@@ -166,11 +175,13 @@ def main() -> int:
     except SystemExit as error:  # the entrypoint does not resolve
         if not isinstance(error.code, str):
             raise
+        await_launch(reporter)  # started ahead: its failure is its launch's
         message = error.code
         print(f"error: {message}", file=sys.stderr, flush=True)
         _report_failure(message, message, stage, _trained(stage, info, controller))
         return 1
     except Exception as error:
+        await_launch(reporter)  # started ahead: its failure is its launch's
         # A TrialError (the controller's own one-sentence refusal) needs no traceback.
         trial_error = stage != "import" and type(error).__name__ == "TrialError"
         if trial_error:

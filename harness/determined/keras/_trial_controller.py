@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import TrialInfo, TrialReporter
-from determined.core._reporting import TENSORBOARD_DIR_VAR
+from determined.core._reporting import TENSORBOARD_DIR_VAR, await_launch
 from determined.keras import (
     _data,
     _engine,
@@ -365,6 +365,8 @@ class TrialController(TrialCheckpoints):
             self._set_length_from_epochs(self.fit)
         self._note("data_ready", began)
         try:
+            await_launch(self.reporter)  # a trial started ahead waits here for its slot
+            self._last_mark = time.time()
             self._train(state, self.train_stream)
         finally:
             ending = self._last_mark
