@@ -93,6 +93,8 @@ def test_a_search_on_one_slot_starts_each_next_trial_ahead_and_trains_the_same(
                      if phase in ("training", "validation", "checkpoint") for _, end, _ in rows)
         assert its["first_batch"][0][0] >= worked
         previous = its
+    assert "; 2 started ahead of the slot) on 1 slot" in ahead.cli(
+        "status", 1, "--timeline").stdout
     assert not any(its["launch"][0][2]["ahead"] for its in phases_of(cold, 1).values())
     assert results(ahead, 1) == results(cold, 1)  # the same weights' metrics, to the digit
 

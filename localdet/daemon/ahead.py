@@ -48,6 +48,7 @@ def _same_launch(staged: Trial, now: Trial) -> bool:
 class Ahead:
     def __init__(self) -> None:
         self.staged: Staged | None = None
+        self.refused: set[int] = set()  # trials that cannot be started ahead (a script, ...)
 
     def hold(self, staged: Staged) -> None:
         self.staged = staged

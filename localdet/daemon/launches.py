@@ -20,7 +20,7 @@ from localdet.daemon.waking import Waiters
 from localdet.daemon.watched import Watched
 from localdet.paths import Layout
 from localdet.pids import alive, process_start
-from localdet.processes import launcher, memory_limit
+from localdet.processes import launcher, memory_limit, warm_pool
 from localdet.processes.warm_pool import WarmPool
 from localdet.records import phases
 from localdet.records.db import Experiment, StateDB, Trial, now
@@ -113,14 +113,20 @@ class Launches:
     def start_ahead(self, trial: Trial, slots: list[int], machine: list[Slot]) -> None:
         """Start `trial` for `slots` while they are busy, if it is a trial class that runs
         warm on CPU slots from its start; its launch comes when they are free."""
+        if trial.id in self.ahead.refused:
+            return
         experiment = self.db.experiment(trial.experiment_id)
         if (trial.latest_checkpoint is not None or experiment.kind == ExperimentKind.JOB
                 or experiment.config.get("entrypoint_kind") == "script"
                 or any(machine[i].kind != CPU for i in slots)):
+            self.ahead.refused.add(trial.id)  # asked again each pass otherwise
             return
         try:
             spec = self._spec(experiment, trial, slots, machine)
-            if spec.engine != engines.SINGLE or not self.pool.ready_for(spec):
+            if spec.engine != engines.SINGLE or warm_pool.kind_of(spec) is None:
+                self.ahead.refused.add(trial.id)
+                return
+            if not self.pool.ready_for(spec):  # its warm process may be ready next pass
                 return
             first, _, rest = spec.header.partition("\n")
             spec = dataclasses.replace(

@@ -33,7 +33,8 @@ ORDER = ("training", "start-up", "validation", "checkpoints", "shut-down", "daem
 
 def launches(rows: list[dict]) -> list[dict]:
     """The rows grouped by launch: ``[{"trial_id", "launch", "started", "ended", "slots",
-    "warm", "running", "phases": [row, ...]}, ...]`` in order of start."""
+    "warm", "ahead", "running", "phases": [row, ...]}, ...]`` in order of start (a launch
+    started ahead of its slot has phases before its start: they overlap the slot's last)."""
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         grouped[(row["trial_id"], row["launch"])].append(row)
@@ -50,6 +51,7 @@ def launches(rows: list[dict]) -> list[dict]:
             "ended": exited["ended"] if exited else max(r["ended"] for r in its),
             "slots": slots, "running": exited is None,
             "warm": (ready or begun or {}).get("details", {}).get("warm"),
+            "ahead": bool((begun or {}).get("details", {}).get("ahead")),
             "phases": sorted(its, key=lambda r: (r["started"], r["ended"]))})
     return sorted(found, key=lambda launch: (launch["started"], launch["trial_id"]))
 
@@ -162,6 +164,7 @@ def summarize(db: StateDB, experiment_id: int, now: float | None = None) -> dict
         "phases": _phase_stats(found),
         "warm_launches": sum(1 for launch in found if launch["warm"]),
         "cold_launches": sum(1 for launch in found if launch["warm"] is False),
+        "ahead_launches": sum(1 for launch in found if launch["ahead"]),  # started ahead
         "launch_to_first_batch": _stats(_spans(found, "launch", "first_batch")),
         "last_batch_to_slot_free": _stats(_last_batch_to_exit(found)),
         "running": sum(1 for launch in found if launch["running"]),

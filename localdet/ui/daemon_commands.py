@@ -67,8 +67,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  show_default=True, help="The same reserve, as a percentage of the disk."),
     click.option("--warm", type=click.IntRange(min=0),
                  help="Trial processes to keep started ahead of need, TensorFlow imported, so "
-                      "short trials skip the start-up (0: none). Default: one per spare CPU "
-                      "core (at most 2), or 1 with GPUs."),
+                      "short trials skip the start-up (0: none); with any, the next queued "
+                      "trial is also started ahead of its busy CPU slot. Default: one per spare "
+                      "CPU core (at most 2), or 1 with GPUs."),
     click.option("--ray", "ray_address", metavar="ADDRESS",
                  help="Run the trials on a Ray cluster (`auto`: the one running here, else "
                       "HOST:PORT of its head): its GPUs, or on CPU-only nodes the "

@@ -42,7 +42,9 @@ def show_timeline(console: Console, db: StateDB, experiment_id: int | None,
     slots = summary["slots"]
     console.print(
         f"experiment {experiment_id}: {summary['trials']} trial(s), {summary['launches']} "
-        f"launch(es) ({summary['warm_launches']} warm, {summary['cold_launches']} cold) on "
+        f"launch(es) ({summary['warm_launches']} warm, {summary['cold_launches']} cold"
+        + (f"; {summary['ahead_launches']} started ahead of the slot"
+           if summary.get("ahead_launches") else "") + ") on "
         f"{slots} slot{'s' if slots != 1 else ''} over {summary['wall_seconds']:.1f} s "
         f"({summary['slot_seconds']:.1f} slot-seconds)"
         + (f"; {summary['running']} still running" if summary["running"] else ""))
