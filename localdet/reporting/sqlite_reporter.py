@@ -73,6 +73,10 @@ class SQLiteReporter:
             reporter._await_launch_record()
         return reporter
 
+    @property
+    def started_ahead(self) -> bool:
+        return self._staged_under is not None
+
     def await_launch(self) -> None:
         """A trial started ahead of its launch (STAGED_VAR) waits here, its model and data
         made, until the daemon launches it: as long as its slot stays busy. The daemon ends

@@ -216,6 +216,11 @@ def await_launch(reporter: Any) -> None:
         wait()
 
 
+def started_ahead(reporter: Any) -> bool:
+    """Whether this process was started ahead of its launch and still waits for it."""
+    return bool(getattr(reporter, "started_ahead", False))
+
+
 def reporter_for_script(script: Path, hparams: Optional[Dict[str, Any]],
                         config_path: Optional[str], record: bool = True) -> TrialReporter:
     """The reporter for a training script run on its own (laptop mode): it records itself

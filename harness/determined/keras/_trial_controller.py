@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from determined.core import TrialInfo, TrialReporter
-from determined.core._reporting import TENSORBOARD_DIR_VAR, await_launch
+from determined.core._reporting import TENSORBOARD_DIR_VAR, await_launch, started_ahead
 from determined.keras import (
     _data,
     _engine,
@@ -83,6 +83,19 @@ class FitOptions:
     validation_freq: int = 1
     validation_batch_size: Optional[int] = None
     history: Any = None
+
+
+def _traced(function: Any) -> Any:
+    """The traced function of an iterator that a Keras train or test function runs: Keras
+    2's is one; Keras 3's TensorFlow trainer wraps one (`multi_step_on_iterator`) in a
+    Python function. None where it is neither (run_eagerly, another Keras version's form)."""
+    if hasattr(function, "get_concrete_function"):
+        return function
+    names = getattr(getattr(function, "__code__", None), "co_freevars", ())
+    cells = dict(zip(names, getattr(function, "__closure__", None) or (), strict=False))
+    cell = cells.get("multi_step_on_iterator")
+    inner = cell.cell_contents if cell is not None else None
+    return inner if hasattr(inner, "get_concrete_function") else None
 
 
 def prepare_process(info: TrialInfo) -> None:
@@ -365,8 +378,6 @@ class TrialController(TrialCheckpoints):
             self._set_length_from_epochs(self.fit)
         self._note("data_ready", began)
         try:
-            await_launch(self.reporter)  # a trial started ahead waits here for its slot
-            self._last_mark = time.time()
             self._train(state, self.train_stream)
         finally:
             ending = self._last_mark
@@ -428,6 +439,10 @@ class TrialController(TrialCheckpoints):
         if state and stream.position_in_iterator:
             tf.train.Checkpoint(iterator=self.iterator).read(
                 state["iterator_checkpoint"]).assert_consumed()
+        if started_ahead(self.reporter) and not self.graph_mode:
+            self._trace_ahead()
+        await_launch(self.reporter)  # a trial started ahead waits here for its slot
+        self._last_mark = time.time()
         remaining = self.target - self.batches_trained
         per_epoch = self._batches_per_epoch()
         verbose = self.context.fit_config.get("verbose", 0)
@@ -456,6 +471,20 @@ class TrialController(TrialCheckpoints):
         if not self.paused:
             self._finish()
         callbacks.on_train_end()
+
+    def _trace_ahead(self) -> None:
+        """Trace the train and test steps while the slot is busy (a trial started ahead),
+        so that its first batch and first validation only run them (a few tenths of a
+        second each: a short trial's largest cost but for its batches)."""
+        self.model.make_train_function()
+        functions = [(self.model.train_function, self.iterator)]
+        if isinstance(self.validation_data, tf.data.Dataset):
+            self.model.make_test_function()
+            functions.append((self.model.test_function, iter(self.validation_data)))
+        for function, iterator in functions:
+            traced = _traced(function)
+            if traced is not None:
+                traced.get_concrete_function(iterator)
 
     def _load_callback_states(self, saved_states: List[Any]) -> None:
         # One state per user callback, saved by position: the same callbacks must restore.
