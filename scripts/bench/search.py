@@ -12,7 +12,9 @@ relu), Dropout(0.1), Dense(10, softmax), Adam(learning_rate), on scikit-learn's 
                 idle (its processes, its warm one among them, under a tenth of a CPU over a second,
                 then --settle, 1, second more) when the clock starts;
                 timed from `localdet submit` to the experiment COMPLETED; searcher `random`
-                (max_trials, max_concurrent_trials 1) or `adaptive_asha`; a fresh daemon for
+                (max_trials; the default max_concurrent_trials, so that the next trial
+                is queued while one trains and can start ahead of its slot) or
+                `adaptive_asha` (max_concurrent_trials 1); a fresh daemon for
                 each Keras line (--line) and each --warm setting
   bare fits     one process that has imported TensorFlow: localdet's trials again, the same
                 hyperparameters (read from its records after its search) and epochs, one
@@ -50,7 +52,7 @@ How they are made comparable:
     [10^-3.5, 10^-1.5], dropout 0.1; Optuna, Keras Tuner and localdet each draw their own
     seeded random samples from it, the bare fits take localdet's (with --only bare and no
     localdet: a list drawn with Python's random, seeded);
-  - one trial at a time everywhere (localdet: 1 slot, max_concurrent_trials 1), each tool in
+  - one trial at a time everywhere (localdet: 1 slot), each tool in
     a fresh Python process started by this script, with the same environment (TensorFlow's
     default thread pools, TF_CPP_MIN_LOG_LEVEL=2), one tool after another; this script
     itself imports no TensorFlow. Run it on an otherwise idle machine: the load average
