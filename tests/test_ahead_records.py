@@ -104,3 +104,16 @@ def test_a_process_started_ahead_waits_for_its_launch_record(tmp_path, queued, m
     await_launch(reporter)
     assert recorded.is_set() and not started_ahead(reporter)
     await_launch(reporter)  # once launched, a no-op
+
+
+def test_a_trial_started_ahead_ends_when_another_takes_its_slot(tmp_path, queued):
+    db, trial_id = queued
+    ahead = Ahead()
+    staged = staged_process(tmp_path, db, trial_id)
+    ahead.hold(staged)
+    other = db.create_trial(experiment_id=db.trial(trial_id).experiment_id, request_id=2,
+                            hparams={}, seed=4, target_batches=10)
+    assert ahead.take(db.trial(other), [1]) is None
+    assert ahead.staged is staged and staged.process.poll() is None  # not its slot
+    assert ahead.take(db.trial(other), [0]) is None
+    assert ahead.staged is None and staged.process.poll() is not None

@@ -55,9 +55,15 @@ class Ahead:
 
     def take(self, trial: Trial, slots: list[int]) -> Staged | None:
         """The process started ahead for this launch of `trial` on `slots`, still waiting;
-        None (and any other for the trial ended) if there is none."""
+        None if there is none. One started for the trial that no longer fits is ended, and
+        so is one started for another trial on these slots (placed after it, by priority
+        say): the next pass starts the one the slot now waits for."""
         staged = self.staged
-        if staged is None or staged.trial.id != trial.id:
+        if staged is None:
+            return None
+        if staged.trial.id != trial.id:
+            if set(slots) & set(staged.slots):
+                self.end()
             return None
         self.staged = None
         if staged.slots == slots and staged.process.poll() is None \
