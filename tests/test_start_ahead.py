@@ -86,6 +86,7 @@ def test_a_search_on_one_slot_starts_each_next_trial_ahead_and_trains_the_same(
         launched = its["launch"][0][1]
         assert its["launch"][0][2]["ahead"], its["launch"]
         assert its["process_ready"][0][0] < launched  # made ready while the slot was busy
+        assert its["steps_traced"][0][1] <= its["first_batch"][0][0]  # traced before it
         # ... and trained only once that one's work was done: one at a time on the slot.
         worked = max(end for phase, rows in previous.items()
                      if phase in ("training", "validation", "checkpoint") for _, end, _ in rows)

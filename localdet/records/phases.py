@@ -27,6 +27,7 @@ PHASES: dict[str, str] = {
     "model_built": "start-up",     # the trial made, build_model, its callbacks
     "data_ready": "start-up",      # the data loaders and the training and validation streams
     "restore": "start-up",         # a checkpoint restored (a resume, a warm start)
+    "steps_traced": "start-up",    # started ahead of its slot: train and test steps traced
     "first_batch": "start-up",     # the train function made, the first batch trained
     "training": "training",        # one workload (a scheduling unit, or to a boundary)
     "validation": "validation",

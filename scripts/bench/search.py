@@ -75,8 +75,9 @@ After each localdet search the script reads where its time went, from its timeli
                 (in a trial between phases), idle
   phase means   each recorded phase's mean seconds: launch (the daemon's decision to the
                 process started), process_ready (forked from a warm process, or a cold
-                start), import (the trial's module), model_built, data_ready, first_batch
-                (the train function made, the first batch trained), training (a workload),
+                start), import (the trial's module), model_built, data_ready,
+                steps_traced (a trial started ahead of its slot), first_batch (the train
+                function made, the first batch trained), training (a workload),
                 validation, checkpoint, checkpoint_store, end, exit
 and from its launches' phases (table launch_phases), medians of
   launch -> first batch       the daemon's decision to launch to the first batch's end (the

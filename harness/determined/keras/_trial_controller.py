@@ -476,6 +476,7 @@ class TrialController(TrialCheckpoints):
         """Trace the train and test steps while the slot is busy (a trial started ahead),
         so that its first batch and first validation only run them (a few tenths of a
         second each: a short trial's largest cost but for its batches)."""
+        began = time.time()
         self.model.make_train_function()
         functions = [(self.model.train_function, self.iterator)]
         if isinstance(self.validation_data, tf.data.Dataset):
@@ -485,6 +486,7 @@ class TrialController(TrialCheckpoints):
             traced = _traced(function)
             if traced is not None:
                 traced.get_concrete_function(iterator)
+        self._note("steps_traced", began)
 
     def _load_callback_states(self, saved_states: List[Any]) -> None:
         # One state per user callback, saved by position: the same callbacks must restore.
