@@ -37,25 +37,30 @@ def queued(tmp_path):
     db.close()
 
 
-def test_a_trial_started_ahead_is_launched_as_it_was_started(tmp_path, queued):
+@pytest.fixture
+def held(tmp_path, queued):
+    """(db, trial id, Ahead, Staged): a queued trial's process held as started ahead on slot
+    0; killed at the end if still running."""
     db, trial_id = queued
     ahead = Ahead()
     staged = staged_process(tmp_path, db, trial_id)
     ahead.hold(staged)
+    yield db, trial_id, ahead, staged
+    if staged.process.poll() is None:
+        staged.process.kill()
+        staged.process.wait()
+
+
+def test_a_trial_started_ahead_is_launched_as_it_was_started(held):
+    db, trial_id, ahead, staged = held
     ahead.drop_stale(db)  # still queued, unchanged: kept
     assert ahead.take(db.trial(trial_id), [0]) is staged and ahead.staged is None
     assert staged.process.poll() is None
-    staged.process.kill()
-    staged.process.wait()
 
 
 @pytest.mark.parametrize("change", ["other slots", "new hparams", "exited"])
-def test_a_trial_started_ahead_that_no_longer_fits_its_launch_is_ended(tmp_path, queued,
-                                                                      change):
-    db, trial_id = queued
-    ahead = Ahead()
-    staged = staged_process(tmp_path, db, trial_id)
-    ahead.hold(staged)
+def test_a_trial_started_ahead_that_no_longer_fits_its_launch_is_ended(held, change):
+    db, trial_id, ahead, staged = held
     slots = [1] if change == "other slots" else [0]
     if change == "new hparams":
         db.db.execute("UPDATE trials SET hparams = ? WHERE id = ?", ['{"x": 2}', trial_id])
@@ -68,12 +73,8 @@ def test_a_trial_started_ahead_that_no_longer_fits_its_launch_is_ended(tmp_path,
 
 
 @pytest.mark.parametrize("change", ["trial killed", "experiment paused"])
-def test_a_trial_started_ahead_ends_when_its_trial_is_no_longer_queued(tmp_path, queued,
-                                                                       change):
-    db, trial_id = queued
-    ahead = Ahead()
-    staged = staged_process(tmp_path, db, trial_id)
-    ahead.hold(staged)
+def test_a_trial_started_ahead_ends_when_its_trial_is_no_longer_queued(held, change):
+    db, trial_id, ahead, staged = held
     if change == "trial killed":
         db.update_trial(trial_id, state=TrialState.CANCELED)
     else:
@@ -106,11 +107,8 @@ def test_a_process_started_ahead_waits_for_its_launch_record(tmp_path, queued, m
     await_launch(reporter)  # once launched, a no-op
 
 
-def test_a_trial_started_ahead_ends_when_another_takes_its_slot(tmp_path, queued):
-    db, trial_id = queued
-    ahead = Ahead()
-    staged = staged_process(tmp_path, db, trial_id)
-    ahead.hold(staged)
+def test_a_trial_started_ahead_ends_when_another_takes_its_slot(held):
+    db, trial_id, ahead, staged = held
     other = db.create_trial(experiment_id=db.trial(trial_id).experiment_id, request_id=2,
                             hparams={}, seed=4, target_batches=10)
     assert ahead.take(db.trial(other), [1]) is None
