@@ -92,7 +92,8 @@ class SQLiteReporter:
         """Train only once the daemon has recorded this process (its group) as the trial's.
         A daemon killed between starting a process and recording it leaves an orphan, and
         the next daemon starts the trial again: the orphan must not train beside it."""
-        deadline = None if seconds is None else time.monotonic() + seconds
+        began = time.monotonic()
+        deadline = None if seconds is None else began + seconds
         while True:
             trial = self.db.trial(self.trial_id)
             if trial.state == TrialState.RUNNING and trial.pid == os.getpgrp():
@@ -102,7 +103,9 @@ class SQLiteReporter:
                     print(f"[localdet] trial {self.trial_id} was started ahead of its launch "
                           "by a daemon that has gone; exiting unlaunched", flush=True)
                     raise SystemExit(1)
-                time.sleep(0.01)  # its slot's turn: the sooner seen, the less it sits idle
+                # Its slot's turn: the sooner seen, the less the slot sits idle; after a
+                # while, behind a long trial, a tenth of a second is as good.
+                time.sleep(0.01 if time.monotonic() - began < 30 else 0.1)
                 continue
             if deadline is not None and time.monotonic() > deadline:
                 raise SystemExit(
