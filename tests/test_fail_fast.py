@@ -73,10 +73,17 @@ def model_folder(path, extra="", fail_after="0", build="pass", fail_checkpoint=F
 
 # Fails one batch later on each launch: the same error, never at the same point.
 LATER_EACH_LAUNCH = """
+import functools
 import pathlib
 LAUNCHES = pathlib.Path({counter!r})
-LAUNCHES.write_text(str(int(LAUNCHES.read_text() or 0) + 1) if LAUNCHES.exists() else "1")
-FAIL_AFTER = 2 + int(LAUNCHES.read_text())
+
+
+@functools.cache
+def FAIL_AFTER():
+    # Counted at the launch's first batch, not at import: a process started ahead of its
+    # slot imports the module before it is launched, and may be ended unlaunched.
+    LAUNCHES.write_text(str(int(LAUNCHES.read_text() or 0) + 1) if LAUNCHES.exists() else "1")
+    return 2 + int(LAUNCHES.read_text())
 """
 
 
@@ -134,7 +141,7 @@ def test_repeating_failures_end_at_once_and_failures_after_training_keep_restart
     # 4. A trial that trains, then fails one batch later on each launch: the same error,
     #    never at the same point, so it is restarted as often as max_restarts says.
     home.cli("submit", experiment(tmp_path, "fails-after-training", max_restarts=2),
-             model_folder(tmp_path / "late", fail_after="FAIL_AFTER",
+             model_folder(tmp_path / "late", fail_after="FAIL_AFTER()",
                           extra=LATER_EACH_LAUNCH.format(counter=str(tmp_path / "launches"))))
     # 7. A trial that trains, then fails at its first checkpoint every time: it ends after
     #    two launches, though max_restarts allows five.
