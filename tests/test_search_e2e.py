@@ -126,8 +126,13 @@ def test_asha_killed_at_several_points_ends_like_an_uninterrupted_search(tmp_pat
 
     restarted = query(stormy, "SELECT restarts FROM trials WHERE id = ?", [killed_trial])[0][0]
     assert restarted == 1
+    # At least one kill caught a trial running: the next daemon adopted it, or (a short trial,
+    # started ahead of its slot and so quick to end) found it ended while no daemon watched;
+    # either way its exit was recorded without an exit status of ours.
+    unwatched = query(stormy, "SELECT count(*) FROM launch_phases WHERE phase = 'exit' AND "
+                              "json_extract(details, '$.returncode') IS NULL")[0][0]
+    assert unwatched >= 1
     log = "".join(path.read_text() for path in stormy.path.glob("daemon-test-*.log"))
-    assert log.count("adopted trial") >= 1  # at least one kill caught a trial running
     assert "1 CPU slot" in log and "running" in log  # the slot table, at each start
     status = stormy.cli("status", "1").stdout
     assert "Rungs" in status and "Promoted" in status and "8 completed" in status
