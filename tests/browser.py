@@ -32,8 +32,10 @@ def served(app) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
+    # log_config=None: uvicorn's dictConfig would close absl's handler, whose stream is
+    # pytest's capture file once capsys has swapped sys.stderr (every later test errors)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -63,7 +63,7 @@ def dashboard(layout, token: str | None = None, host: str = "127.0.0.1"):
     port = free_port()
     app = create_app(layout, token=token, host=host)
     with running(uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="warning"))):
+                                               log_level="warning", log_config=None))):
         yield port
 
 

@@ -137,7 +137,10 @@ class ReportServer:
             fresh = port_file.with_name(f".{PORT_FILE}.{os.getpid()}")
             fresh.write_text(f"{self.port}\n")
             os.replace(fresh, port_file)
+        # log_config=None: a server in a thread leaves the process's logging as it is (see
+        # localdet/ui/web/server.py)
         config = uvicorn.Config(create_app(self), log_level="warning", access_log=False,
+                                log_config=None,
                                 lifespan="off", proxy_headers=False,
                                 timeout_keep_alive=KEEP_ALIVE_SECONDS,
                                 timeout_graceful_shutdown=10,

@@ -40,15 +40,19 @@ def _check_address(host: str, port: int) -> None:
                        "another address with --host or port with --port") from None
 
 
-def _server(layout: Layout, host: str, port: int,
-            token: bool) -> tuple[uvicorn.Server, str]:
+def _server(layout: Layout, host: str, port: int, token: bool,
+            in_thread: bool = False) -> tuple[uvicorn.Server, str]:
     if not token and not is_loopback(host):
         raise WebError(f"--no-token is allowed only on a loopback address such as 127.0.0.1, "
                        f"not on {host}, which others may reach; drop --no-token")
     _check_address(host, port)
     secret = secrets.token_urlsafe(24) if token else None
     app = create_app(layout, token=secret, host=host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    # From a thread, uvicorn must leave the process's logging as it is: its dictConfig closes
+    # every handler there is, and absl's (TensorFlow's) closes a stream that is no longer
+    # sys.stderr, such as the one a notebook or a test runner swapped out.
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            **({"log_config": None} if in_thread else {}))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={secret}" if secret else "")
     return uvicorn.Server(config), url
@@ -64,6 +68,6 @@ def serve(layout: Layout, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
 def start_in_thread(layout: Layout, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                     token: bool = True) -> tuple[uvicorn.Server, str]:
     """The dashboard in a background thread; `server.should_exit = True` stops it."""
-    server, url = _server(layout, host, port, token)
+    server, url = _server(layout, host, port, token, in_thread=True)
     threading.Thread(target=server.run, name="dashboard", daemon=True).start()
     return server, url
