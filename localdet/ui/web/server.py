@@ -16,6 +16,7 @@ import socket
 import threading
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from localdet.paths import Layout
 from localdet.ui.web.app import create_app, is_loopback
@@ -52,7 +53,7 @@ def _server(layout: Layout, host: str, port: int, token: bool,
     # every handler there is, and absl's (TensorFlow's) closes a stream that is no longer
     # sys.stderr, such as the one a notebook or a test runner swapped out.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            **({"log_config": None} if in_thread else {}))
+                            log_config=None if in_thread else LOGGING_CONFIG)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={secret}" if secret else "")
     return uvicorn.Server(config), url
