@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -474,7 +475,14 @@ _CAPTURE_CLOSED_BY: list[str] = []
 def pytest_runtest_makereport(item, call):
     """A test whose code closed pytest's capture file (sys.stdout or sys.stderr as the test
     sees them) fails, named, instead of every later test of its worker erroring in set-up
-    with "I/O operation on closed file" (as in a CI run whose culprit was off its log)."""
+    with "I/O operation on closed file" (as in a CI run whose culprit was off its log).
+
+    And each test's CPU (its set-up, call and tear-down, and its processes) on its tear-down
+    report: the suite is CPU-bound on two cores, so CPU, not wall time, is what a test costs
+    the run (wall time also counts the other workers' load)."""
+    began = _CPU_AT_START.pop(item.nodeid, None) if call.when == "teardown" else None
+    if began is not None:
+        item.user_properties.append(("cpu_seconds", round(_cpu_seconds() - began, 2)))
     outcome = yield
     if _CAPTURE_CLOSED_BY:
         return
@@ -492,9 +500,42 @@ def pytest_runtest_makereport(item, call):
                            "of its buffer) in the test's process")
 
 
+def _cpu_seconds() -> float:
+    """CPU used by this process and by the children it has reaped (with those children's
+    own reaped children): a test's processes, as far as they were waited for."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_AT_START: dict[str, float] = {}
+_CPU_BY_TEST: list[tuple[float, str]] = []  # (CPU seconds, node id): the controller's
+CPU_SHOWN = 15
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _CPU_AT_START[item.nodeid] = _cpu_seconds()
+    yield
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == "cpu_seconds":
+                _CPU_BY_TEST.append((value, report.nodeid))
+
+
 def pytest_terminal_summary(terminalreporter):
     """What tests said about how they ran (`record_property("said", line)`): a line each in
-    the run's summary, since a passing test's output is not shown (and a worker's never)."""
+    the run's summary, since a passing test's output is not shown (and a worker's never).
+    Then the tests that used the most CPU."""
+    if _CPU_BY_TEST:
+        total = sum(seconds for seconds, _ in _CPU_BY_TEST)
+        terminalreporter.section(f"the {CPU_SHOWN} tests that used the most CPU (of "
+                                 f"{total:.0f} CPU-s counted, reaped processes only)")
+        for seconds, nodeid in sorted(_CPU_BY_TEST, reverse=True)[:CPU_SHOWN]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
     said = [(report.nodeid, value) for outcome in ("passed", "failed")
             for report in terminalreporter.stats.get(outcome, [])
             for name, value in getattr(report, "user_properties", ()) if name == "said"]
