@@ -32,7 +32,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         > /opt/tensorflow-of-the-base
 
 # The rest of pyproject's dependencies (most are already in NVIDIA's container), with
-# scikit-learn for the examples. TensorFlow, Keras, tf_keras and TensorBoard are the base's.
+# scikit-learn for the examples. TensorFlow, Keras, tf_keras, TensorBoard and TensorFlow's
+# ml-dtypes are the base's.
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "h5py>=3.10" "sqlite-utils>=4.0,<4.3" "watchdog>=4.0" \
         "click>=8.1" "pyyaml>=6.0" "jsonschema>=4.20" "rich>=13.0,<15.1" "numpy>=1.26" \

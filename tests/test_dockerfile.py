@@ -13,7 +13,7 @@ from conftest import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 # Provided by NVIDIA's TensorFlow container itself; the Dockerfile must not reinstall them.
-FROM_THE_CONTAINER = {"tensorflow", "keras", "tf-keras", "tensorboard"}
+FROM_THE_CONTAINER = {"tensorflow", "keras", "tf-keras", "tensorboard", "ml-dtypes"}
 
 
 def _requirement_name(requirement: str) -> str:
