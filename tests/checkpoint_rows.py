@@ -90,7 +90,9 @@ def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float]
         for process, at in sorted([(p, rng.uniform(*window)) for p in processes],
                                   key=lambda pair: pair[1]):
             time.sleep(max(0.0, at - (time.monotonic() - started)))
-            assert process.is_alive(), "it ended before being killed"
+            # Both loop until killed: an exit here is a crash (or another's kill).
+            assert process.is_alive(), \
+                f"{process.name} ended before being killed, exit code {process.exitcode}"
             os.kill(process.pid, signal.SIGKILL)
         for process in processes:
             process.join()

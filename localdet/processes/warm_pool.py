@@ -4,17 +4,18 @@ start-up (several seconds a trial).
 
     pool = WarmPool(layout, size=1)
     pool.keep_for(kind)          # at start: one for the trials expected most
-    warm = pool.take(spec)       # one of the same kind, or None: start cold
+    warm = pool.for_launch(spec) # one of the same kind (started now if none), or None: cold
     launcher.start(spec, warm)   # the trial runs in a process forked from it
     pool.keep(spec, expected)    # after a launch: another for trials like it, if one is expected
     pool.keep_when_idle()        # nothing runs: one of the last kind (a resume, a next submission)
     pool.close()                 # the daemon stops: the warm processes exit
 
-A warm process forks every trial of its kind that comes. A launch that found none starts one
-only where another launch of its kind is expected (trials queued, or a search that may make
-more): a one-trial experiment would have it import TensorFlow on a core beside the trial it
-can never serve. One is started instead once the daemon has nothing running, for the paused
-trial's resume, a restart, or the next submission like it.
+A warm process forks every trial of its kind that comes. A launch that finds none starts one
+and is forked from it once its imports are done (as long as a cold start would take): one
+import of TensorFlow serves the trial, its resumes and restarts, and the search's next
+trials, where a cold start beside a warm process kept for them would import it twice. After
+a launch, or once the daemon has nothing running, one of the last kind is kept where it has
+ended or another kind took its place: for the next launch like it, a resume, a restart.
 
 A warm process fits a trial when it was started with the same environment but for what is
 the trial's own (its id, slots and devices): the same Keras line, the same experiment
@@ -249,6 +250,16 @@ class WarmPool:
         threading.Thread(target=warm.listen, name="warm-listen", daemon=True).start()
         threading.Thread(target=process.wait, name="warm-wait", daemon=True).start()
         self._warm.append(warm)
+
+    def for_launch(self, spec) -> Warm | None:
+        """The warm process to fork the launch from: one that fits, else one started now of
+        its kind, since the launch would otherwise import TensorFlow itself, and its next
+        launch (a resume, a restart, the search's next trial) again. None where the launch
+        cannot run warm or no warm process is kept (`size` 0)."""
+        kind = kind_of(spec)
+        if kind is not None and self.size > 0 and self.take(spec) is None:
+            self.keep_for(kind)
+        return self.take(spec)
 
     def take(self, spec) -> Warm | None:
         """The warm process that fits the launch, or None. One still importing is taken

@@ -48,8 +48,9 @@ class LocalMachine:
         return THIS_MACHINE
 
     def start(self, spec: launcher.LaunchSpec, trial: Trial, slots: list[int]):
-        """The trial's process, forked from a warm process that fits it when there is one."""
-        return launcher.start(spec, self.pool.take(spec))
+        """The trial's process, forked from a warm process of its kind (one started for it
+        if none is kept yet) where it can run warm."""
+        return launcher.start(spec, self.pool.for_launch(spec))
 
     def close(self) -> None:
         pass  # the warm processes are the daemon's to close
