@@ -74,7 +74,6 @@ def test_the_range_syntax():
 @pytest.mark.slow
 def test_run_a_script_with_hp_in_the_foreground(tmp_path, project):
     home = Home(tmp_path / "home")
-    # Two CPU slots on this 2-core machine leave no core for a warm process: a cold start.
     result = home.cli("run", project / "train.py", "--hp", "learning_rate=0.02",
                       "--hp", "EPOCHS=3", "--hp", "OPTIMIZER=sgd", "--slots", "2",
                       check=False)

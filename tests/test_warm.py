@@ -249,3 +249,36 @@ def test_a_warm_process_is_kept_where_a_launch_is_expected_and_one_still_importi
         assert pool.describe().startswith("0 warm")
     finally:
         pool.close()
+
+
+def test_with_no_spare_core_one_warm_process_starts_for_a_launch_never_beside_trials(
+        layout, monkeypatch):
+    """Where every core has a slot, a warm process started for a launch costs no more than
+    the cold start it replaces, one importing beside running trials takes a core from them:
+    the daemon keeps one, started for a launch or while idle, never because more launches
+    are expected; and no trial starts ahead of its slot."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from localdet.config import engines
+    from localdet.daemon.daemon import Daemon
+    from localdet.processes.warm_pool import WarmPool
+    from localdet.scheduling.slots import detect_slots
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    size, beside, reason = Daemon(layout)._warm_size(detect_slots(2))
+    assert (size, beside) == (1, False) and "no spare core" in reason, reason
+    assert Daemon(layout)._warm_size(detect_slots(1))[:2] == (1, True)
+    assert Daemon(layout, warm=1)._warm_size(detect_slots(2))[:2] == (1, True)  # as asked
+
+    spec = SimpleNamespace(argv=[sys.executable, "-m", "determined.exec.run_trial"],
+                           engine=engines.SINGLE, env=dict(os.environ))
+    pool = WarmPool(layout, size=1, log=lambda line: None, beside_trials=False)
+    try:
+        pool.keep(spec, expected=True)  # after a launch, beside its trial: not now
+        assert pool.describe().startswith("0 warm")
+        assert pool.for_launch(spec) is not None  # for the launch itself: yes
+        assert pool.describe().startswith("1 warm")
+    finally:
+        pool.close()

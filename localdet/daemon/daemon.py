@@ -118,8 +118,8 @@ class Daemon:
         self.intake = Intake(self.layout, self.db, slots=machine)
         self.search = Search(self.db, self.log)
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
-        size, self.warm_reason = self._warm_size(machine)
-        self.pool = WarmPool(self.layout, size, self.log)
+        size, beside_trials, self.warm_reason = self._warm_size(machine)
+        self.pool = WarmPool(self.layout, size, self.log, beside_trials)
         self.backend = self.cluster or LocalMachine(machine, self.pool)
         self.local = isinstance(self.backend, LocalMachine)  # pids here: watched, adopted
         self._wire(machine)
@@ -159,20 +159,23 @@ class Daemon:
         """The slots trials run on (a cluster's, as of the last pass)."""
         return self.scheduler.machine
 
-    def _warm_size(self, machine: list[Slot]) -> tuple[int, str]:
-        """How many warm trial processes to keep, and why. On CPU slots a warm process's
-        start-up (importing TensorFlow) takes a core: only spare cores get one."""
+    def _warm_size(self, machine: list[Slot]) -> tuple[int, bool, str]:
+        """How many warm trial processes to keep, whether one may start (import TensorFlow)
+        beside running trials, and why. On CPU slots that start-up takes a core: with none
+        spare, one warm process, started for a launch (which would import TensorFlow itself
+        otherwise) or while no trial runs, and no trial started ahead of its slot."""
         if self.cluster is not None:
-            return 0, "trials run on the Ray cluster"
+            return 0, True, "trials run on the Ray cluster"
         if self.warm is not None:
-            return self.warm, "--warm" if self.warm else "off (--warm 0)"
+            return self.warm, True, "--warm" if self.warm else "off (--warm 0)"
         if any(slot.kind == "gpu" for slot in machine):
-            return 1, "they use no GPU until given a trial"
+            return 1, True, "they use no GPU until given a trial"
         spare = (os.cpu_count() or 1) - len(machine)
         if spare <= 0:
-            return 0, (f"no spare core ({os.cpu_count()} cores, {len(machine)} slots); "
-                       "--warm N to keep some anyway")
-        return min(spare, 2), f"{spare} spare core(s) beside {len(machine)} slot(s)"
+            return 1, False, (f"no spare core ({os.cpu_count()} cores, {len(machine)} "
+                              "slots): started for a launch or while no trial runs; --warm N "
+                              "to start them beside trials too")
+        return min(spare, 2), True, f"{spare} spare core(s) beside {len(machine)} slot(s)"
 
     def _warm_kind_at_start(self) -> tuple | None:
         """The warm process kept before the first submission: of the kind the last trial

@@ -106,9 +106,10 @@ class Launches:
 
     def may_start_ahead(self) -> bool:
         """Whether a trial may be started ahead of its slot now (localdet/daemon/ahead.py):
-        none is, trials run on this machine, report into its files, and run warm."""
+        none is, trials run on this machine, report into its files, and run warm with a
+        core to spare (a trial started ahead runs its start-up beside the running ones)."""
         return (self.ahead.staged is None and self.local and self.report_url is None
-                and self.pool.size > 0)
+                and self.pool.size > 0 and self.pool.beside_trials)
 
     def start_ahead(self, trial: Trial, slots: list[int], machine: list[Slot]) -> None:
         """Start `trial` for `slots` while they are busy, if it is a trial class that runs

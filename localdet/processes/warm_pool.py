@@ -203,6 +203,9 @@ class WarmPool:
     layout: Layout
     size: int = 1            # warm processes at most, all kinds together
     log: Callable[[str], None] = print
+    # False where no core is spare: one is started for a launch (which would otherwise
+    # import TensorFlow itself) or while no trial runs, never beside running trials.
+    beside_trials: bool = True
     _warm: list = field(default_factory=list)
     _when_idle: tuple | None = None  # the kind keep_when_idle keeps
 
@@ -210,7 +213,7 @@ class WarmPool:
         """After a launch like `spec`: keep a warm process for launches like it (one per
         kind, `size` in all) if another is `expected`; otherwise once the daemon is idle."""
         kind = kind_of(spec)
-        if expected:
+        if expected and self.beside_trials:
             self.keep_for(kind)
         elif kind is not None:
             self._when_idle = kind
