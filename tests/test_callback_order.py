@@ -93,9 +93,17 @@ def test_the_contract_holds_in_process(tmp_path, pause_at):
 
 
 # -- under the daemon, both Keras lines ------------------------------------------------------
+# The paused experiments' length: the pauses land at a scheduling unit's end (5 batches)
+# after the request, itself made once the records show a batch more (reported each unit): a
+# first pause at 16 of 24 batches once left the second none to land in.
+PAUSED_LENGTH = 40
+
+
 def submit(home, tmp_path, name, keras2, batch_sleep=0.0):
     raw = config(name=name)
     raw["hyperparameters"]["batch_sleep"] = batch_sleep
+    if batch_sleep:  # paused twice: room for the second pause wherever the first landed
+        raw["searcher"]["max_length"]["batches"] = PAUSED_LENGTH
     # Each line asked for: a trial class would otherwise run under Keras 2.
     raw["environment"] = {"environment_variables": [f"TF_USE_LEGACY_KERAS={int(keras2)}"]}
     path = tmp_path / f"{name}.yaml"
@@ -167,6 +175,6 @@ def test_the_contract_holds_under_the_daemon_straight_and_paused_twice(home, tmp
     for name, facts in ended.items():
         assert facts["state"] == "COMPLETED", (name, facts)
     for line, experiment_id in paused.items():
-        assert 0 < first[experiment_id] < second[experiment_id] < 24, line
+        assert 0 < first[experiment_id] < second[experiment_id] < PAUSED_LENGTH, line
         log = home.cli("logs", trial(home, experiment_id)["id"]).stdout
         assert "callback contract held: 3 processes" in log, log[-2000:]

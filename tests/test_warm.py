@@ -157,9 +157,10 @@ def test_a_daemon_killed_leaves_no_warm_process_and_its_forked_trial_is_adopted(
     assert all(t["restarts"] == 0 for t in facts["trials"])
 
 
-def _recorded_trial(layout, folder: str, launched: bool = False):
+def _recorded_trial(layout, folder: str, launched: bool = False, paused: bool = False):
     """An experiment of tests/compat/keras_line/FOLDER with one trial, in the records only
-    (and its launch's event, if `launched`): the trial's launch spec."""
+    (and its launch's event, if `launched`; paused, if `paused`: no daemon launches it): the
+    trial's launch spec."""
     import shutil
 
     import yaml
@@ -182,6 +183,8 @@ def _recorded_trial(layout, folder: str, launched: bool = False):
                                          hparams={}, seed=1, target_batches=8))
         if launched:
             db.log_event("trial_launched", experiment_id=experiment_id, trial_id=trial.id)
+        if paused:
+            db.db["experiments"].update(experiment_id, {"state": "PAUSED"})
         return launcher.launch_spec(layout, db.experiment(experiment_id), trial, [0],
                                     visible_devices="")
     finally:
@@ -215,7 +218,9 @@ def test_a_daemon_restarted_keeps_a_warm_process_of_the_kind_its_last_launch_wan
     for launched, variable in ((False, b"TF_USE_LEGACY_KERAS=1"),
                                (True, b"TF_USE_LEGACY_KERAS=0")):
         home = Home(tmp_path / f"home-{launched}")
-        _recorded_trial(Layout(home.path).ensure(), "keras3_trial", launched=launched)
+        # Paused: its launch would start a warm process of its own kind.
+        _recorded_trial(Layout(home.path).ensure(), "keras3_trial", launched=launched,
+                        paused=True)
         daemon = daemons(home, "--warm", "1")
         wait_for(lambda home=home: warm_processes(home), 60, "the daemon's warm process", 0.1)
         assert warm_processes(home, variable) == warm_processes(home), variable
@@ -280,5 +285,31 @@ def test_with_no_spare_core_one_warm_process_starts_for_a_launch_never_beside_tr
         assert pool.describe().startswith("0 warm")
         assert pool.for_launch(spec) is not None  # for the launch itself: yes
         assert pool.describe().startswith("1 warm")
+    finally:
+        pool.close()
+
+
+def test_beside_running_trials_a_launch_of_a_new_kind_starts_cold(layout, tmp_path):
+    """Handing a launch to a warm process still importing holds the daemon for the import
+    (a pause, an exit unattended): beside running trials, a launch whose kind has no warm
+    process starts cold, and none is started for it."""
+    import os
+    import sys
+
+    from localdet.processes.launcher import LaunchSpec
+    from localdet.processes.warm_pool import WarmPool
+    from localdet.scheduling.local_machine import LocalMachine
+    from localdet.scheduling.slots import detect_slots
+
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    spec = LaunchSpec(argv=[sys.executable, str(script)], env=dict(os.environ), cwd=tmp_path,
+                      log_path=tmp_path / "trial.log", keras_line="keras3",
+                      keras_line_reason="test")
+    pool = WarmPool(layout, size=1, log=lambda line: None)
+    try:
+        process = LocalMachine(detect_slots(1), pool, idle=lambda: False).start(spec, None, [0])
+        assert process.wait(timeout=60) == 0 and process.warm is False
+        assert pool.describe().startswith("0 warm")
     finally:
         pool.close()

@@ -120,7 +120,8 @@ class Daemon:
         self.memory = memory_limit.Guard(self.layout, self.trial_memory_fraction, self.log)
         size, beside_trials, self.warm_reason = self._warm_size(machine)
         self.pool = WarmPool(self.layout, size, self.log, beside_trials)
-        self.backend = self.cluster or LocalMachine(machine, self.pool)
+        self.backend = self.cluster or LocalMachine(machine, self.pool,
+                                                    idle=lambda: not self.watched.ids())
         self.local = isinstance(self.backend, LocalMachine)  # pids here: watched, adopted
         self._wire(machine)
         self.system_metrics = SystemMetrics(self.system_metrics_period, machine, self.log,

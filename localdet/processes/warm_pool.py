@@ -5,17 +5,20 @@ start-up (several seconds a trial).
     pool = WarmPool(layout, size=1)
     pool.keep_for(kind)          # at start: one for the trials expected most
     warm = pool.for_launch(spec) # one of the same kind (started now if none), or None: cold
+    warm = pool.take(spec)       # one of the same kind, or None (beside running trials)
     launcher.start(spec, warm)   # the trial runs in a process forked from it
     pool.keep(spec, expected)    # after a launch: another for trials like it, if one is expected
     pool.keep_when_idle()        # nothing runs: one of the last kind (a resume, a next submission)
     pool.close()                 # the daemon stops: the warm processes exit
 
-A warm process forks every trial of its kind that comes. A launch that finds none starts one
-and is forked from it once its imports are done (as long as a cold start would take): one
-import of TensorFlow serves the trial, its resumes and restarts, and the search's next
-trials, where a cold start beside a warm process kept for them would import it twice. After
-a launch, or once the daemon has nothing running, one of the last kind is kept where it has
-ended or another kind took its place: for the next launch like it, a resume, a restart.
+A warm process forks every trial of its kind that comes. A launch that finds none while no
+trial runs starts one and is forked from it once its imports are done (as long as a cold
+start would take): one import of TensorFlow serves the trial, its resumes and restarts, and
+the search's next trials, where a cold start beside a warm process kept for them would import
+it twice. Beside running trials such a launch starts cold (the daemon would otherwise wait
+on the import), and a warm process is started after it only where another launch of its
+kind is expected (trials queued, or a search that may make more), else once the daemon has
+nothing running: for the paused trial's resume, a restart, or the next submission like it.
 
 A warm process fits a trial when it was started with the same environment but for what is
 the trial's own (its id, slots and devices): the same Keras line, the same experiment

@@ -15,6 +15,8 @@ daemon asks of it where `runs_here` is set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from localdet.processes import launcher
 from localdet.records.db import Trial
 from localdet.scheduling.slots import Slot
@@ -25,9 +27,10 @@ THIS_MACHINE = "this machine"
 class LocalMachine:
     runs_here = True
 
-    def __init__(self, slots: list[Slot], pool):
+    def __init__(self, slots: list[Slot], pool, idle: Callable[[], bool] = lambda: True):
         self._slots = slots
         self.pool = pool  # warm trial processes (localdet/processes/warm_pool.py)
+        self.idle = idle  # whether no trial runs (the daemon's watched processes)
 
     def slots(self) -> list[Slot]:
         return list(self._slots)
@@ -48,9 +51,12 @@ class LocalMachine:
         return THIS_MACHINE
 
     def start(self, spec: launcher.LaunchSpec, trial: Trial, slots: list[int]):
-        """The trial's process, forked from a warm process of its kind (one started for it
-        if none is kept yet) where it can run warm."""
-        return launcher.start(spec, self.pool.for_launch(spec))
+        """The trial's process, forked from a warm process of its kind where it can run
+        warm. Where none is kept yet and no trial runs, one is started for it; beside running
+        trials it starts cold instead: handing it to a warm process still importing would hold
+        the daemon for the import, with their pauses and exits unattended."""
+        warm = self.pool.for_launch(spec) if self.idle() else self.pool.take(spec)
+        return launcher.start(spec, warm)
 
     def close(self) -> None:
         pass  # the warm processes are the daemon's to close
