@@ -163,8 +163,9 @@ class Daemon:
     def _warm_size(self, machine: list[Slot]) -> tuple[int, bool, str]:
         """How many warm trial processes to keep, whether one may start (import TensorFlow)
         beside running trials, and why. On CPU slots that start-up takes a core: with none
-        spare, one warm process, started for a launch (which would import TensorFlow itself
-        otherwise) or while no trial runs, and no trial started ahead of its slot."""
+        spare, one warm process, started only while no trial runs (for the launch at hand,
+        which would import TensorFlow itself otherwise, or the next), and no trial started
+        ahead of its slot."""
         if self.cluster is not None:
             return 0, True, "trials run on the Ray cluster"
         if self.warm is not None:
@@ -174,8 +175,8 @@ class Daemon:
         spare = (os.cpu_count() or 1) - len(machine)
         if spare <= 0:
             return 1, False, (f"no spare core ({os.cpu_count()} cores, {len(machine)} "
-                              "slots): started for a launch or while no trial runs; --warm N "
-                              "to start them beside trials too")
+                              "slots): started only while no trial runs; --warm N to start "
+                              "them beside trials too")
         return min(spare, 2), True, f"{spare} spare core(s) beside {len(machine)} slot(s)"
 
     def _warm_kind_at_start(self) -> tuple | None:

@@ -206,8 +206,8 @@ class WarmPool:
     layout: Layout
     size: int = 1            # warm processes at most, all kinds together
     log: Callable[[str], None] = print
-    # False where no core is spare: one is started for a launch (which would otherwise
-    # import TensorFlow itself) or while no trial runs, never beside running trials.
+    # False where no core is spare: one is started only while no trial runs (for the
+    # launch at hand, which would otherwise import TensorFlow itself, or the next one).
     beside_trials: bool = True
     _warm: list = field(default_factory=list)
     _when_idle: tuple | None = None  # the kind keep_when_idle keeps

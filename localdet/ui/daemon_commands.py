@@ -70,7 +70,7 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                       "short trials skip the start-up (0: none); with any, the next queued "
                       "trial is also started ahead of its busy CPU slot. Default: one per spare "
                       "CPU core (at most 2), or 1 with GPUs; with no spare core, 1, started "
-                      "only for a launch or while no trial runs, and nothing started ahead."),
+                      "only while no trial runs, and nothing started ahead."),
     click.option("--ray", "ray_address", metavar="ADDRESS",
                  help="Run the trials on a Ray cluster (`auto`: the one running here, else "
                       "HOST:PORT of its head): its GPUs, or on CPU-only nodes the "
