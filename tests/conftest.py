@@ -521,11 +521,18 @@ class _CpuClock:
                            if "cpuacct" in line.split(":", 2)[1].split(","))
             group = self.ROOT / current.lstrip("/") / f"localdet-tests-{os.getpid()}"
             group.mkdir(exist_ok=True)
+        except (OSError, StopIteration, IndexError):
+            return
+        for earlier in group.parent.glob("localdet-tests-*"):  # a run's, once emptied
+            if earlier != group:
+                with contextlib.suppress(OSError):
+                    earlier.rmdir()  # refused while a process is still in it
+        try:
             (group / "cgroup.procs").write_text(str(os.getpid()))
             (group / "cpuacct.usage").read_text()
             self.group, self.whole = group, True
-        except (OSError, StopIteration, IndexError):
-            pass
+        except OSError:  # made, but not ours to join: leave nothing behind
+            group.rmdir()
 
     def seconds(self) -> float:
         if self.group is not None:
