@@ -532,7 +532,8 @@ class _CpuClock:
             (group / "cpuacct.usage").read_text()
             self.group, self.whole = group, True
         except OSError:  # made, but not ours to join: leave nothing behind
-            group.rmdir()
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
     def seconds(self) -> float:
         if self.group is not None:
@@ -544,11 +545,11 @@ class _CpuClock:
     def close(self) -> None:
         """Back to the group it came from; its own goes once no process is left in it."""
         if self.group is not None:
-            try:
+            # Refused while a process the tests left still runs in it: harmless, and the
+            # next run removes it once empty.
+            with contextlib.suppress(OSError):
                 (self.group.parent / "cgroup.procs").write_text(str(os.getpid()))
                 self.group.rmdir()
-            except OSError:  # a process the tests left still runs in it: harmless
-                pass
 
 
 _CPU_CLOCK: list[_CpuClock] = []  # made at this process's first test
