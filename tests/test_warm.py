@@ -256,6 +256,46 @@ def test_a_warm_process_is_kept_where_a_launch_is_expected_and_one_still_importi
         pool.close()
 
 
+def test_the_first_warm_process_waits_for_a_moment_with_nothing_launched(layout):
+    """The daemon's guess of the kind its trials will want is imported only once nothing has
+    been launched for a moment after its start: an experiment submitted with the start
+    brings its own kind, and the guess is dropped (no import of it wasted)."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from localdet.config import engines
+    from localdet.processes.warm_pool import WarmPool, environment_kind
+
+    guess = environment_kind({**os.environ, "LOCALDET_TEST_KIND": "guess"})
+    spec = SimpleNamespace(argv=[sys.executable, "-m", "determined.exec.run_trial"],
+                           engine=engines.SINGLE, env=dict(os.environ))
+    pool = WarmPool(layout, size=1, log=lambda line: None)
+    try:
+        pool.keep_at_start(guess, after=60)
+        pool.keep_when_idle()  # idle, but not yet for long enough
+        assert pool.describe().startswith("0 warm")
+        pool.keep_at_start(guess, after=0)
+        pool.keep_when_idle()  # its time has come
+        assert [w.kind for w in pool._warm] == [guess]
+        pool.close()
+
+        pool.keep_at_start(guess, after=0)
+        pool.keep(spec, expected=False)  # a launch came first: its kind, once idle
+        pool.keep_when_idle()
+        assert [w.kind for w in pool._warm] == [environment_kind(spec.env)]
+        pool.close()
+
+        pool.keep_at_start(guess, after=0)
+        script = SimpleNamespace(argv=["/bin/sh", "train.sh"], engine=engines.SINGLE,
+                                 env=dict(os.environ))
+        pool.keep(script, expected=False)  # one that cannot run warm: no guess either
+        pool.keep_when_idle()
+        assert pool.describe().startswith("0 warm")
+    finally:
+        pool.close()
+
+
 def test_with_no_spare_core_one_warm_process_starts_for_a_launch_never_beside_trials(
         layout, monkeypatch):
     """Where every core has a slot, a warm process started for a launch costs no more than

@@ -246,7 +246,7 @@ class Daemon:
             self.launches.adopt_running_trials()
             self.log(self.scheduler.slot_table())
             self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
-            self.pool.keep_for(self._warm_kind_at_start())
+            self.pool.keep_at_start(self._warm_kind_at_start())
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
             service.record_start(self.layout, slots=len(self.machine),

@@ -3,7 +3,7 @@ forked from them for each trial, so that a trial skips the interpreter's and Ten
 start-up (several seconds a trial).
 
     pool = WarmPool(layout, size=1)
-    pool.keep_for(kind)          # at start: one for the trials expected most
+    pool.keep_at_start(kind)     # at start: one for the trials expected most, once idle a moment
     warm = pool.for_launch(spec) # one of the same kind (started now if none), or None: cold
     warm = pool.take(spec)       # one of the same kind, or None (beside running trials)
     launcher.start(spec, warm)   # the trial runs in a process forked from it
@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,6 +68,10 @@ TRIAL_OWN = (TRIAL_ID_VAR, SLOTS_VAR, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER
              REPORT_CHECK_PGRP_VAR, MODEL_DIR_VAR, TRIAL_DIR_VAR,
              STAGED_VAR)  # started ahead of its slot (localdet/daemon/ahead.py)
 ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
+# A daemon's first warm process (of a guessed kind) waits this long with nothing launched: an
+# experiment submitted along with the start (`localdet daemon start && localdet submit`, a
+# script, a test) brings its own kind, and a guess of another kind would be imported for nothing.
+AT_START_AFTER_SECONDS = 5.0
 
 
 def kind_of(spec) -> tuple | None:
@@ -211,20 +216,33 @@ class WarmPool:
     beside_trials: bool = True
     _warm: list = field(default_factory=list)
     _when_idle: tuple | None = None  # the kind keep_when_idle keeps
+    _not_before: float = 0.0  # ... not before this time.monotonic() (keep_at_start)
 
     def keep(self, spec, expected: bool = True) -> None:
         """After a launch like `spec`: keep a warm process for launches like it (one per
-        kind, `size` in all) if another is `expected`; otherwise once the daemon is idle."""
+        kind, `size` in all) if another is `expected`; otherwise once the daemon is idle.
+        Either way the guess of `keep_at_start` is dropped: the launches say the kind."""
         kind = kind_of(spec)
+        if self._not_before:  # keep_at_start's guess, not needed now
+            self._when_idle, self._not_before = None, 0.0
         if expected and self.beside_trials:
             self.keep_for(kind)
         elif kind is not None:
             self._when_idle = kind
 
+    def keep_at_start(self, kind: tuple | None,
+                      after: float = AT_START_AFTER_SECONDS) -> None:
+        """Before any launch: keep a warm process of this kind (the daemon's guess of the
+        trials expected most) once the daemon has had nothing to launch for `after` seconds;
+        a launch before then keeps its own kind instead (`for_launch`, `keep`)."""
+        self._when_idle, self._not_before = kind, time.monotonic() + after
+
     def keep_when_idle(self) -> None:
         """The daemon runs no trial: keep a warm process of the kind launched last and not
-        kept then. Once per idle spell, so a warm process that cannot start is not retried
-        every pass."""
+        kept then (or of `keep_at_start`'s, once its time has come). Once per idle spell, so
+        a warm process that cannot start is not retried every pass."""
+        if time.monotonic() < self._not_before:
+            return
         kind, self._when_idle = self._when_idle, None
         if kind is not None:
             self.keep_for(kind)

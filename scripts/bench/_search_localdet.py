@@ -105,6 +105,22 @@ def wait_until_idle(pid: int, timeout: float = 180.0) -> None:
             return
 
 
+def wait_for_warm_process(pid: int, timeout: float = 60.0) -> None:
+    """Until the daemon has started its first warm process (a few seconds after its start,
+    where nothing is submitted: localdet/processes/warm_pool.py, AT_START_AFTER_SECONDS)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any("localdet.processes.warm_process" in " ".join(child.cmdline())
+                   for child in psutil.Process(pid).children()):
+                return
+        except psutil.Error:
+            pass  # a process came or went: look again
+        time.sleep(0.1)
+
+
 def daemon_has_warm(env: dict) -> bool:
     text = subprocess.run([sys.executable, "-m", "localdet", "daemon", "--help"], env=env,
                           capture_output=True, text=True).stdout
@@ -128,6 +144,8 @@ def run_localdet(args: argparse.Namespace, env: dict, line: str, warm: int | Non
             if daemon.poll() is not None or time.monotonic() > deadline:
                 sys.exit("the daemon did not start:\n" + daemon_log.read_text()[-3000:])
             time.sleep(0.1)
+        if warm != 0:
+            wait_for_warm_process(daemon.pid)
         wait_until_idle(daemon.pid)
         time.sleep(args.settle)
         config_path = Path(home) / "search-bench.yaml"
