@@ -513,6 +513,8 @@ class _CpuClock:
     ROOT = Path("/sys/fs/cgroup/cpuacct")
 
     def __init__(self):
+        from localdet.pids import alive
+
         self.group: Path | None = None
         self.whole = False  # every process counted, or only the reaped ones
         try:
@@ -524,7 +526,9 @@ class _CpuClock:
         except (OSError, StopIteration, IndexError):
             return
         for earlier in group.parent.glob("localdet-tests-*"):  # a run's, once emptied
-            if earlier != group:
+            # Not another worker's, made a moment ago and not joined yet: its pytest lives.
+            pid = earlier.name.rsplit("-", 1)[1]
+            if earlier != group and not (pid.isdigit() and alive(int(pid))):
                 with contextlib.suppress(OSError):
                     earlier.rmdir()  # refused while a process is still in it
         try:

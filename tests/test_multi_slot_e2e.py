@@ -48,6 +48,11 @@ def one_and_two_slots(home, tmp_path, config: dict, daemons) -> tuple[dict, dict
 def test_two_slots_under_keras_3_end_like_one(home, tmp_path, daemons):
     one, two, log = one_and_two_slots(home, tmp_path, SHORT, daemons)
     assert "2 slots in this process: MirroredStrategy over" in log
+    # Forked from the warm process the 1-slot trial's launch started: its devices are made
+    # after the fork, as in a cold process.
+    from test_warm import launches
+
+    assert launches(home, two["id"]) == [True]
     one_trial, two_trial = one["trials"][0], two["trials"][0]
     # recorded on each trial's launch
     assert (one_trial["engine"], two_trial["engine"]) == ("single", "mirrored")

@@ -179,12 +179,15 @@ class Daemon:
                               "them beside trials too")
         return min(spare, 2), True, f"{spare} spare core(s) beside {len(machine)} slot(s)"
 
-    def _warm_kind_at_start(self) -> tuple | None:
+    def _keep_warm_at_start(self) -> None:
         """The warm process kept before the first submission: of the kind the last trial
         launched here wanted (a returning user's next experiment is most likely like their
-        last: its Keras line, its environment variables), else of the line most trials run
-        under (a trial class's, keras_choice.default), which an experiment of them that sets
-        no environment variables wants."""
+        last: its Keras line, its environment variables; a restart's adopted and queued
+        trials are), started at once (with no spare core, once no trial runs); else of the
+        line most trials run under (a trial
+        class's, keras_choice.default), which an experiment of them that sets no environment
+        variables wants, started once nothing has come for a moment (an experiment
+        submitted with the start brings its own kind)."""
         last = self.db.last_event(["trial_launched"])
         if last is not None and last["trial_id"] is not None:
             try:
@@ -192,11 +195,15 @@ class Daemon:
                 spec = launcher.launch_spec(
                     self.layout, self.db.experiment(trial.experiment_id), trial, [0],
                     reserve=self.reserve, report_url=self.report_url, report_local=self.local)
-                return kind_of(spec)
+                if self.pool.beside_trials:
+                    self.pool.keep_for(kind_of(spec))
+                else:  # not beside the trials it adopted: once none runs
+                    self.pool.keep_at_start(kind_of(spec), after=0)
+                return
             except Exception:  # its records or model folder gone: any guess serves
                 pass
-        return environment_kind(launcher.experiment_environment(
-            self.layout, {}, keras_choice.default()[0], self.reserve))
+        self.pool.keep_at_start(environment_kind(launcher.experiment_environment(
+            self.layout, {}, keras_choice.default()[0], self.reserve)))
 
     def run(self) -> None:
         # Before the lock: `localdet daemon stop` signals whoever holds it (SIGUSR1's
@@ -246,7 +253,7 @@ class Daemon:
             self.launches.adopt_running_trials()
             self.log(self.scheduler.slot_table())
             self.log(f"warm trial processes: {self.pool.size} ({self.warm_reason})")
-            self.pool.keep_at_start(self._warm_kind_at_start())
+            self._keep_warm_at_start()
             self.log(f"localdet daemon (pid {os.getpid()}) on {self.layout.home}: "
                      f"{describe(self.machine)}, watching {self.layout.queue}")
             service.record_start(self.layout, slots=len(self.machine),

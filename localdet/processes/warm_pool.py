@@ -23,9 +23,9 @@ nothing running: for the paused trial's resume, a restart, or the next submissio
 A warm process fits a trial when it was started with the same environment but for what is
 the trial's own (its id, slots and devices): the same Keras line, the same experiment
 environment variables, the same interpreter. Trials whose command is this interpreter (the
-trial runner, a module or a `.py` file) run warm, and so do the ranks of a multi-process
-trial of such a command (forked by its supervisor, itself forked from the warm process);
-others start cold.
+trial runner, a module or a `.py` file) run warm (a mirrored trial's several devices too:
+they are set up after the fork), and so do the ranks of a multi-process trial of such a
+command (forked by its supervisor, itself forked from the warm process); others start cold.
 Each trial still has a process of its own (forked, in its own session), so a crash, a leak
 or a stuck device context dies with its trial, and the daemon signals and adopts it as any.
 """
@@ -68,9 +68,10 @@ TRIAL_OWN = (TRIAL_ID_VAR, SLOTS_VAR, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER
              REPORT_CHECK_PGRP_VAR, MODEL_DIR_VAR, TRIAL_DIR_VAR,
              STAGED_VAR)  # started ahead of its slot (localdet/daemon/ahead.py)
 ANSWER_SECONDS = 60.0  # a warm process still importing answers once it has
-# A daemon's first warm process (of a guessed kind) waits this long with nothing launched: an
-# experiment submitted along with the start (`localdet daemon start && localdet submit`, a
-# script, a test) brings its own kind, and a guess of another kind would be imported for nothing.
+# A new daemon's first warm process (of the default kind) waits this long with nothing
+# launched: an experiment submitted along with the start (`localdet daemon start && localdet
+# submit`, a script, a test) brings its own kind, and a guess of another would be imported for
+# nothing.
 AT_START_AFTER_SECONDS = 5.0
 
 
@@ -78,7 +79,9 @@ def kind_of(spec) -> tuple | None:
     """What a warm process for this launch must have been started with; None when the
     launch cannot run warm."""
     argv = spec.argv
-    if spec.engine != engines.SINGLE:  # its rank supervisor forks the ranks from it
+    # One process (a mirrored trial's devices are set up in it after the fork, as in a
+    # cold one: the warm process touched none), or a rank supervisor that forks the ranks.
+    if spec.engine not in (engines.SINGLE, engines.MIRRORED):
         if argv[1:4] != RANK_SUPERVISOR or "--" not in argv:
             return None
         argv = argv[argv.index("--") + 1:]

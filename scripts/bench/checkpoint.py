@@ -23,7 +23,8 @@ and a frozen-base search: 4 trials (a grid over the head's learning rate) of the
 same files take stored whole (the sum of the distinct files' sizes).
 
 Prints medians and ratios (target <= 1.25 against bare) and the fastest runs' ratios.
-`--smoke`: tiny models, one repeat, no warming (seconds once TensorFlow is imported).
+`--smoke`: tiny models, one repeat, no warming, a search of 2 trials x 2 checkpoints (seconds
+once TensorFlow is imported).
 `--chunk-sizes 32,64,128,256,512` (KiB) measures what chose `chunking.AVERAGE_SIZE`: the
 search's 16 .h5 files stored again at each average chunk size (store size against one
 checkpoint, blob count), and a 70 MB file of new bytes put into the store (median of 3).
@@ -97,6 +98,7 @@ add_keras2_flag(parser)
 args = parser.parse_args() if __name__ == "__main__" else parser.parse_args([])
 if args.smoke:
     args.repeats, args.units, args.frozen_units, args.warm_mb = 1, 64, 256, 0
+    SEARCH_TRIALS, SEARCH_CHECKPOINTS = 2, 2  # each trial builds and traces its model again
 select_keras(args)
 
 import numpy as np  # noqa: E402

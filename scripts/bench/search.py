@@ -139,9 +139,10 @@ Reading them: start-up (the daemon's decision to the first batch) is most of eve
 Its first_batch phase (the train function traced, one batch) is paid by a bare fit too; what
 a bare fit does not pay is process_ready, import and data_ready (about 0.4 s a trial in Keras
 2), the checkpoint and the exit. A Keras 3 search's first launch is cold: the daemon keeps a
-warm process for the default line (Keras 2) from its start, and one for Keras 3 only after a
-Keras 3 launch. The training share is small because a 45-batch epoch of this model trains in
-about 0.05 s: the fits are mostly tracing and validation.
+warm process for the default line (Keras 2) once it has been idle 5 s after its start (the
+bench waits for it), and one for Keras 3 only from a Keras 3 launch. The training share is
+small because a 45-batch epoch of this model trains in about 0.05 s: the fits are mostly
+tracing and validation.
 
 Earlier figures (4395d19, load average under 1.2; Keras 3 throughout, with --both-warm;
 localdet measured against Optuna only): Optuna 13.9 s process, 8.8 s search; Keras Tuner 14.0
