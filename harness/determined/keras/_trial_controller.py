@@ -36,6 +36,7 @@ from determined.keras import (
 )
 from determined.keras._context import TFKerasTrialContext
 from determined.keras._line import keras_line
+from determined.keras._step_variables import create_before_tracing
 from determined.keras._trial_checkpoints import MODEL_FILENAME, TrialCheckpoints, saves_whole
 from determined.keras._warm_start import WarmStartError, start_from
 
@@ -434,6 +435,8 @@ class TrialController(TrialCheckpoints):
             self.engine.prepare(self.model, dataset)
         except _engine.EngineError as error:
             raise TrialError(str(error)) from None
+        if type(self.engine) is _engine.Single and not self.graph_mode:
+            create_before_tracing(self.model, dataset.element_spec)  # one trace, not two
         self.iterator = (_graph_mode.Batches(dataset) if self.graph_mode
                          else self.engine.training_iterator(dataset))
         if state and stream.position_in_iterator:
