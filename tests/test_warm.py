@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 DETERMINISTIC = {"environment_variables": ["TF_DETERMINISTIC_OPS=1"]}
 GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_rate": 0.01,
-                             "hidden_units": {"type": "categorical", "vals": [16, 32, 48]}},
+                             "hidden_units": {"type": "categorical", "vals": [16, 32]}},
             searcher={"name": "grid", "metric": "val_accuracy", "smaller_is_better": False,
                       "max_length": {"batches": 20}, "max_concurrent_trials": 1},
             environment=DETERMINISTIC)
@@ -98,9 +98,9 @@ def test_warm_and_cold_processes_train_alike(tmp_path, daemons):
     # started with has no TF_DETERMINISTIC_OPS): one is started for it and it forks from
     # it, and so do the next trials. The one-trial experiment, of another kind, does the
     # same (one warm process of its kind, checked in run_both), and its resume forks from it.
-    assert warm["grid_launches"] == [True, True, True]
+    assert warm["grid_launches"] == [True, True]
     assert warm["long_launches"] == [True, True]
-    assert cold["grid_launches"] == [False] * 3 and cold["long_launches"] == [False] * 2
+    assert cold["grid_launches"] == [False] * 2 and cold["long_launches"] == [False] * 2
     assert warm["grid"] == cold["grid"]
     for (name_a, a), (name_b, b) in zip(warm["weights"], cold["weights"], strict=True):
         assert name_a == name_b and (a == b).all()
