@@ -8,18 +8,21 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import EXAMPLE, wait_for, write_config
+from conftest import REPO, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
-# Long enough that a pause asked through the CLI lands well before the end (it landed some
-# 550 batches after the 60 the test waits for, on a loaded 2-core machine).
-LENGTH = 2000
-LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
+# Long enough that a pause asked through the CLI lands well before the end (unslowed, it
+# landed some 550 batches after the 60 the test waits for, on a loaded 2-core machine): the
+# digits trial sleeping 5 ms a batch, 1,000 batches in 5 s at least, each trained for real.
+SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
+LENGTH = 1000
+LONG = dict(entrypoint="model_def:SlowDigitsTrial",
+            searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
                       "max_length": {"batches": LENGTH}},
             scheduling_unit=20, min_validation_period={"batches": 100},
-            hyperparameters={"global_batch_size": 32, "hidden_units": 256, "dropout": 0.2,
-                             "learning_rate": 0.01},
+            hyperparameters={"global_batch_size": 32, "hidden_units": 64, "learning_rate": 0.01,
+                             "batch_sleep": 0.005},
             environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
@@ -91,7 +94,7 @@ def assert_timeline_of_a_paused_and_resumed_trial(home, experiment_id):
 def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_run(
         home, tmp_path, daemons):
     daemon = daemons(home, *NO_WARM)
-    home.cli("submit", write_config(tmp_path, "paused", **LONG), EXAMPLE)
+    home.cli("submit", write_config(tmp_path, "paused", **LONG), SLOW_DIGITS)
     paused_id = home.experiment_named("paused")["id"]
     # (The waits read the database: polling `localdet status` would take a core.)
     wait_for(lambda: home.first_trial(paused_id).get("batches_trained", 0) >= 60, 120,
@@ -115,7 +118,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
     facts = home.wait_until_ended(paused_id)
     assert facts["state"] == "COMPLETED" and facts["trials"][0]["batches_trained"] == LENGTH
 
-    home.cli("submit", write_config(tmp_path, "straight", **LONG), EXAMPLE)
+    home.cli("submit", write_config(tmp_path, "straight", **LONG), SLOW_DIGITS)
     straight_id = home.experiment_named("straight")["id"]
     assert home.wait_until_ended(straight_id)["state"] == "COMPLETED"
     daemon.stop()
@@ -137,7 +140,7 @@ def test_pause_survives_a_daemon_restart_and_resume_ends_like_an_uninterrupted_r
 
 def test_kill_stops_a_trial_at_once_without_a_checkpoint(home, tmp_path, daemons):
     daemon = daemons(home, *NO_WARM)
-    home.cli("submit", write_config(tmp_path, "killed", **LONG), EXAMPLE)
+    home.cli("submit", write_config(tmp_path, "killed", **LONG), SLOW_DIGITS)
     experiment_id = home.experiment_named("killed")["id"]
     wait_for(lambda: home.first_trial(experiment_id).get("state") == "RUNNING", 180,
              "the start", 0.1)

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, Home, wait_for, write_config
+from conftest import EXAMPLE, REPO, Home, wait_for, write_config
 from test_pause_resume_e2e import final_weights
 
 pytestmark = pytest.mark.slow
@@ -23,11 +23,16 @@ GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_
                       "max_length": {"batches": 20}, "max_concurrent_trials": 1},
             environment=DETERMINISTIC)
 # Long enough to be paused after 40 batches (asked from this process, polling every 20 ms):
-# under Keras 2 (a trial class's line) the digits trial trains 300 batches in about a second,
-# and on a loaded machine 1,200 batches were once trained before the pause landed.
+# the digits trial sleeping 10 ms a batch trains its 1,000 batches in 10 s at least (unslowed,
+# 1,200 batches were once trained on a loaded machine before the pause landed), without the
+# CPU of as many more batches trained.
 # A variable of its own makes it a kind of its own: no warm process fits its first launch.
-LONG = dict(searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
-                      "max_length": {"batches": 3000}},
+SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
+LONG = dict(entrypoint="model_def:SlowDigitsTrial",
+            hyperparameters={"global_batch_size": 32, "hidden_units": 32, "learning_rate": 0.01,
+                             "batch_sleep": 0.01},
+            searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,
+                      "max_length": {"batches": 1000}},
             scheduling_unit=10, environment={"environment_variables": [
                 *DETERMINISTIC["environment_variables"], "LOCALDET_TEST_KIND=long"]})
 
@@ -56,7 +61,7 @@ def run_both(home: Home, tmp_path: Path, warm: str, daemons) -> dict:
     home.cli("submit", write_config(tmp_path, f"grid-{warm}", **GRID), EXAMPLE)
     grid = home.experiment_named(f"grid-{warm}")["id"]
     assert home.wait_until_ended(grid)["state"] == "COMPLETED"
-    home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), EXAMPLE)
+    home.cli("submit", write_config(tmp_path, f"long-{warm}", **LONG), SLOW_DIGITS)
     long = home.experiment_named(f"long-{warm}")["id"]
     wait_for(lambda: home.first_trial(long).get("batches_trained", 0) >= 40, 180,
              "40 batches", 0.02)
@@ -70,7 +75,7 @@ def run_both(home: Home, tmp_path: Path, warm: str, daemons) -> dict:
     request(home, "pause", long)
     wait_for(lambda: home.first_trial(long)["state"] == "PAUSED", 120, "the pause", 0.05)
     trial = home.experiment(long)["trials"][0]
-    assert trial["state"] == "PAUSED" and trial["batches_trained"] < 3000
+    assert trial["state"] == "PAUSED" and trial["batches_trained"] < 1000
     request(home, "resume", long)
     assert home.wait_until_ended(long)["state"] == "COMPLETED"
     daemon.stop()
