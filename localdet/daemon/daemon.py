@@ -184,10 +184,9 @@ class Daemon:
         launched here wanted (a returning user's next experiment is most likely like their
         last: its Keras line, its environment variables; a restart's adopted and queued
         trials are), started at once (with no spare core, once no trial runs); else of the
-        line most trials run under (a trial
-        class's, keras_choice.default), which an experiment of them that sets no environment
-        variables wants, started once nothing has come for a moment (an experiment
-        submitted with the start brings its own kind)."""
+        line most trials run under (a trial class's, keras_choice.default), which an
+        experiment of them that sets no environment variables wants, started once nothing
+        has come for a moment (an experiment submitted with the start brings its own kind)."""
         last = self.db.last_event(["trial_launched"])
         if last is not None and last["trial_id"] is not None:
             try:

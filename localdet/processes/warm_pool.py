@@ -246,7 +246,7 @@ class WarmPool:
         a warm process that cannot start is not retried every pass."""
         if time.monotonic() < self._not_before:
             return
-        kind, self._when_idle = self._when_idle, None
+        kind, self._when_idle, self._not_before = self._when_idle, None, 0.0
         if kind is not None:
             self.keep_for(kind)
 

@@ -2,10 +2,10 @@
 loss's and metrics' trackers), created before the step is traced.
 
 A `tf.function` that creates variables while it is traced is traced a second time (the first
-trace only lifts their initializers out), and both Keras lines create these in the first
-step when the step is made outside `fit` (Keras 3 builds them first only under a
-distribution strategy), so every trial traced its train step twice: 0.3 to 0.7 s of a short
-trial's start-up, and more than half of its first batch for a model with recurrent layers.
+trace only lifts their initializers out). tf_keras creates these in the first step, and so
+does Keras 3 with no distribution strategy (its `fit` builds them first only under one), so
+every trial traced its train step twice: 0.2 s of the digits
+example's start-up, 0.7 s of a small recurrent model's (a third of its first batch).
 Created first, from zeros shaped like the training data, they are the same variables with
 the same values; the step is traced once.
 
