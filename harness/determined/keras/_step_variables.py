@@ -4,10 +4,10 @@ loss's and metrics' trackers), created before the step is traced.
 A `tf.function` that creates variables while it is traced is traced a second time (the first
 trace only lifts their initializers out). tf_keras creates these in the first step, and so
 does Keras 3 with no distribution strategy (its `fit` builds them first only under one), so
-every trial traced its train step twice: 0.2 s of the digits
-example's start-up, 0.7 s of a small recurrent model's (a third of its first batch).
-Created first, from zeros shaped like the training data, they are the same variables with
-the same values; the step is traced once.
+every trial traced its train step twice: 0.2 s of the digits example's start-up, 0.7 s of a
+small recurrent model's (a third of its first batch). Created first, from zeros shaped like
+the training data, they are the same variables with the same values; the step is traced
+once.
 
     create_before_tracing(model, dataset.element_spec)   # then model.make_train_function()
 
