@@ -69,13 +69,19 @@ def kill_rounds(rounds: int, writer, collector, rng, window: tuple[float, float]
     `window` seconds after that, then call `after_round(round)` (which checks the store).
     Counted from the first pass, not the fork: on a loaded machine a collector killed
     within `window` of its start often never collected. With `layout`, more rounds (up to
-    `most` in all) until a checkpoint has been committed and another deleted (`collected`)."""
+    `most` in all) until a checkpoint has been committed and another deleted (`collected`).
+
+    Forked by a fork server, not from this process: its other threads (TensorFlow's, an S3
+    client's transfers) may hold a lock at the fork, which the child would then wait on
+    forever (a writer once never finished its first pass in 60 s; another crashed)."""
     import multiprocessing
     import os
     import signal
     import time
 
-    fork = multiprocessing.get_context("fork")
+    fork = multiprocessing.get_context("forkserver")
+    fork.set_forkserver_preload(sorted({target.__module__ for target, _ in
+                                        (writer(0), collector(0))}))
     round_ = 0
     while round_ < rounds or (layout is not None and round_ < most and not collected(layout)):
         ready = [fork.Event(), fork.Event()]
