@@ -2,7 +2,7 @@
 random moments of a trial's life (queued, launching, training, pausing, checkpointing,
 exiting, restarting after a crash) and to each other, end where the last request says.
 
-One real daemon on 6 CPU slots runs 120 seeded sequences (RACE_SEQUENCES=1000 for a longer
+One real daemon on 6 CPU slots runs 80 seeded sequences (RACE_SEQUENCES=1000 for a longer
 hunt), 6 at a time, of the counter trial
 (`tests/trials/counter`: a real trial process that trains in milliseconds through the
 `TrialReporter` seam). After each sequence has settled:
@@ -34,7 +34,7 @@ from conftest import TEST_TRIALS, wait_for
 
 pytestmark = pytest.mark.slow
 
-SEQUENCES = int(__import__("os").environ.get("RACE_SEQUENCES", 120))
+SEQUENCES = int(__import__("os").environ.get("RACE_SEQUENCES", 80))
 WORKERS = 6
 TARGET = 12
 COUNTER = TEST_TRIALS / "counter"
