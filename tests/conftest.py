@@ -18,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "digits_trial"
 TEST_TRIALS = Path(__file__).resolve().parent / "trials"
+# The digits trial sleeping `batch_sleep` seconds a batch: a test can act mid-trial cheaply.
+SLOW_DIGITS = TEST_TRIALS / "slow_digits"
 ENDED = ("COMPLETED", "CANCELED", "ERROR")
 
 

@@ -19,11 +19,10 @@ import urllib.request
 
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port
-from conftest import REPO, wait_for, write_config
+from conftest import SLOW_DIGITS, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
-SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
 def get(url: str, **headers) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),

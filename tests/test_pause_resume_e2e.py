@@ -8,14 +8,13 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO, wait_for, write_config
+from conftest import SLOW_DIGITS, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
 # Long enough that a pause asked through the CLI lands well before the end (unslowed, it
 # landed some 550 batches after the 60 the test waits for, on a loaded 2-core machine): the
 # digits trial sleeping 5 ms a batch, 1,000 batches in 5 s at least, each trained for real.
-SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
 LENGTH = 1000
 LONG = dict(entrypoint="model_def:SlowDigitsTrial",
             searcher={"name": "single", "metric": "val_accuracy", "smaller_is_better": False,

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Home, start_trial, wait_for, write_config
+from conftest import SLOW_DIGITS, Home, start_trial, wait_for, write_config
 
 from localdet.paths import Layout
 from localdet.records import lifecycle
@@ -422,7 +422,6 @@ def test_port_and_secret_survive_a_restart(tmp_path):
 
 
 # -- end to end: a real daemon with `--report http` ---------------------------------------
-SLOW_DIGITS = Path(__file__).resolve().parent / "trials" / "slow_digits"
 PAUSED = dict(entrypoint="model_def:SlowDigitsTrial",
               hyperparameters={"global_batch_size": 32, "hidden_units": 32,
                                "learning_rate": 0.05, "batch_sleep": 0.03},

@@ -10,12 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, Home, write_config
+from conftest import SLOW_DIGITS, Home, write_config
 from test_pause_resume_e2e import h5_weights
 
 pytestmark = pytest.mark.slow
 
-SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
 
 ASHA = dict(
     entrypoint="model_def:SlowDigitsTrial",

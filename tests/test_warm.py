@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, REPO, Home, wait_for, write_config
+from conftest import EXAMPLE, SLOW_DIGITS, Home, wait_for, write_config
 from test_pause_resume_e2e import final_weights
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,6 @@ GRID = dict(hyperparameters={"global_batch_size": 32, "dropout": 0.0, "learning_
 # 1,200 batches were once trained on a loaded machine before the pause landed), without the
 # CPU of as many more batches trained.
 # A variable of its own makes it a kind of its own: no warm process fits its first launch.
-SLOW_DIGITS = REPO / "tests" / "trials" / "slow_digits"
 LONG = dict(entrypoint="model_def:SlowDigitsTrial",
             hyperparameters={"global_batch_size": 32, "hidden_units": 32, "learning_rate": 0.01,
                              "batch_sleep": 0.01},
