@@ -92,18 +92,19 @@ def test_a_process_started_ahead_waits_for_its_launch_record(tmp_path, queued, m
     monkeypatch.setenv(STAGED_VAR, "1")
     reporter = SQLiteReporter.from_environment(trial_id)  # returns at once: it is not launched
     assert started_ahead(reporter) and STAGED_VAR not in os.environ
-    recorded = threading.Event()
+    recording = threading.Event()  # set before the write, so a return before it is caught
 
     def launch() -> None:  # the daemon, on its own connection
         time.sleep(0.3)
         daemon_db = StateDB.open(tmp_path / "home" / "localdet.db")
+        recording.set()
         daemon_db.update_trial(trial_id, state=TrialState.RUNNING, pid=os.getpgrp())
         daemon_db.close()
-        recorded.set()
 
     threading.Thread(target=launch).start()
     await_launch(reporter)
-    assert recorded.is_set() and not started_ahead(reporter)
+    assert recording.is_set() and not started_ahead(reporter)
+    assert db.trial(trial_id).state == TrialState.RUNNING
     await_launch(reporter)  # once launched, a no-op
 
 
