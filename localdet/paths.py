@@ -80,6 +80,12 @@ class Layout:
         """The slots the daemon found at start (JSON), for commands that run no daemon."""
         return self.home / "slots.json"
 
+    @property
+    def warm_imports(self) -> Path:
+        """What warm processes' trials imported, for a later daemon's warm processes
+        (localdet/processes/learned_imports.py's RememberedImports)."""
+        return self.home / "warm-imports"
+
     def experiment_dir(self, experiment_id: int) -> Path:
         return self.home / "experiments" / str(experiment_id)
 

@@ -1,6 +1,7 @@
 """A warm process imports, before its next fork, the installed modules its last trial
-imported (localdet/processes/learned_imports.py), never the trial's own code; one whose
-installed paths changed since ends instead of forking, so the trial starts cold."""
+imported (localdet/processes/learned_imports.py), never the trial's own code, and a later
+daemon's warm process of its kind starts with them; one whose installed paths changed since
+ends instead of forking, so the trial starts cold."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from conftest import wait_for
 
 from localdet.config import engines
 from localdet.paths import Layout
-from localdet.processes.learned_imports import TELL_PERIOD, InstalledPaths, import_quietly
+from localdet.processes.learned_imports import (
+    TELL_PERIOD,
+    InstalledPaths,
+    RememberedImports,
+    import_quietly,
+)
 from localdet.processes.warm_pool import WarmPool, environment_kind
 
 # Says which modules were imported when it began; imports `wave` and its own helper, waits
@@ -93,7 +99,19 @@ def test_later_trials_start_with_what_earlier_ones_imported_from_the_installed_p
         ended(fork("look"))
     finally:
         pool.close()
-    first, second, third, fourth = (json.loads(line) for line in seen.read_text().splitlines())
+    # A later daemon's warm process of the kind starts with them, kept in the state folder.
+    (remembered,) = Layout(home).warm_imports.iterdir()
+    names = json.loads(remembered.read_text())  # in the order told (with what they import)
+    assert names.index("wave") < names.index("netrc") < names.index("tabnanny")
+    assert "trial_helper" not in names
+    pool = WarmPool(Layout(home), size=1)
+    pool.keep_for(environment_kind(Spec([], folder).env))
+    try:
+        ended(fork("look"))
+    finally:
+        pool.close()
+    first, second, third, fourth, later = (json.loads(line)
+                                           for line in seen.read_text().splitlines())
     none = {"wave": False, "netrc": False, "tabnanny": False, "trial_helper": False}
     assert first == none
     # `wave` and `netrc` were told as the first trial imported them, while it ran;
@@ -101,7 +119,29 @@ def test_later_trials_start_with_what_earlier_ones_imported_from_the_installed_p
     # ahead.
     assert second == {**none, "wave": True}
     assert third == {**none, "wave": True, "netrc": True}
-    assert fourth == {**none, "wave": True, "netrc": True, "tabnanny": True}
+    assert fourth == later == {**none, "wave": True, "netrc": True, "tabnanny": True}
+
+
+def test_each_interpreter_keras_line_and_backend_remembers_its_own_imports(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    keras_2 = RememberedImports(tmp_path)
+    keras_2.add(["sklearn", "scipy", "sklearn"])
+    keras_2.add(["scipy"])
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+    keras_3 = RememberedImports(tmp_path)
+    assert keras_3.names == [] and keras_3.path != keras_2.path
+    keras_3.add(["pandas"])
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert RememberedImports(tmp_path).names == ["sklearn", "scipy"]
+    # Two warm processes of the line: each writes what the other wrote too.
+    other = RememberedImports(tmp_path)
+    keras_2.add(["h5py"])
+    other.add(["PIL"])
+    assert RememberedImports(tmp_path).names == ["sklearn", "scipy", "h5py", "PIL"]
+    keras_2.path.write_text("{not json")  # damaged: forgotten, not an error
+    assert RememberedImports(tmp_path).names == []
 
 
 def test_only_modules_of_the_installed_paths_are_learned_and_a_change_there_is_seen(

@@ -54,7 +54,9 @@ FIGURES = {
                      rf"localdet, {line} +submit -> COMPLETED +\d+\.\d s: \d+\.\d\dx the bare",
                      rf"timeline \({line}\), shares of .*: training \d+\.\d%, start-up \d+\.\d%",
                      rf"phase means \({line}\), s: .*process_ready \d+\.\d\d, .*first_batch \d",
-                     rf"launch -> first batch \({line}\): median \d+\.\d+ s")],
+                     rf"launch -> first batch \({line}\): median \d+\.\d+ s",
+                     rf"the warm-up trial before the clock, launch -> first batch \({line}\): "
+                     r"\d+\.\d\d s")],
     "search_quality.py": [rf"{label} +\d+\.\d+ \+- \d+\.\d+ +median" for label in
                           ("localdet random", "localdet tpe", "optuna TPESampler")]
                          + [r"digits SVC validation error", r"tpe vs Optuna: difference"],

@@ -6,6 +6,9 @@
     tell()                                    # and as it ends, the rest
     import_quietly(names)                     # in the warm process, as they come
     installed.changed()                       # something was installed or removed since
+    remembered = RememberedImports(folder)    # kept in the state folder, for the next daemon:
+    import_quietly(remembered.names)          # a new warm process starts with them
+    remembered.add(names)                     # what its trials told it
 
 A warm process starts with TensorFlow, Keras and the harness imported. The trial code then
 imports what it uses (scikit-learn, SciPy, pandas: a second or more of each trial's start);
@@ -19,6 +22,11 @@ step, and the next launch waited 0.7 s for the warm process to finish importing
 scikit-learn.) The trial's own code (its model folder, its working folder, an editable
 install) is never imported ahead: each trial reads it afresh.
 
+A warm process also keeps what its trials told it in the state folder (`warm-imports/`, a
+file per interpreter, Keras line and backend), and a warm process of the same kind started by
+a later daemon imports those before it says it is ready: the first trial after a restart starts
+as the later trials of a search do. The list only grows; removing the folder forgets it.
+
 A module imported ahead is the version installed when it was imported, so a warm process
 whose installed paths changed since (a `pip install` into its environment) ends at its next
 order instead of forking, and the trial starts cold, with what is installed now.
@@ -26,6 +34,7 @@ order instead of forking, and the trial starts cold, with what is installed now.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -35,6 +44,9 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+
+from localdet.paths import write_cache_file
 
 TELL_PERIOD = 0.25  # seconds between a trial's looks for modules it imported since
 # How long a trial keeps looking: its own imports (its module, the model's, the data's) come
@@ -126,3 +138,32 @@ def import_quietly(names: Iterable[str]) -> int:
         except (Exception, SystemExit):  # what a module does on import stays its own
             sys.modules.pop(name, None)
     return imported
+
+
+class RememberedImports:
+    """The modules the trials of this interpreter, Keras line and backend told warm processes
+    they imported, kept as JSON in `folder` (the state folder's `warm-imports/`) for the warm
+    processes of later daemons. A file that cannot be read or written is an empty list: it
+    only costs the next first trial its imports."""
+
+    def __init__(self, folder: Path) -> None:
+        kind = (sys.executable, os.environ.get("TF_USE_LEGACY_KERAS", ""),
+                os.environ.get("KERAS_BACKEND", ""))
+        self.path = folder / f"{hashlib.sha256(repr(kind).encode()).hexdigest()[:16]}.json"
+        self.names = self._read()
+
+    def _read(self) -> list[str]:
+        try:
+            names = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def add(self, names: Iterable[str]) -> None:
+        """Keep these too. The file is written only when one is new, with what another warm
+        process of the kind wrote meanwhile."""
+        known = set(self.names)
+        new = [name for name in dict.fromkeys(names) if name not in known]
+        if new:
+            self.names = list(dict.fromkeys(self._read() + self.names + new))
+            write_cache_file(self.path, self.names)

@@ -262,7 +262,8 @@ class WarmPool:
         log = self._warm_log()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "localdet.processes.warm_process"],
+                [sys.executable, "-P", "-m", "localdet.processes.warm_process",
+                 str(self.layout.warm_imports)],
                 stdin=theirs.fileno(),  # the socket's descriptor, as Popen takes it from a file
                 stdout=log, stderr=subprocess.STDOUT, env=dict(kind), cwd=self.layout.home,
                 start_new_session=True)

@@ -1,7 +1,8 @@
 """A warm trial process: TensorFlow and Keras imported once, then a fresh process forked
 from it for each trial the daemon gives it.
 
-    python -P -m localdet.processes.warm_process     # stdin: a Unix socket to the daemon
+    python -P -m localdet.processes.warm_process FOLDER  # stdin: a Unix socket to the daemon;
+                                                         # FOLDER: the state folder's warm-imports
 
 The daemon (localdet/processes/warm_pool.py) starts it in a session of its own with the
 environment of one Keras line and one experiment's variables, and nothing of any trial. It imports
@@ -16,7 +17,8 @@ when that child ends.
 
 Each trial tells the warm process the installed modules it imported (scikit-learn, SciPy, ...),
 as it imports them, and the warm process imports them while the trial runs: the next trial
-of the kind starts with them (localdet/processes/learned_imports.py).
+of the kind starts with them (localdet/processes/learned_imports.py). It keeps them in FOLDER
+too, and imports those its kind's trials told earlier warm processes before it says it is ready.
 
 If the daemon goes away, the socket reads end-of-file and the warm process exits; the
 trials it forked go on in their own sessions, for the next daemon to adopt. A warm process
@@ -34,10 +36,16 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import NoReturn
 
 from determined.core._reporting import FORKED_AT_VAR
-from localdet.processes.learned_imports import InstalledPaths, import_quietly, tell_imports
+from localdet.processes.learned_imports import (
+    InstalledPaths,
+    RememberedImports,
+    import_quietly,
+    tell_imports,
+)
 
 
 def _prepare() -> None:
@@ -139,6 +147,9 @@ def _run_and_exit(argv: list[str], before_exit=lambda: None) -> NoReturn:
 def main() -> int:
     channel = socket.socket(fileno=0)
     _prepare()
+    remembered = RememberedImports(Path(sys.argv[1])) if len(sys.argv) > 1 else None
+    if remembered is not None:
+        import_quietly(remembered.names)
     sending = threading.Lock()
 
     def send(message: dict) -> None:
@@ -159,7 +170,10 @@ def main() -> int:
     while True:
         readable, _, _ = select.select([channel, learn], [], [])
         if learn in readable:
-            import_quietly(json.loads(learn.recv(1 << 20)))
+            names = json.loads(learn.recv(1 << 20))
+            import_quietly(names)
+            if remembered is not None:
+                remembered.add(name for name in names if name in sys.modules)
             continue
         message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 1)
         if not message:

@@ -5,6 +5,7 @@ localdet/operations/timeline.py) and each launch's phases (table launch_phases).
 
     result = run_localdet(args, env, "keras2", warm=None, keep=False)
     result["wall"], result["draws"], result["timeline"]["shares"], result["first"]
+    result["warm_up_first"]  # the warm-up trial's launch -> first batch ([], or None: none ran)
 
 Imports no TensorFlow.
 """
@@ -148,29 +149,24 @@ def run_localdet(args: argparse.Namespace, env: dict, line: str, warm: int | Non
             wait_for_warm_process(daemon.pid)
         wait_until_idle(daemon.pid)
         time.sleep(args.settle)
-        config_path = Path(home) / "search-bench.yaml"
-        config_path.write_text(json.dumps(localdet_config(args, line)))  # JSON is YAML
-        submitted = time.time()
-        subprocess.run([sys.executable, "-m", "localdet", "submit", str(config_path),
-                        str(EXAMPLE)], env=env, check=True, stdout=subprocess.DEVNULL)
-        db = sqlite3.connect(Path(home) / "localdet.db", timeout=30)
-        while True:
-            rows = db.execute("SELECT id, state, ended_at FROM experiments").fetchall()
-            if rows and rows[0][1] not in ("ACTIVE", "PAUSED"):
-                break
-            if daemon.poll() is not None:
-                sys.exit(f"the daemon exited (status {daemon.returncode}):\n"
-                         + daemon_log.read_text()[-3000:])
-            time.sleep(0.1)
-        seen = time.time()
-        experiment, state, ended_at = rows[0]
-        if state != "COMPLETED":
-            error = db.execute("SELECT error FROM experiments").fetchone()[0]
-            sys.exit(f"the search ended {state}: {error}; the daemon's log:\n"
-                     + daemon_log.read_text()[-3000:])
-        wall = (seconds(ended_at) if ended_at else seen) - submitted
-        result = {"wall": wall, **records(db, experiment),
-                  **launch_spans(db, experiment), "timeline": timeline(env, experiment)}
+        warm_up = None
+        if args.warm_up:
+            # One trial of the same model first, as a daemon in use has run before: its warm
+            # process then holds what the trials import (scikit-learn, here), as the bare
+            # fits' process holds it before their clock starts.
+            config = localdet_config(args, line)
+            config["name"] += "-warm-up"
+            config["searcher"] = {"name": "random", "metric": "val_accuracy", "max_trials": 1,
+                                  "smaller_is_better": False, "max_length": {"epochs": 1}}
+            warm_up_id, _, db = submit_and_wait(Path(home), env, config, daemon, daemon_log)
+            warm_up = launch_spans(db, warm_up_id)["first"]
+            db.close()
+            wait_until_idle(daemon.pid)
+            time.sleep(args.settle)
+        experiment, wall, db = submit_and_wait(Path(home), env, localdet_config(args, line),
+                                               daemon, daemon_log)
+        result = {"wall": wall, **records(db, experiment), **launch_spans(db, experiment),
+                  "timeline": timeline(env, experiment), "warm_up_first": warm_up}
         db.close()
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -184,6 +180,33 @@ def run_localdet(args: argparse.Namespace, env: dict, line: str, warm: int | Non
         else:
             shutil.rmtree(home, ignore_errors=True)
     return result
+
+
+def submit_and_wait(home: Path, env: dict, config: dict, daemon: subprocess.Popen,
+                    daemon_log: Path) -> tuple[int, float, sqlite3.Connection]:
+    """Submits the experiment and waits for it to end COMPLETED (else exits, with the
+    daemon's log): its id, the seconds from the submission to its end, the database open."""
+    config_path = home / f"{config['name']}.yaml"
+    config_path.write_text(json.dumps(config))  # JSON is YAML
+    submitted = time.time()
+    subprocess.run([sys.executable, "-m", "localdet", "submit", str(config_path),
+                    str(EXAMPLE)], env=env, check=True, stdout=subprocess.DEVNULL)
+    db = sqlite3.connect(home / "localdet.db", timeout=30)
+    while True:
+        rows = db.execute("SELECT id, state, ended_at, error FROM experiments WHERE name = ?",
+                          (config["name"],)).fetchall()
+        if rows and rows[0][1] not in ("ACTIVE", "PAUSED"):
+            break
+        if daemon.poll() is not None:
+            sys.exit(f"the daemon exited (status {daemon.returncode}):\n"
+                     + daemon_log.read_text()[-3000:])
+        time.sleep(0.1)
+    seen = time.time()
+    experiment, state, ended_at, error = rows[0]
+    if state != "COMPLETED":
+        sys.exit(f"{config['name']} ended {state}: {error}; the daemon's log:\n"
+                 + daemon_log.read_text()[-3000:])
+    return experiment, (seconds(ended_at) if ended_at else seen) - submitted, db
 
 
 def records(db: sqlite3.Connection, experiment: int) -> dict:

@@ -10,7 +10,11 @@ relu), Dropout(0.1), Dense(10, softmax), Adam(learning_rate), on scikit-learn's 
   Keras Tuner   one process: RandomSearch (max_trials, seeded), or Hyperband for asha
   localdet      `localdet daemon --slots 1` (temporary LOCALDET_HOME), already running and
                 idle (its processes, its warm one among them, under a tenth of a CPU over a second,
-                then --settle, 1, second more) when the clock starts;
+                then --settle, 1, second more) when the clock starts, and having run one
+                trial of the same model for 1 epoch before it (a warm-up, as a daemon in use
+                has run trials before: its warm process then holds what they import, as the
+                bare fits' process holds it before their clock; its launch -> first batch is
+                printed; --first-search leaves it out and times a new daemon's first search);
                 timed from `localdet submit` to the experiment COMPLETED; searcher `random`
                 (max_trials; the default max_concurrent_trials, so that the next trial
                 is queued while one trains and can start ahead of its slot) or
@@ -138,11 +142,23 @@ first launch 17.1 s to the first batch. The ratios move by 0.4x from run to run 
 Reading them: start-up (the daemon's decision to the first batch) is most of every trial.
 Its first_batch phase (the train function traced, one batch) is paid by a bare fit too; what
 a bare fit does not pay is process_ready, import and data_ready (about 0.4 s a trial in Keras
-2), the checkpoint and the exit. A Keras 3 search's first launch is cold: the daemon keeps a
-warm process for the default line (Keras 2) once it has been idle 5 s after its start (the
-bench waits for it), and one for Keras 3 only from a Keras 3 launch. The training share is
-small because a 45-batch epoch of this model trains in about 0.05 s: the fits are mostly
-tracing and validation.
+2), the checkpoint and the exit. A new daemon's first search pays once what the bare fits'
+process did before their clock: under Keras 2 the model's imports (scikit-learn: its warm
+process learns them from that first trial), under Keras 3 TensorFlow's import too (the daemon
+keeps a warm process for the default line, Keras 2, once it has been idle 5 s after its
+start, and one for Keras 3 only from a Keras 3 launch). Hence the warm-up trial. The training
+share is small because a 45-batch epoch of this model trains in about 0.05 s: the fits are
+mostly tracing and validation.
+
+At 926c045 the table above had no warm-up. With it (the default since), on an idle machine
+(load 0.6 before, 1.3 after), the same search: Keras 2 7.6 s, 0.86x its bare fits (8.8 s);
+Keras 3 8.2 s, 0.77x (10.6 s); launch -> first batch median 0.29 s in both; the warm-up
+trial's 1.97 s (Keras 2) and 6.89 s (Keras 3). localdet comes in under the fits done in a row
+because it makes the next trial (its process, model and traced steps) on the other core
+while a trial trains, which one process's fits one after another cannot. A new daemon's first
+search (`--first-search`, load 0.7 -> 1.1): Keras 2 9.5 s, 1.43x (6.6 s), its first launch
+2.91 s to the first batch; Keras 3 11.8 s, 1.25x (9.5 s), 5.24 s; the other launches'
+median 0.26 and 0.20 s.
 
 Earlier figures (4395d19, load average under 1.2; Keras 3 throughout, with --both-warm;
 localdet measured against Optuna only): Optuna 13.9 s process, 8.8 s search; Keras Tuner 14.0
@@ -205,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pass --warm N to `localdet daemon` (0: no warm processes)")
     parser.add_argument("--both-warm", action="store_true",
                         help="run localdet twice: the daemon's default, then --warm 0")
+    parser.add_argument("--first-search", dest="warm_up", action="store_false",
+                        help="time a new daemon's first search: no warm-up trial before it")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds to wait once the daemon is idle (its warm process "
                              "ready), before the clock starts")
@@ -503,6 +521,9 @@ def timeline_lines(r: dict, name: str) -> None:
         if any(r["warm"]) and not all(r["warm"]) and kind in r["warm"]:
             print(f"        {label} launches: "
                   + median([f for f, w in zip(r["first"], r["warm"], strict=True) if w == kind]))
+    if r.get("warm_up_first"):
+        print(f"      the warm-up trial before the clock, launch -> first batch ({name}): "
+              f"{r['warm_up_first'][0]:.2f} s")
     print(f"      last batch -> next first batch: {median(r['handover'])}")
     print(f"        of which slot free -> next launch: {median(r['gap'])}")
 
