@@ -25,9 +25,9 @@ LONG = dict(entrypoint="model_def:SlowDigitsTrial",
             environment={"environment_variables": ["TF_DETERMINISTIC_OPS=1"]})
 
 
-# The daemons keep no warm process: a 1-slot daemon's would be of the default kind, which these
-# trials (TF_DETERMINISTIC_OPS=1) are not, so it imported TensorFlow for nothing (some 4 CPU
-# seconds a daemon) and outlived the daemon.
+# The daemons keep no warm process: each launches one trial here, which a warm process would
+# serve by importing TensorFlow as a cold start does, so the cold path is what these cover
+# (the warm one: test_warm.py).
 NO_WARM = ("--warm", "0")
 
 
