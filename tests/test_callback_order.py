@@ -148,9 +148,12 @@ def pause_and_resume(home, experiment_ids, after_batches):
     wait_for(ask_when_due, 300, f"experiments {experiment_ids} to train {after_batches}", 0.05)
     stopped = {}
     for experiment_id in experiment_ids:
-        wait_for(lambda experiment_id=experiment_id:
-                 home.first_trial(experiment_id)["state"] == "PAUSED", 120,
-                 f"experiment {experiment_id} to pause", 0.05)
+        try:
+            wait_for(lambda experiment_id=experiment_id:
+                     home.first_trial(experiment_id)["state"] == "PAUSED", 120,
+                     f"experiment {experiment_id} to pause", 0.05)
+        except AssertionError as error:  # what its trial and the daemon said, for CI's log
+            raise AssertionError(f"{error}\n{home.ended_report(experiment_id)}") from None
         stopped[experiment_id] = trial(home, experiment_id)["batches_trained"]
         request(home, "resume", experiment_id)
     return stopped
