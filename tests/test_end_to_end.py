@@ -50,6 +50,10 @@ def test_example_dropped_while_daemon_was_down_runs_to_completion(state):
         trial["launch_seconds"]]
     table = home.cli("status", facts["id"]).stdout
     assert "Start" in table and f"{trial['launch_seconds']:.1f} s" in table
+    # The tests' status, computed in their process, is what the command prints.
+    assert home.status(facts["id"]) == home.json("status", facts["id"])
+    listed = [e for e in home.status() if e["id"] == facts["id"]]
+    assert listed == [e for e in home.json("status") if e["id"] == facts["id"]] and listed
 
 
 def test_metric_rows_and_checkpoints_follow_the_periods(state):

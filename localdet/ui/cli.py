@@ -233,37 +233,58 @@ def status(experiment_id: int | None, as_json: bool, show_all: bool,
         _status(layout, db, experiment_id, as_json, show_all, labels)
 
 
+def status_facts(layout: Layout, db: StateDB, experiment_id: int | None = None, *,
+                 show_all: bool = False, labels: tuple[str, ...] = ()) -> Any:
+    """What `localdet status [EXPERIMENT_ID] --json` prints, as Python values before JSON:
+    every experiment's and job's facts, or the one's. NotFound for an unknown id."""
+    if experiment_id is None:
+        return [_facts(layout, db, e) for e in _listed(db, show_all, labels)]
+    return _one_experiment(layout, db, experiment_id, compute_importances=True)
+
+
+def _listed(db: StateDB, show_all: bool, labels: tuple[str, ...]) -> list:
+    """The experiments `status` lists: not archived (unless `show_all`), with every label."""
+    from localdet.records.catalog import with_labels
+
+    chosen = with_labels(db, labels) if labels else None
+    return [e for e in db.experiments()
+            if (show_all or not e.archived) and (chosen is None or e.id in chosen)]
+
+
+def _one_experiment(layout: Layout, db: StateDB, experiment_id: int,
+                    compute_importances: bool) -> dict:
+    """An experiment's facts with its labels, notes and lineage (forks, continuations) and
+    its importances (cached ones only, unless `compute_importances`); a job's with its log's
+    last lines."""
+    from localdet.operations.experiments import describe
+
+    experiment = db.experiment(experiment_id)
+    if experiment.kind == ExperimentKind.JOB:
+        return _facts(layout, db, experiment, tail_lines=20)
+    from localdet.operations.importance import importances
+
+    facts = describe(layout, db, experiment_id)
+    found = importances(layout, db, experiment_id, compute=compute_importances)
+    # The same facts whether or not they were cached: scripts compare them.
+    facts["importances"] = found and {k: v for k, v in found.items() if k != "cached"}
+    return facts
+
+
 def _status(layout: Layout, db: StateDB, experiment_id: int | None, as_json: bool,
             show_all: bool = False, labels: tuple[str, ...] = ()) -> None:
     """`localdet status` over the open database."""
-    from localdet.operations.experiments import describe
     from localdet.pids import DaemonLock
-    from localdet.records.catalog import with_labels
 
-    facts: Any  # every experiment's facts, or the one's
+    facts: Any  # every experiment's rows, or the one's facts
     try:
-        if experiment_id is None:
-            chosen = with_labels(db, labels) if labels else None
-            listed = [e for e in db.experiments()
-                      if (show_all or not e.archived) and (chosen is None or e.id in chosen)]
-            facts = [_facts(layout, db, e) for e in listed] if as_json else _rows(
-                layout, db, listed)
-        else:
-            experiment = db.experiment(experiment_id)
-            # An experiment's facts with its labels, notes and lineage (forks, continuations).
-            facts = _facts(layout, db, experiment, tail_lines=20) \
-                if experiment.kind == ExperimentKind.JOB else describe(layout, db, experiment_id)
-            if experiment.kind != ExperimentKind.JOB:  # computed for --json; else if cached
-                from localdet.operations.importance import importances
-                found = importances(layout, db, experiment_id, compute=as_json)
-                # The same facts whether or not they were cached: scripts compare them.
-                facts["importances"] = found and {k: v for k, v in found.items()
-                                                  if k != "cached"}
+        if as_json:
+            click.echo(json.dumps(status_facts(layout, db, experiment_id, show_all=show_all,
+                                               labels=labels), indent=2))
+            return
+        facts = _rows(layout, db, _listed(db, show_all, labels)) if experiment_id is None \
+            else _one_experiment(layout, db, experiment_id, compute_importances=False)
     except NotFound as error:
         _fail(str(error))
-    if as_json:
-        click.echo(json.dumps(facts, indent=2))
-        return
     pid = DaemonLock.holder(layout.daemon_lock)
     console.print(f"daemon running (pid {pid})" if pid else
                   "[yellow]the daemon is not running[/] (start it with `localdet daemon start`)")
