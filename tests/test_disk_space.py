@@ -181,7 +181,9 @@ def test_the_daemon_holds_launches_and_trials_while_space_is_short(small_disk, t
     try:
         home.cli("submit", counter_config(tmp_path, "short"), TEST_TRIALS / "counter")
         experiment_id = home.experiment_named("short")["id"]
-        wait_for(lambda: trial().latest_checkpoint, 60, "a first checkpoint", 0.05)
+        # (Its trial is made in a pass after the experiment is recorded.)
+        wait_for(lambda: db.trials(experiment_id) and trial().latest_checkpoint, 60,
+                 "a first checkpoint", 0.05)
 
         # Below the reserve: the running trial stops at its next boundary and waits.
         ballast = fill(small_disk, 3 * MB)
