@@ -122,8 +122,11 @@ def test_a_failing_rank_stops_the_others_and_gives_its_status(tmp_path, how):
 
 
 def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal(tmp_path, how):
+    # Rank 1 waits for rank 0's pid: killed before rank 0 wrote it, rank 0 never would.
     code, out, _ = finish(supervisor(2, """
         if RANK == 1:
+            while not (PIDS / "0").exists():
+                time.sleep(0.02)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
     """, str(tmp_path), how=how))
