@@ -66,24 +66,56 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+# Commands that read or change the records and return: Home.cli runs them in the test's own
+# process (tests/test_cli.py and tests/test_installed_wheel.py run them as processes).
+IN_PROCESS_COMMANDS = {"submit", "status", "pause", "resume", "kill", "checkpoints",
+                       "metrics", "logs"}
+
+
 class Home:
     """A `$LOCALDET_HOME` and the `localdet` command pointed at it."""
 
-    def __init__(self, path: Path, python: str = sys.executable):
+    def __init__(self, path: Path, python: str = sys.executable, in_process: bool = True):
         self.path = path
         self.python = python  # the environment localdet runs in (the Horovod one, say)
+        self.in_process = in_process  # False: every command a process (tests of commands)
         self.env = {**os.environ, "LOCALDET_HOME": str(path), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([self.python, "-m", "localdet", *map(str, args)],
-                                env=self.env, capture_output=True, text=True, timeout=120)
+    def cli(self, *args: str, check: bool = True, process: bool = False
+            ) -> subprocess.CompletedProcess:
+        """`localdet ARGS`; `process=True`: as its own process whatever the command."""
+        args = tuple(map(str, args))
+        result = (None if process else self._cli_in_process(args)) or subprocess.run(
+            [self.python, "-m", "localdet", *args], env=self.env, capture_output=True,
+            text=True, timeout=120)
         if check and result.returncode != 0:
             raise AssertionError(f"localdet {' '.join(map(str, args))} failed:\n"
                                  f"{result.stdout}\n{result.stderr}")
         return result
 
-    def json(self, *args: str):
-        return json.loads(self.cli(*args, "--json").stdout)
+    def _cli_in_process(self, args: tuple[str, ...]) -> subprocess.CompletedProcess | None:
+        """The command run in this process through click's test runner, where that is the
+        command as it runs alone: a command that only reads or writes the state folder and
+        returns, in this interpreter (each process's start costs a busy core about 0.35 s, a
+        few hundred a run). None where the command must run as its own process, or raised
+        what `localdet`'s own main turns into a message (the process gives that message)."""
+        if not self.in_process or self.python != sys.executable or not args \
+                or args[0] not in IN_PROCESS_COMMANDS \
+                or {"-f", "--follow"} & set(args):
+            return None
+        from click.testing import CliRunner
+
+        from localdet.ui.cli import cli
+
+        outcome = CliRunner().invoke(cli, args, env={"LOCALDET_HOME": str(self.path)},
+                                     prog_name="localdet")
+        if outcome.exception is not None and not isinstance(outcome.exception, SystemExit):
+            return None
+        return subprocess.CompletedProcess(["localdet", *args], outcome.exit_code,
+                                           outcome.stdout, outcome.stderr)
+
+    def json(self, *args: str, process: bool = False):
+        return json.loads(self.cli(*args, "--json", process=process).stdout)
 
     def experiment(self, experiment_id: int) -> dict:
         """What `localdet status ID --json` prints."""

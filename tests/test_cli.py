@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import json
 
-from conftest import EXAMPLE, write_config
+import pytest
+from conftest import EXAMPLE, Home, write_config
 
 from localdet.daemon.submissions import Intake
 from localdet.paths import Layout
 from localdet.records.db import StateDB
+
+
+@pytest.fixture
+def home(tmp_path) -> Home:
+    """Every command as its own process, as a user runs it (elsewhere some run in-process)."""
+    return Home(tmp_path / "home", in_process=False)
 
 
 def ingest_example(home) -> int:

@@ -48,12 +48,15 @@ def test_example_dropped_while_daemon_was_down_runs_to_completion(state):
     assert trial["launch_seconds"] > 0
     assert [launch["first_batch_seconds"] for launch in trial["launches"]] == [
         trial["launch_seconds"]]
-    table = home.cli("status", facts["id"]).stdout
+    table = home.cli("status", facts["id"], process=True).stdout
     assert "Start" in table and f"{trial['launch_seconds']:.1f} s" in table
-    # The tests' status, computed in their process, is what the command prints.
-    assert home.status(facts["id"]) == home.json("status", facts["id"])
+    # The tests' status and commands, run in their process, are what the command prints.
+    assert home.status(facts["id"]) == home.json("status", facts["id"], process=True) \
+        == home.json("status", facts["id"])
+    assert home.cli("status", facts["id"]).stdout == table
     listed = [e for e in home.status() if e["id"] == facts["id"]]
-    assert listed == [e for e in home.json("status") if e["id"] == facts["id"]] and listed
+    assert listed == [e for e in home.json("status", process=True)
+                      if e["id"] == facts["id"]] and listed
 
 
 def test_metric_rows_and_checkpoints_follow_the_periods(state):
