@@ -119,6 +119,16 @@ class NumpyBatches(Batches):
                 orders[pass_index] = _order(self.seed, pass_index, n, self.shuffle)
             return orders[pass_index]
 
+        def take(rows: np.ndarray) -> tuple:
+            return tuple(_map(lambda a: a[rows], part) for part in self.arrays)
+
+        if all(part is None or isinstance(part, np.ndarray) for part in self.arrays):
+            x, y, weight = self.arrays  # the usual arrays: no walk over a structure a batch
+
+            def take(rows: np.ndarray) -> tuple:
+                return (x[rows], None if y is None else y[rows],
+                        None if weight is None else weight[rows])
+
         k = self.start
         while True:
             first, last = k * bs, (k + 1) * bs  # positions in the passes laid end to end
@@ -126,7 +136,7 @@ class NumpyBatches(Batches):
             rows = order(pass_index)[first - pass_index * n:last - pass_index * n]
             if len(rows) < bs:  # the batch ends in the next pass
                 rows = np.concatenate([rows, order(pass_index + 1)[:last - (pass_index + 1) * n]])
-            yield tuple(_map(lambda a, r=rows: a[r], part) for part in self.arrays)  # type: ignore
+            yield take(rows)
             k += 1
 
 

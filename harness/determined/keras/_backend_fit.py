@@ -151,26 +151,40 @@ class _JaxSteps(_Steps):
     is written back into the model's variables only when something reads them, as in
     Keras's JAX `fit` (its callbacks' `self.model` syncs it too)."""
 
-    def __call__(self, x: Any, y: Any, weight: Any) -> Dict[str, Any]:
-        # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
-        from keras.src.backend.jax.trainer import _distribute_data
+    _state: Any = None
 
+    def __call__(self, x: Any, y: Any, weight: Any) -> Dict[str, Any]:
         model = self.model
-        data = self._batch(x, y, weight)
+        data = (x, y, weight) if self.class_weight is None else self._batch(x, y, weight)
         if self._transfer:
+            # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
+            from keras.src.backend.jax.trainer import _distribute_data
+
             data = _distribute_data(data)
-        self._build(data)
-        if getattr(self, "_state", None) is None or getattr(model, "_jax_state_synced", True):
+        if not self._built:
+            self._build(data)
+        if self._state is None or getattr(model, "_jax_state_synced", True):
             self._state = model._get_jax_state(
                 trainable_variables=True, non_trainable_variables=True,
                 optimizer_variables=True, metrics_variables=True, purge_model_variables=True)
             model._jax_state_synced = False
         logs, self._state = model.train_function(self._state, iter([data]))
         trainable, non_trainable, optimizer, metrics = self._state
-        model._jax_state = {"trainable_variables": trainable,
-                            "non_trainable_variables": non_trainable,
-                            "optimizer_variables": optimizer, "metrics_variables": metrics}
+        self._set_state(model, "_jax_state", {
+            "trainable_variables": trainable, "non_trainable_variables": non_trainable,
+            "optimizer_variables": optimizer, "metrics_variables": metrics})
         return logs
+
+    @functools.cached_property
+    def _set_state(self) -> Any:
+        """How the step stores the state where `jax_state_sync` reads it. Keras's fit sets it
+        through `Layer.__setattr__`, whose tracker wraps the dict and its lists (some 30
+        Python calls a step, a few percent of a small model's step on a CPU) though nothing
+        in them is ever tracked; set plainly, except where Flax NNX manages attributes."""
+        # keras.src: checked against keras 3.15 (pyproject's bound <3.16)
+        from keras.src.backend.config import is_nnx_enabled
+
+        return setattr if is_nnx_enabled() else object.__setattr__
 
     def sync(self) -> None:
         self.model.jax_state_sync()
@@ -256,13 +270,6 @@ class BackendFit:
             return max(1, math.ceil(records / self.batch_size))
         return batches.per_pass or 0
 
-    def _is_boundary(self, batches_trained: int) -> bool:
-        return (batches_trained % self.info.scheduling_unit == 0
-                or batches_trained >= self.target
-                or self._due(batches_trained, self.info.validation_period)
-                or self._due(batches_trained, self.info.checkpoint_period)
-                or self.stop_requested)
-
     @staticmethod
     def _due(batches_trained: int, period: int) -> bool:
         return period > 0 and batches_trained % period == 0
@@ -334,6 +341,12 @@ class BackendFit:
         first_batch = True
         logs: Dict[str, Any] = {}
         workload_t = time.time()
+        boundary = self._next_boundary()
+        # The loop's own work a step is what Keras's fit does a step (about 1 % of a small
+        # model's step on a CPU is one more Python call): the workload's end is worked out at
+        # its start, and a step is the model's train function and the callbacks.
+        steps, on_batch_begin, on_batch_end = (
+            self.steps, callbacks.on_train_batch_begin, callbacks.on_train_batch_end)
         while self.batches_trained < self.target:
             if want_epoch_begin:
                 callbacks.on_epoch_begin(self.epochs_completed)
@@ -341,14 +354,14 @@ class BackendFit:
             if want_workload_begin:
                 self._workload_began_at = self.batches_trained
                 workload_t = time.time()
+                boundary = self._next_boundary()
                 self._call("on_train_workload_begin", self.batches_trained,
-                           self._next_boundary() - self.batches_trained, {})
+                           boundary - self.batches_trained, {})
                 want_workload_begin = False
             step = self.batches_trained % per_epoch if per_epoch else self.batches_trained
-            callbacks.on_train_batch_begin(step)
-            x, y, weight = next(batches)
-            logs = self.steps(x, y, weight)
-            callbacks.on_train_batch_end(step, logs)
+            on_batch_begin(step)
+            logs = steps(*next(batches))
+            on_batch_end(step, logs)
             self.batches_trained += 1
             if first_batch:
                 first_batch = False
@@ -361,7 +374,7 @@ class BackendFit:
             if self.model.stop_training:  # a callback's stop: the trial stops here
                 self.model.stop_training = False
                 self.stop_requested = True
-            if self._is_boundary(self.batches_trained):
+            if self.batches_trained >= boundary or self.stop_requested:
                 self._end_workload(logs, workload_t)
                 want_workload_begin = True
                 if self.paused or self.stop_requested:
@@ -371,10 +384,16 @@ class BackendFit:
             callbacks.on_epoch_end(self.epochs_completed, self._epoch_logs(logs, always=True))
 
     def _next_boundary(self) -> int:
+        """Where the workload that starts now ends: the next batch count that is a multiple
+        of the scheduling unit, the validation period or the checkpoint period, or the
+        target; the next batch once a stop was asked."""
         following = self.batches_trained + 1
-        while not self._is_boundary(following) and following < self.target:
-            following += 1
-        return following
+        if self.stop_requested:
+            return following
+        periods = (self.info.scheduling_unit, self.info.validation_period,
+                   self.info.checkpoint_period)
+        return max(following, min([self.target] + [(self.batches_trained // period + 1) * period
+                                                   for period in periods if period > 0]))
 
     def _epoch_logs(self, logs: Dict[str, Any], always: bool = False) -> Dict[str, float]:
         epoch_logs = _metrics(logs)
