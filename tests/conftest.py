@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -101,7 +102,10 @@ class Home:
         what `localdet`'s own main turns into a message (the process gives that message)."""
         if not self.in_process or self.python != sys.executable or not args \
                 or args[0] not in IN_PROCESS_COMMANDS \
-                or {"-f", "--follow"} & set(args):
+                or {"-f", "--follow"} & set(args) \
+                or threading.current_thread() is not threading.main_thread():
+            # The runner sets os.environ and sys.stdout for the whole process: a test's
+            # threads (two homes side by side) would see each other's.
             return None
         from click.testing import CliRunner
 
