@@ -245,20 +245,23 @@ def test_localdet_runs_an_unchanged_jax_script_where_tensorflow_is_absent(home, 
 
 
 @pytest.mark.slow
-def test_the_overhead_bench_runs_an_unchanged_script_on_jax(jax_python):
+def test_the_overhead_bench_runs_an_unchanged_script_on_jax(jax_python, tmp_path):
     """scripts/bench/overhead.py --backend jax --smoke (tests/test_scripts.py runs each
-    bench on TensorFlow): it runs, without TensorFlow, and prints its figures."""
-    env = {**os.environ, "LOCALDET_JAX_PYTHON": jax_python, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    bench on TensorFlow), as scripts/device-jax-bench runs it on a lent GPU machine, the
+    environment's python alone on PATH (no .whl/ here: the environment has localdet and
+    the rest). It runs, without TensorFlow, and prints its figures."""
+    env = {**jax_environment(jax_python), "LOCALDET_DEVICE_SITE": str(tmp_path / "site")}
     env.pop("LOCALDET_HOME", None)
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "overhead.py"),
-                             "--backend", "jax", "--smoke"], env=env, capture_output=True,
-                            text=True, timeout=600, cwd=REPO)
+    assert not (REPO / ".whl").exists()  # else the script would install those wheels
+    result = subprocess.run([str(REPO / "scripts" / "device-jax-bench"), "run", "--smoke"],
+                            env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "keras3 on jax" in result.stdout and "TensorFlow imported: False" in result.stdout
-    for figure in (r"bare model\.fit: \d+\.\d+ s",
+    for figure in (r"^jax \S+ \[.*\] keras 3\.\d+\.\d+ localdet /",  # the script's check
+                   r"bare model\.fit: \d+\.\d+ s",
                    r"unchanged script's model\.fit under localdet: \d+\.\d+ s",
                    r"ratio: \d+\.\d+", r"epoch time: bare \d+\.\d+ s"):
-        assert re.search(figure, result.stdout), (figure, result.stdout)
+        assert re.search(figure, result.stdout, re.MULTILINE), (figure, result.stdout)
 
 
 def test_numpy_batches_are_one_batch_each_and_found_again_by_position():
