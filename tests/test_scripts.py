@@ -8,8 +8,9 @@ command that moves breaks a test, not a user's run:
   its steps: daemon, the digits example to COMPLETED, status, the best checkpoint exported and
   loaded; then scripts/screenshots.py photographs what the demo trained (`--home`).
 
-scripts/test, scripts/horovod-env and scripts/cpu-image run elsewhere (the suite itself,
-tests/test_horovod_e2e.py, tests/test_container_image.py); scripts/determined_api_names.py in
+scripts/test, scripts/horovod-env, scripts/cpu-image and scripts/device-jax-bench run elsewhere
+(the suite itself, tests/test_horovod_e2e.py, tests/test_container_image.py,
+tests/test_backends.py); scripts/determined_api_names.py in
 tests/test_determined_api.py.
 
 The runs are subprocesses started together at this file's first test, two at a time, longest
