@@ -128,7 +128,8 @@ class Home:
     def status(self, experiment_id: int | None = None):
         """What `localdet status [ID] --json` prints, computed in this process where localdet
         runs in this interpreter (the command's own output is tests/test_cli.py's): the waits
-        below ask often, and each command's start costs a busy core about 0.35 s."""
+        below ask often, and each command's start costs a busy core about 0.35 s. Not through
+        `cli`'s runner: the waits also poll from a test's threads, where it cannot run."""
         if self.python != sys.executable:
             return self.json("status", *([] if experiment_id is None else [experiment_id]))
         from localdet.paths import Layout
